@@ -1,0 +1,85 @@
+"""Mask-aware aggregation of client updates.
+
+For every flat position ``j``::
+
+    x_j <- x_j + eta_g * sum_n w_n M_j^(n) delta_j^(n) / sum_n w_n M_j^(n)
+
+where ``w_n`` is client ``n``'s example count and ``M^(n)`` its mask. Positions no
+client held keep their value exactly. Buffers (e.g. BatchNorm running statistics)
+use the same rule on ``delta = b_n - b`` with ``eta_g = 1``, i.e. an example-weighted
+mean over the clients that held them (see :func:`average_held`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass(frozen=True)
+class MaskedUpdate:
+    """One client's contribution.
+
+    Parameters
+    ----------
+    indices : NDArray[int64]
+        Flat positions the client held, strictly increasing.
+    delta : NDArray[float32]
+        The client's change at those positions (trained minus received), same length.
+    weight : float
+        Aggregation weight, normally the number of local training examples (> 0).
+    """
+
+    indices: NDArray[np.int64]
+    delta: NDArray[np.float32]
+    weight: float
+
+
+def aggregate_masked(
+    x: NDArray[np.float32], updates: Sequence[MaskedUpdate], server_lr: float = 1.0
+) -> NDArray[np.float32]:
+    """Apply the mask-aware weighted mean of ``updates`` to ``x`` (returns a new array).
+
+    Parameters
+    ----------
+    x : NDArray[float32]
+        Current global vector, length ``d``; not modified.
+    updates : Sequence[MaskedUpdate]
+        Validated client updates.
+    server_lr : float
+        Server step ``eta_g`` (1.0 = plain masked averaging).
+    """
+    d = x.shape[0]
+    num = np.zeros(d, dtype=np.float64)
+    den = np.zeros(d, dtype=np.float64)
+    for u in updates:
+        if u.indices.shape != u.delta.shape:
+            raise ValueError("indices and delta differ in length")
+        if not u.weight > 0:
+            raise ValueError(f"weight must be positive, got {u.weight}")
+        num[u.indices] += u.weight * u.delta.astype(np.float64)
+        den[u.indices] += u.weight
+    held = den > 0
+    out = x.copy()
+    out[held] = (x[held].astype(np.float64) + server_lr * num[held] / den[held]).astype(x.dtype)
+    return out
+
+
+def average_held(
+    current: NDArray[np.float32],
+    values: Sequence[NDArray[np.float32]],
+    masks: Sequence[NDArray[np.bool_]],
+    weights: Sequence[float],
+) -> NDArray[np.float32]:
+    """Example-weighted mean of client values over the clients that held each position.
+
+    Used for buffers: positions held by nobody keep ``current``.
+    """
+    updates = [
+        MaskedUpdate(np.flatnonzero(m), (v[m] - current[m]).astype(np.float32), w)
+        for v, m, w in zip(values, masks, weights)
+    ]
+    return aggregate_masked(current, updates, server_lr=1.0)

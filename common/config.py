@@ -1,0 +1,178 @@
+"""Run and node configuration: parsing and validation.
+
+A bad value fails fast with a ``ConfigError`` that names the key, the value and
+the allowed range, before any training starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from common.datasets import DATASETS
+from common.fisher_codec import FISHER_ENCODINGS
+from common.models import MODELS
+from common.partitioning import PARTITIONERS
+
+METHODS: tuple[str, ...] = ("fedfibos", "fiarse")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the key and the allowed range."""
+
+
+def _num(key: str, lo: float | None, hi: float | None, lo_open: bool = False, integer: bool = False) -> Callable:
+    def check(value: Any) -> int | float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}={value!r}: expected a {'whole ' if integer else ''}number")
+        if integer and (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"{key}={value!r}: expected a whole number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r}: expected a finite number")
+        below = lo is not None and (value <= lo if lo_open else value < lo)
+        above = hi is not None and value > hi
+        if below or above:
+            left = "(" if lo_open else "["
+            raise ConfigError(f"{key}={value!r}: allowed range is {left}{lo}, {hi if hi is not None else 'inf'}]")
+        return int(value) if integer else float(value)
+
+    return check
+
+
+def _choice(key: str, allowed: tuple[str, ...]) -> Callable:
+    def check(value: Any) -> str:
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(allowed)}")
+        return str(value)
+
+    return check
+
+
+def _text(key: str) -> Callable:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}={value!r}: expected a non-empty string")
+        return value
+
+    return check
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Validated run configuration (``[tool.flwr.app.config]``); see README for each key."""
+
+    num_rounds: int = 12
+    method: str = "fedfibos"
+    dataset: str = "digits"
+    model: str = "cnn"
+    partitioner: str = "iid"
+    dirichlet_alpha: float = 0.5
+    classes_per_client: int = 2
+    test_fraction: float = 0.2
+    local_test_fraction: float = 0.2
+    seed: int = 42
+    local_epochs: int = 2
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    proximal_mu: float = 0.0
+    server_lr: float = 1.0
+    fisher_encoding: str = "masked"
+    fisher_batches: int = 0
+    fisher_ema: float = 0.0
+    fisher_staleness_decay: float = 0.7
+    min_per_row: int = 1
+    eval_every: int = 3
+    round_timeout: float = 300.0
+    poll_interval: float = 0.2
+    results_dir: str = "results"
+
+    @property
+    def rule(self) -> str:
+        """Selection rule of the method."""
+        return {"fedfibos": "fisher", "fiarse": "magnitude"}[self.method]
+
+
+_RUN_CHECKS: dict[str, Callable] = {
+    "num-rounds": _num("num-rounds", 1, 100_000, integer=True),
+    "method": _choice("method", METHODS),
+    "dataset": _choice("dataset", DATASETS),
+    "model": _choice("model", MODELS),
+    "partitioner": _choice("partitioner", PARTITIONERS),
+    "dirichlet-alpha": _num("dirichlet-alpha", 0, None, lo_open=True),
+    "classes-per-client": _num("classes-per-client", 1, 100_000, integer=True),
+    "test-fraction": _num("test-fraction", 0, 0.9, lo_open=True),
+    "local-test-fraction": _num("local-test-fraction", 0, 0.9, lo_open=True),
+    "seed": _num("seed", 0, 2**32 - 1, integer=True),
+    "local-epochs": _num("local-epochs", 1, 1000, integer=True),
+    "batch-size": _num("batch-size", 1, 65_536, integer=True),
+    "lr": _num("lr", 0, 10, lo_open=True),
+    "momentum": _num("momentum", 0, 0.999),
+    "weight-decay": _num("weight-decay", 0, 1),
+    "proximal-mu": _num("proximal-mu", 0, 100),
+    "server-lr": _num("server-lr", 0, 10, lo_open=True),
+    "fisher-encoding": _choice("fisher-encoding", FISHER_ENCODINGS),
+    "fisher-batches": _num("fisher-batches", 0, 1_000_000, integer=True),
+    "fisher-ema": _num("fisher-ema", 0, 0.99),
+    "fisher-staleness-decay": _num("fisher-staleness-decay", 0, 1),
+    "min-per-row": _num("min-per-row", 0, 1_000_000, integer=True),
+    "eval-every": _num("eval-every", 0, 100_000, integer=True),
+    "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),
+    "poll-interval": _num("poll-interval", 0.01, 10),
+    "results-dir": _text("results-dir"),
+}
+
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate a run configuration (e.g. ``context.run_config``).
+
+    Unknown keys are rejected too, so a typo never silently falls back to a default.
+    """
+    unknown = sorted(set(raw) - set(_RUN_CHECKS))
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {unknown}; known keys: {sorted(_RUN_CHECKS)}")
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    values = {}
+    for key, check in _RUN_CHECKS.items():
+        attr = key.replace("-", "_")
+        values[attr] = check(raw[key]) if key in raw else defaults[attr]
+    return RunConfig(**values)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Validated SuperNode configuration (``--node-config``).
+
+    Parameters
+    ----------
+    partition_id : int
+        This node's data partition, in ``[0, num_partitions)``.
+    num_partitions : int
+        Number of partitions the training pool is split into.
+    capacity : float
+        Fraction of the global model this node can hold, in (0, 1].
+    device : str
+        ``auto`` (cuda, then mps, then cpu), or a fixed ``cpu`` / ``cuda`` / ``mps``.
+    """
+
+    partition_id: int
+    num_partitions: int
+    capacity: float
+    device: str = "auto"
+
+
+def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
+    """Validate a node configuration (``context.node_config``); extra keys are ignored
+    because Flower adds its own (e.g. when simulating)."""
+    for key in ("partition-id", "num-partitions", "capacity"):
+        if key not in raw:
+            raise ConfigError(f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')")
+    num_partitions = _num("num-partitions", 1, 1_000_000, integer=True)(raw["num-partitions"])
+    partition_id = _num("partition-id", 0, num_partitions - 1, integer=True)(raw["partition-id"])
+    capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+    device = _choice("device", DEVICES)(raw.get("device", "auto"))
+    return NodeConfig(partition_id, num_partitions, capacity, device)

@@ -1,0 +1,84 @@
+"""Datasets as in-memory tensors plus a global train/test split.
+
+``digits`` (scikit-learn's bundled 8x8 handwritten digits, 1797 images) ships with
+scikit-learn and needs no network; it is the default and what the tests use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from sklearn.model_selection import train_test_split
+
+DATASETS: tuple[str, ...] = ("digits",)
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """Images and labels held in memory.
+
+    Parameters
+    ----------
+    x : NDArray[float32]
+        Images, shape ``(n, channels, height, width)``, scaled to [0, 1].
+    y : NDArray[int64]
+        Class labels, shape ``(n,)``.
+    num_classes : int
+        Number of classes.
+    """
+
+    x: NDArray[np.float32]
+    y: NDArray[np.int64]
+    num_classes: int
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def in_channels(self) -> int:
+        """Image channels."""
+        return int(self.x.shape[1])
+
+    def subset(self, indices: NDArray[np.int64]) -> ArrayDataset:
+        """The examples at ``indices``."""
+        return ArrayDataset(self.x[indices], self.y[indices], self.num_classes)
+
+
+@dataclass(frozen=True)
+class SplitDataset:
+    """A dataset split into the federation's training pool and the server's test set."""
+
+    train: ArrayDataset
+    test: ArrayDataset
+
+
+def load_digits_arrays() -> ArrayDataset:
+    """scikit-learn digits as ``(n, 1, 8, 8)`` float32 images in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
+    return ArrayDataset(x, bunch.target.astype(np.int64), 10)
+
+
+def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
+    """Load ``name`` and hold out a stratified ``test_fraction`` for the server.
+
+    Parameters
+    ----------
+    name : str
+        Dataset name, one of ``DATASETS``.
+    test_fraction : float
+        Share of examples in the server's global test set, in (0, 1).
+    seed : int
+        Seed of the split (the same seed gives the same split on every node).
+    """
+    if name == "digits":
+        full = load_digits_arrays()
+    else:
+        raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")
+    idx = np.arange(len(full))
+    train_idx, test_idx = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=full.y)
+    return SplitDataset(full.subset(np.sort(train_idx)), full.subset(np.sort(test_idx)))

@@ -1,0 +1,158 @@
+"""Uplink encodings of a client's diagonal Fisher estimate.
+
+Every mode turns a flat Fisher vector ``F`` (length ``d``) into named arrays and
+back. Sizes, for ``k`` kept positions and ``R`` output rows:
+
+===========  ================================================  ===================
+mode         what is sent                                      bytes
+===========  ================================================  ===================
+``masked``   exact fp32 ``F`` inside the mask + fp32 mean of    ``4k + 4R``
+             ``F`` over the unkept positions of each row
+``topm``     the ``m = k`` largest entries (index + fp32) +     ``k*(4+idx) + 4``
+             the mean of the rest
+``log8``     every entry, 8-bit log-quantised                   ``d + 8``
+``dense``    every entry, exact fp32                            ``4d``
+===========  ================================================  ===================
+
+``masked`` and ``topm`` scale with ``gamma``; ``dense`` is exact everywhere.
+Decoders validate shapes, dtypes, finiteness and non-negativity and raise
+``ValueError`` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.layout import ParamLayout
+from common.mask_codec import index_dtype
+
+FisherEncoding = Literal["masked", "topm", "log8", "dense"]
+FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense")
+_LOG8_LEVELS = 254  # codes 1..255 carry values; 0 is an exact zero
+
+
+def _row_means(values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: int) -> NDArray[np.float64]:
+    total = np.bincount(rows, weights=values, minlength=num_rows)
+    count = np.bincount(rows, minlength=num_rows)
+    return np.divide(total, count, out=np.zeros(num_rows), where=count > 0)
+
+
+def encode_fisher(
+    fisher: NDArray, mask: NDArray[np.bool_], layout: ParamLayout, mode: FisherEncoding
+) -> dict[str, NDArray]:
+    """Encode a flat Fisher vector.
+
+    Parameters
+    ----------
+    fisher : NDArray
+        Flat, finite, non-negative diagonal Fisher, length ``d``.
+    mask : NDArray[bool]
+        The client's submodel mask (which positions were trained).
+    layout : ParamLayout
+        The model layout (rows for the ``masked`` summary).
+    mode : {"masked", "topm", "log8", "dense"}
+        Encoding (see module docstring).
+    """
+    f = np.asarray(fisher, dtype=np.float64)
+    if mode == "dense":
+        return {"fisher.dense": f.astype(np.float32)}
+    if mode == "masked":
+        out_rows = layout.row_ids[~mask]
+        means = _row_means(f[~mask], out_rows, layout.num_rows)
+        return {"fisher.inside": f[mask].astype(np.float32), "fisher.rowmean": means.astype(np.float32)}
+    if mode == "topm":
+        m = int(mask.sum())
+        top = np.sort(np.argpartition(-f, m - 1)[:m]) if 0 < m < f.size else np.arange(min(m, f.size))
+        rest = np.ones(f.size, dtype=bool)
+        rest[top] = False
+        rest_mean = float(f[rest].mean()) if rest.any() else 0.0
+        return {
+            "fisher.topidx": top.astype(index_dtype(f.size)),
+            "fisher.topval": f[top].astype(np.float32),
+            "fisher.rest": np.array([rest_mean], dtype=np.float32),
+        }
+    if mode == "log8":
+        pos = f > 0
+        if pos.any():
+            logs = np.log(f[pos])
+            lo, hi = float(np.float32(logs.min())), float(np.float32(logs.max()))
+        else:
+            lo = hi = 0.0
+        span = hi - lo if hi > lo else 1.0
+        codes = np.zeros(f.size, dtype=np.uint8)
+        if pos.any():
+            codes[pos] = (np.rint((np.log(f[pos]) - lo) / span * (_LOG8_LEVELS - 1)) + 1).astype(np.uint8)
+        return {"fisher.log8": codes, "fisher.log8range": np.array([lo, hi], dtype=np.float32)}
+    raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+
+
+def _expect(
+    payload: Mapping[str, NDArray], name: str, dtype: np.dtype | str, length: int | None, nonneg: bool = True
+) -> NDArray:
+    if name not in payload:
+        raise ValueError(f"missing fisher array {name!r}")
+    a = np.asarray(payload[name])
+    if a.dtype != np.dtype(dtype) or a.ndim != 1 or (length is not None and a.shape[0] != length):
+        want = f"{np.dtype(dtype)}[{'n' if length is None else length}]"
+        raise ValueError(f"fisher array {name!r} must be {want}, got {a.dtype}{list(a.shape)}")
+    if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+        raise ValueError(f"fisher array {name!r} has NaN or Inf")
+    if nonneg and a.dtype.kind == "f" and np.any(a < 0):
+        raise ValueError(f"fisher array {name!r} has negative values")
+    return a
+
+
+def expected_names(mode: str) -> frozenset[str]:
+    """Array names a payload of ``mode`` carries."""
+    names = {
+        "dense": {"fisher.dense"},
+        "masked": {"fisher.inside", "fisher.rowmean"},
+        "topm": {"fisher.topidx", "fisher.topval", "fisher.rest"},
+        "log8": {"fisher.log8", "fisher.log8range"},
+    }
+    if mode not in names:
+        raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+    return frozenset(names[mode])
+
+
+def decode_fisher(
+    payload: Mapping[str, NDArray], mask: NDArray[np.bool_], layout: ParamLayout, mode: str
+) -> NDArray[np.float32]:
+    """Decode and validate a Fisher payload into a flat float32 vector of length ``d``."""
+    d = layout.size
+    extra = set(payload) - expected_names(mode)
+    if extra:
+        raise ValueError(f"unexpected fisher arrays {sorted(extra)} for encoding {mode!r}")
+    if mode == "dense":
+        return _expect(payload, "fisher.dense", np.float32, d).copy()
+    if mode == "masked":
+        k = int(mask.sum())
+        inside = _expect(payload, "fisher.inside", np.float32, k)
+        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+        out = rowmean[layout.row_ids].astype(np.float32)
+        out[mask] = inside
+        return out
+    if mode == "topm":
+        idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)
+        if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
+            raise ValueError("fisher.topidx must be strictly increasing and below d")
+        val = _expect(payload, "fisher.topval", np.float32, idx.size)
+        rest = _expect(payload, "fisher.rest", np.float32, 1)
+        out = np.full(d, rest[0], dtype=np.float32)
+        out[idx] = val
+        return out
+    codes = _expect(payload, "fisher.log8", np.uint8, d)
+    lo, hi = (float(v) for v in _expect(payload, "fisher.log8range", np.float32, 2, nonneg=False))
+    if hi < lo:
+        raise ValueError("fisher.log8range must be (low, high) with low <= high")
+    span = hi - lo if hi > lo else 1.0
+    out = np.zeros(d, dtype=np.float32)
+    nz = codes > 0
+    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("fisher.log8 decodes to non-finite values")
+    return out

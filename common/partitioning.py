@@ -1,0 +1,77 @@
+"""Split the federation's training pool across clients with flwr-datasets partitioners."""
+
+from __future__ import annotations
+
+import numpy as np
+from datasets import Dataset
+from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, Partitioner
+from numpy.typing import NDArray
+
+PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+
+
+def make_partitioner(
+    kind: str, num_partitions: int, seed: int, alpha: float = 0.5, classes_per_client: int = 2
+) -> Partitioner:
+    """A flwr-datasets partitioner over a ``label`` column.
+
+    Parameters
+    ----------
+    kind : {"iid", "dirichlet", "pathological"}
+        ``iid``: uniform shards; ``dirichlet``: label proportions ~ Dir(alpha) per
+        client; ``pathological``: each client sees ``classes_per_client`` labels.
+    num_partitions : int
+        Number of clients.
+    seed : int
+        Partitioning seed.
+    alpha : float
+        Dirichlet concentration (smaller = more skewed).
+    classes_per_client : int
+        Labels per client for ``pathological``.
+    """
+    if kind == "iid":
+        return IidPartitioner(num_partitions)
+    if kind == "dirichlet":
+        return DirichletPartitioner(num_partitions, "label", alpha, min_partition_size=2, self_balancing=True, seed=seed)
+    if kind == "pathological":
+        # first-deterministic: every class reaches some client even when clients < classes
+        return PathologicalPartitioner(
+            num_partitions, "label", classes_per_client, class_assignment_mode="first-deterministic", seed=seed
+        )
+    raise ValueError(f"unknown partitioner {kind!r}; expected one of {PARTITIONERS}")
+
+
+def partition_indices(
+    labels: NDArray[np.int64],
+    kind: str,
+    num_partitions: int,
+    partition_id: int,
+    seed: int,
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
+) -> NDArray[np.int64]:
+    """Indices (into ``labels``) of one client's partition, sorted.
+
+    Every node computes the same partitioning from the same seed, so no
+    coordination is needed. The pool is shuffled by ``seed`` first because the
+    IID partitioner shards contiguously.
+
+    Parameters
+    ----------
+    labels : NDArray[int64]
+        Labels of the training pool.
+    kind, num_partitions, seed, alpha, classes_per_client
+        As in :func:`make_partitioner`.
+    partition_id : int
+        This client's partition, in ``[0, num_partitions)``.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
+    n = labels.shape[0]
+    if num_partitions > n:
+        raise ValueError(f"num-partitions {num_partitions} exceeds the {n} training examples")
+    order = np.random.default_rng(seed).permutation(n)
+    partitioner = make_partitioner(kind, num_partitions, seed, alpha, classes_per_client)
+    partitioner.dataset = Dataset.from_dict({"label": labels[order].tolist(), "pos": order.tolist()})
+    part = partitioner.load_partition(partition_id)
+    return np.sort(np.asarray(part["pos"], dtype=np.int64))
