@@ -24,7 +24,13 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and the allowed range."""
 
 
-def _num(key: str, lo: float | None, hi: float | None, lo_open: bool = False, integer: bool = False) -> Callable:
+def _num(
+    key: str,
+    lo: float | None,
+    hi: float | None,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> Callable:
     def check(value: Any) -> int | float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}={value!r}: expected a {'whole ' if integer else ''}number")
@@ -170,7 +176,9 @@ def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
     because Flower adds its own (e.g. when simulating)."""
     for key in ("partition-id", "num-partitions", "capacity"):
         if key not in raw:
-            raise ConfigError(f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')")
+            raise ConfigError(
+                f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')"
+            )
     num_partitions = _num("num-partitions", 1, 1_000_000, integer=True)(raw["num-partitions"])
     partition_id = _num("partition-id", 0, num_partitions - 1, integer=True)(raw["partition-id"])
     capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.model_selection import train_test_split
 
 DATASETS: tuple[str, ...] = ("digits",)
 
@@ -75,6 +74,8 @@ def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
     seed : int
         Seed of the split (the same seed gives the same split on every node).
     """
+    from sklearn.model_selection import train_test_split
+
     if name == "digits":
         full = load_digits_arrays()
     else:

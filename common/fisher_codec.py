@@ -63,7 +63,10 @@ def encode_fisher(
     if mode == "masked":
         out_rows = layout.row_ids[~mask]
         means = _row_means(f[~mask], out_rows, layout.num_rows)
-        return {"fisher.inside": f[mask].astype(np.float32), "fisher.rowmean": means.astype(np.float32)}
+        return {
+            "fisher.inside": f[mask].astype(np.float32),
+            "fisher.rowmean": means.astype(np.float32),
+        }
     if mode == "topm":
         m = int(mask.sum())
         top = np.sort(np.argpartition(-f, m - 1)[:m]) if 0 < m < f.size else np.arange(min(m, f.size))
@@ -86,12 +89,19 @@ def encode_fisher(
         codes = np.zeros(f.size, dtype=np.uint8)
         if pos.any():
             codes[pos] = (np.rint((np.log(f[pos]) - lo) / span * (_LOG8_LEVELS - 1)) + 1).astype(np.uint8)
-        return {"fisher.log8": codes, "fisher.log8range": np.array([lo, hi], dtype=np.float32)}
+        return {
+            "fisher.log8": codes,
+            "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+        }
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
 
 
 def _expect(
-    payload: Mapping[str, NDArray], name: str, dtype: np.dtype | str, length: int | None, nonneg: bool = True
+    payload: Mapping[str, NDArray],
+    name: str,
+    dtype: np.dtype | str,
+    length: int | None,
+    nonneg: bool = True,
 ) -> NDArray:
     if name not in payload:
         raise ValueError(f"missing fisher array {name!r}")
@@ -120,7 +130,10 @@ def expected_names(mode: str) -> frozenset[str]:
 
 
 def decode_fisher(
-    payload: Mapping[str, NDArray], mask: NDArray[np.bool_], layout: ParamLayout, mode: str
+    payload: Mapping[str, NDArray],
+    mask: NDArray[np.bool_],
+    layout: ParamLayout,
+    mode: str,
 ) -> NDArray[np.float32]:
     """Decode and validate a Fisher payload into a flat float32 vector of length ``d``."""
     d = layout.size

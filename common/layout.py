@@ -118,6 +118,5 @@ class ParamLayout:
         if flat.shape != (self.size,):
             raise ValueError(f"flat vector has shape {flat.shape}, expected ({self.size},)")
         return {
-            t.name: flat[start : start + t.size].reshape(t.shape)
-            for t, start in zip(self.tensors, self.offsets[:-1])
+            t.name: flat[start : start + t.size].reshape(t.shape) for t, start in zip(self.tensors, self.offsets[:-1])
         }

@@ -68,3 +68,12 @@ def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
         mask[idx] = True
         return mask
     raise ValueError(f"unknown mask kind {kind!r}; expected one of {MASK_KINDS}")
+
+
+def mask_digest(kind: str, data: NDArray) -> str:
+    """Short content hash of an encoded mask; a reply must echo the one it was sent."""
+    import hashlib
+
+    h = hashlib.sha256(kind.encode())
+    h.update(np.ascontiguousarray(data).tobytes())
+    return h.hexdigest()[:16]

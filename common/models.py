@@ -14,7 +14,6 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch import nn
-from torchvision.models import resnet18
 
 from common.layout import ParamLayout
 
@@ -49,7 +48,14 @@ class SmallCNN(nn.Module):
 
 def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     """torchvision ResNet-18 for 32x32 inputs with static BatchNorm."""
-    model = resnet18(num_classes=num_classes, norm_layer=partial(nn.BatchNorm2d, track_running_stats=False))
+    from torchvision.models import (
+        resnet18,
+    )  # imported here: torchvision costs ~1 s per client process
+
+    model = resnet18(
+        num_classes=num_classes,
+        norm_layer=partial(nn.BatchNorm2d, track_running_stats=False),
+    )
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from datasets import Dataset
-from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, PathologicalPartitioner, Partitioner
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from flwr_datasets.partitioner import Partitioner
 
 PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
 
 
 def make_partitioner(
-    kind: str, num_partitions: int, seed: int, alpha: float = 0.5, classes_per_client: int = 2
+    kind: str,
+    num_partitions: int,
+    seed: int,
+    alpha: float = 0.5,
+    classes_per_client: int = 2,
 ) -> Partitioner:
     """A flwr-datasets partitioner over a ``label`` column.
 
@@ -29,14 +36,32 @@ def make_partitioner(
     classes_per_client : int
         Labels per client for ``pathological``.
     """
+    # Imported on use: `datasets` costs seconds, paid by every client process otherwise.
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        PathologicalPartitioner,
+    )
+
     if kind == "iid":
         return IidPartitioner(num_partitions)
     if kind == "dirichlet":
-        return DirichletPartitioner(num_partitions, "label", alpha, min_partition_size=2, self_balancing=True, seed=seed)
+        return DirichletPartitioner(
+            num_partitions,
+            "label",
+            alpha,
+            min_partition_size=2,
+            self_balancing=True,
+            seed=seed,
+        )
     if kind == "pathological":
         # first-deterministic: every class reaches some client even when clients < classes
         return PathologicalPartitioner(
-            num_partitions, "label", classes_per_client, class_assignment_mode="first-deterministic", seed=seed
+            num_partitions,
+            "label",
+            classes_per_client,
+            class_assignment_mode="first-deterministic",
+            seed=seed,
         )
     raise ValueError(f"unknown partitioner {kind!r}; expected one of {PARTITIONERS}")
 
@@ -71,6 +96,8 @@ def partition_indices(
     if num_partitions > n:
         raise ValueError(f"num-partitions {num_partitions} exceeds the {n} training examples")
     order = np.random.default_rng(seed).permutation(n)
+    from datasets import Dataset
+
     partitioner = make_partitioner(kind, num_partitions, seed, alpha, classes_per_client)
     partitioner.dataset = Dataset.from_dict({"label": labels[order].tolist(), "pos": order.tolist()})
     part = partitioner.load_partition(partition_id)

@@ -1,0 +1,1 @@
+"""ClientApp side: masked local training, Fisher estimation and device handling."""

@@ -1,0 +1,114 @@
+"""A node's local data: its partition of the training pool, split into train and test."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.config import NodeConfig, RunConfig
+from common.datasets import ArrayDataset, load_dataset
+from common.partitioning import partition_indices
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """A node's local splits.
+
+    Parameters
+    ----------
+    train : ArrayDataset
+        Local training split.
+    test : ArrayDataset
+        Local test split (the "local" accuracy is measured here).
+    """
+
+    train: ArrayDataset
+    test: ArrayDataset
+
+
+CACHE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """Where nodes keep their derived local splits (``FIBOS_CACHE_DIR`` overrides)."""
+    return Path(os.environ.get("FIBOS_CACHE_DIR", Path(tempfile.gettempdir()) / "fibos-fl-cache"))
+
+
+def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
+    """This node's splits, from the cache when this exact split was derived before.
+
+    Flower starts a fresh ClientApp process for every message; deriving the split
+    imports scikit-learn, ``datasets`` and flwr-datasets (seconds per message on a
+    small board), so the result is cached on the node, keyed by every setting it
+    depends on.
+    """
+    key_fields = {
+        "v": CACHE_VERSION,
+        "dataset": run.dataset,
+        "test_fraction": run.test_fraction,
+        "local_test_fraction": run.local_test_fraction,
+        "seed": run.seed,
+        "partitioner": run.partitioner,
+        "alpha": run.dirichlet_alpha,
+        "classes": run.classes_per_client,
+        "node": asdict(node) | {"capacity": None, "device": None},
+    }
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / f"{run.dataset}-{key}.npz"
+    if path.exists():
+        try:
+            z = np.load(path)
+            nc = int(z["num_classes"])
+            return LocalData(
+                ArrayDataset(z["train_x"], z["train_y"], nc),
+                ArrayDataset(z["test_x"], z["test_y"], nc),
+            )
+        except (OSError, ValueError, KeyError):
+            path.unlink(missing_ok=True)  # torn or stale cache entry: derive again
+    data = derive_local_data(run, node)
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        train_x=data.train.x,
+        train_y=data.train.y,
+        test_x=data.test.x,
+        test_y=data.test.y,
+        num_classes=data.train.num_classes,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+    return data
+
+
+def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
+    """Deterministically derive this node's splits from the run's seed and its partition id."""
+    from sklearn.model_selection import train_test_split
+
+    pool = load_dataset(run.dataset, run.test_fraction, run.seed).train
+    idx = partition_indices(
+        pool.y,
+        run.partitioner,
+        node.num_partitions,
+        node.partition_id,
+        run.seed,
+        run.dirichlet_alpha,
+        run.classes_per_client,
+    )
+    if idx.size < 2:
+        raise ValueError(f"partition {node.partition_id} holds {idx.size} examples; at least 2 are needed")
+    train_idx, test_idx = train_test_split(
+        idx,
+        test_size=run.local_test_fraction,
+        random_state=run.seed + node.partition_id,
+    )
+    return LocalData(pool.subset(np.sort(train_idx)), pool.subset(np.sort(test_idx)))

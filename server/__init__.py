@@ -1,0 +1,1 @@
+"""ServerApp side: strategy, Fisher state, reply validation, evaluation and the local launcher."""

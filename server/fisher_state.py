@@ -1,0 +1,135 @@
+"""The server's knowledge of each client's diagonal Fisher.
+
+* Per client: the last uploaded Fisher (optionally an EMA across
+  participations), normalised to mean 1, and the round it was measured in.
+* Global prior: the example-weighted mean of the clients' current estimates.
+
+Normalising each upload to mean 1 makes the ranking of one client unaffected
+(top-k is scale-invariant), makes the blend with the prior meaningful when
+clients' loss scales differ, and keeps a client that scales its Fisher by a huge
+factor from dominating the prior.
+
+Estimates age when a client sits out rounds. The estimate used for a client at
+round ``t`` is ``a * F_client + (1 - a) * F_global`` with
+``a = decay ** (t - measured_round - 1)``: fully trusted the round after it was
+measured, drifting toward the prior as it ages.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass
+class ClientFisher:
+    """A client's current estimate.
+
+    Parameters
+    ----------
+    fisher : NDArray[float32]
+        Normalised flat Fisher (mean 1).
+    weight : float
+        The client's weight in the global prior (its example count).
+    round : int
+        Round in which it was last measured.
+    """
+
+    fisher: NDArray[np.float32]
+    weight: float
+    round: int
+
+
+class FisherState:
+    """Per-client Fisher estimates and the global prior.
+
+    Parameters
+    ----------
+    d : int
+        Flat model size.
+    staleness_decay : float
+        Per-round trust factor in [0, 1] for a client's own estimate as it ages.
+    ema : float
+        Weight of the previous estimate when a client uploads again (0 = replace).
+    """
+
+    def __init__(self, d: int, staleness_decay: float = 0.7, ema: float = 0.0) -> None:
+        self.d = d
+        self.staleness_decay = staleness_decay
+        self.ema = ema
+        self.clients: dict[int, ClientFisher] = {}
+        self._sum = np.zeros(d, dtype=np.float64)
+        self._weight = 0.0
+
+    @staticmethod
+    def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
+        """Scale to mean 1; ``None`` when the estimate carries no information (all zero)."""
+        mean = float(np.mean(fisher, dtype=np.float64))
+        if not np.isfinite(mean) or mean <= 0:
+            return None
+        return (np.asarray(fisher, dtype=np.float64) / mean).astype(np.float32)
+
+    def update(self, client: int, fisher: NDArray, weight: float, round: int) -> bool:
+        """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
+        if fisher.shape != (self.d,):
+            raise ValueError(f"fisher has shape {fisher.shape}, expected ({self.d},)")
+        new = self.normalise(fisher)
+        if new is None:
+            return False
+        old = self.clients.get(client)
+        if old is not None:
+            if self.ema > 0:
+                new = (self.ema * old.fisher + (1 - self.ema) * new).astype(np.float32)
+            self._sum -= old.weight * old.fisher
+            self._weight -= old.weight
+        self.clients[client] = ClientFisher(new, float(weight), round)
+        self._sum += weight * new
+        self._weight += weight
+        return True
+
+    def global_prior(self) -> NDArray[np.float32] | None:
+        """Example-weighted mean of the clients' estimates, or ``None`` before any upload."""
+        if not self.clients or self._weight <= 0:
+            return None
+        return np.maximum(self._sum / self._weight, 0).astype(np.float32)
+
+    def estimate(self, client: int, round: int) -> NDArray[np.float32] | None:
+        """Fisher to rank positions for ``client`` at ``round`` (``None``: nothing known yet)."""
+        prior = self.global_prior()
+        own = self.clients.get(client)
+        if own is None:
+            return prior
+        age = max(round - own.round - 1, 0)
+        trust = self.staleness_decay**age
+        if trust >= 1.0 or prior is None:
+            return own.fisher
+        return (trust * own.fisher + (1 - trust) * prior).astype(np.float32)
+
+    def to_bytes(self) -> bytes:
+        """Serialise (npz) for checkpoints."""
+        ids = sorted(self.clients)
+        buf = io.BytesIO()
+        np.savez(
+            buf,
+            d=np.array(self.d),
+            params=np.array([self.staleness_decay, self.ema]),
+            ids=np.array(ids, dtype=np.uint64),
+            weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
+            rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
+            fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), np.float32),
+        )
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> FisherState:
+        """Restore from :meth:`to_bytes`."""
+        z = np.load(io.BytesIO(data))
+        state = cls(int(z["d"]), float(z["params"][0]), float(z["params"][1]))
+        for i, w, r, f in zip(z["ids"], z["weights"], z["rounds"], z["fisher"]):
+            state.clients[int(i)] = ClientFisher(f.astype(np.float32), float(w), int(r))
+            state._sum += w * f
+            state._weight += float(w)
+        return state

@@ -1,0 +1,366 @@
+"""Local deployment launcher: a real SuperLink and N SuperNodes on loopback, one ``flwr run``.
+
+Starts ``flower-superlink`` and ``flower-supernode`` processes (each SuperNode
+with its own capacity), submits the app with ``flwr run``, prints one progress
+line per round, then a summary table, writes ``accuracy.png`` next to
+``metrics.json`` and always stops every process it started (also on failure,
+Ctrl-C or SIGTERM).
+
+Usage::
+
+    python -m server.launcher --capacities 1,0.5,0.25,0.25,0.125,0.0625 --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+from types import FrameType
+
+from server.report import summary_table, write_accuracy_plot
+
+DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
+APP_DIR = Path(__file__).resolve().parents[1]
+ROUND_LINE = re.compile(r"\[round \d+/\d+\].*")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until something listens on ``127.0.0.1:port``; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening")
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: no telemetry, no update check, a private FLWR_HOME."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_HOME=str(flwr_home),
+        PYTHONUNBUFFERED="1",
+        # The SuperLink and SuperNodes spawn flower-superexec / flwr-serverapp / flwr-clientapp
+        # from PATH: make it this interpreter's environment even when no venv is activated.
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    return env
+
+
+def _bin(name: str) -> str:
+    """A console script of the running interpreter's environment (works without an activated venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+class ProcessGroup:
+    """Processes started in their own sessions, stopped together (children included)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: Sequence[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+        """Start ``args`` with stdout and stderr in ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                list(args),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM every process group (newest first), then SIGKILL what is left after ``grace`` s."""
+        for proc in reversed(self.procs):
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:
+            _signal_group(proc, signal.SIGKILL)  # children (superexec, clientapps) too
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_capacities(text: str) -> list[float]:
+    """``"1,1/2,0.25"`` -> ``[1.0, 0.5, 0.25]``; each must be in (0, 1]."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        num, _, den = item.partition("/")
+        try:
+            value = float(num) / float(den) if den else float(num)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"capacity {item!r} is not a number or fraction") from err
+        if not 0 < value <= 1:
+            raise argparse.ArgumentTypeError(f"capacity {item!r} is outside (0, 1]")
+        out.append(value)
+    if not out:
+        raise argparse.ArgumentTypeError("at least one capacity is needed")
+    return out
+
+
+def run_local_federation(
+    capacities: Sequence[float],
+    results_dir: Path,
+    run_config: dict[str, object],
+    app_dir: Path = APP_DIR,
+    timeout: float = 3600.0,
+    echo=print,
+) -> dict:
+    """Start the federation, run the app to completion, stop everything.
+
+    Parameters
+    ----------
+    capacities : Sequence[float]
+        One SuperNode per entry, with that capacity (fraction of the model, in (0, 1]).
+    results_dir : Path
+        Output folder (metrics.json, model.pt, fisher_state.npz, accuracy.png, logs/).
+    run_config : dict
+        Run-config overrides (``results-dir`` is set to ``results_dir``).
+    app_dir : Path
+        The Flower app (folder with pyproject.toml).
+    timeout : float
+        Seconds the whole run may take before it is stopped.
+    echo : callable
+        Where progress lines go.
+
+    Returns
+    -------
+    dict
+        The parsed metrics.json.
+    """
+    results_dir = results_dir.resolve()
+    logs = results_dir / "logs"
+    flwr_home = results_dir / ".flwr"
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    env = flower_env(flwr_home)
+    group = ProcessGroup()
+    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        link_port = free_port()
+        superlink = group.start(
+            [
+                _bin("flower-superlink"),
+                "--insecure",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--database",
+                str(flwr_home / "state.db"),
+            ],
+            logs / "superlink.log",
+            env,
+        )
+        wait_for_port(link_port, 60, superlink)
+        echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {logs})")
+        for i, gamma in enumerate(capacities):
+            node_config = f"partition-id={i} num-partitions={len(capacities)} capacity={gamma!r}"
+            group.start(
+                [
+                    _bin("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    node_config,
+                ],
+                logs / f"supernode-{i}.log",
+                env,
+            )
+            echo(f"SuperNode {i}: capacity {gamma:g}")
+        (flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+        )
+        overrides = {**run_config, "results-dir": str(results_dir)}
+        cmd = [
+            _bin("flwr"),
+            "run",
+            str(app_dir),
+            "local",
+            "--stream",
+            "-c",
+            toml_overrides(overrides),
+        ]
+        echo("$ " + shlex.join(cmd))
+        run_federation_command(cmd, env, logs / "serverapp.log", timeout, echo)
+    finally:
+        group.stop()
+        signal.signal(signal.SIGTERM, old_term)
+    metrics_path = results_dir / "metrics.json"
+    if not metrics_path.exists():
+        raise RuntimeError(f"the run wrote no {metrics_path}; see {logs / 'serverapp.log'}")
+    metrics = json.loads(metrics_path.read_text())
+    if not (results_dir / "model.pt").exists():
+        raise RuntimeError(f"the run did not finish (no model.pt); see {logs / 'serverapp.log'}")
+    return metrics
+
+
+def toml_overrides(values: dict[str, object]) -> str:
+    """Run-config overrides as the space-separated TOML pairs ``flwr run -c`` takes."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            parts.append(f"{key}={'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            parts.append(f"{key}={value!r}")
+        else:
+            parts.append(f"{key}={json.dumps(str(value))}")
+    return " ".join(parts)
+
+
+def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, echo) -> None:
+    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            start_new_session=True,
+        )
+        failed = False
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log_file.write(line)
+                log_file.flush()
+                match = ROUND_LINE.search(line)
+                if match:
+                    echo(match.group(0))
+                elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
+                    echo(line.rstrip())
+                    failed = failed or "Traceback" in line
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the run exceeded {timeout:.0f} s")
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+                proc.wait(timeout=10)
+    if proc.returncode != 0 or failed:
+        raise RuntimeError(f"flwr run failed (exit {proc.returncode}); see {log_path}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``fibos-local`` / ``python -m server.launcher``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--capacities",
+        type=parse_capacities,
+        default=list(DEFAULT_CAPACITIES),
+        help="comma-separated capacities, one SuperNode each (default: 1,1/2,1/4,1/4,1/8,1/16)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="number of rounds (default: the app's num-rounds)",
+    )
+    parser.add_argument("--results", type=Path, default=Path("results/demo"), help="output folder")
+    parser.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help="extra run-config overrides, e.g. -c 'lr=0.1'",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds before the run is stopped",
+    )
+    args = parser.parse_args(argv)
+    overrides: dict[str, object] = {}
+    for item in args.run_config:
+        overrides.update(parse_overrides(item))
+    if args.rounds is not None:
+        overrides["num-rounds"] = args.rounds
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    started = time.monotonic()
+    try:
+        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout)
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print()
+    print(summary_table(metrics))
+    plot = write_accuracy_plot(metrics, args.results / "accuracy.png")
+    print(f"\n{len(metrics['rounds']) - 1} rounds in {time.monotonic() - started:.0f} s")
+    print(f"metrics: {args.results / 'metrics.json'}\nplot:    {plot}\nmodel:   {args.results / 'model.pt'}")
+    return 0
+
+
+def parse_overrides(text: str) -> dict[str, object]:
+    """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values)."""
+    import tomllib
+
+    out: dict[str, object] = {}
+    for pair in shlex.split(text):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"run-config override {pair!r} is not key=value")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,520 @@
+"""FedFIbOS as a Flower strategy: per-client Fisher-ranked submodels, mask-aware aggregation.
+
+The maths lives in ``common`` (selection, aggregation, codecs) and in
+:mod:`server.fisher_state`; this module only turns it into Messages, checks the
+replies (:mod:`server.validation`) and keeps the per-round bookkeeping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from numpy.typing import NDArray
+
+from common import protocol as P
+from common.aggregation import aggregate_masked
+from common.config import RunConfig
+from common.layout import ParamLayout
+from common.protocol import encode_submodel
+from common.selection import select_mask
+from server.fisher_state import FisherState
+from server.validation import (
+    ReplyError,
+    SentSubmodel,
+    TrainReply,
+    validate_evaluate_reply,
+    validate_profile,
+    validate_train_reply,
+)
+
+
+@dataclass
+class NodeProfile:
+    """What discovery learned about a node."""
+
+    capacity: float
+    device: str
+    num_train: int
+    num_test: int
+
+
+@dataclass
+class ClientRound:
+    """Per-client bookkeeping of one round (one entry of ``clients`` in metrics.json)."""
+
+    node_id: int
+    capacity: float
+    device: str
+    mask_source: str
+    selected: int
+    density: float
+    bytes_down: int
+    values_bytes: int
+    mask_bytes: int
+    mask_kind: str
+    bytes_up: int = 0
+    status: str = "no reply"
+    train_loss: float | None = None
+    train_seconds: float | None = None
+    fisher_seconds: float | None = None
+    num_examples: int | None = None
+
+
+@dataclass
+class ReplyParts:
+    """The pieces of a reply the validators look at, already taken out of the Message."""
+
+    node_id: int
+    arrays: dict[str, NDArray] | None = None
+    metrics: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+    error: str | None = None
+    nbytes: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key: str | None) -> ReplyParts:
+    """Extract records from a reply without trusting it (decode failures become ``error``)."""
+    parts = ReplyParts(node_id=int(msg.metadata.src_node_id))
+    if msg.has_error():
+        parts.error = f"node returned an error: {msg.error.reason}"
+        return parts
+    try:
+        content = msg.content
+        if arrays_key is not None and arrays_key in content.array_records:
+            record = content.array_records[arrays_key]
+            parts.nbytes = record.count_bytes()
+            parts.arrays = {name: arr.numpy() for name, arr in record.items()}
+        if metrics_key in content.metric_records:
+            parts.metrics = dict(content.metric_records[metrics_key])
+        if meta_key is not None and meta_key in content.config_records:
+            parts.meta = dict(content.config_records[meta_key])
+        for name, rec in content.config_records.items():
+            if name != meta_key:
+                parts.extras.update(rec)
+    except Exception as err:  # undecodable payloads are a reason to drop the reply, never to crash
+        parts.error = f"undecodable reply: {type(err).__name__}: {err}"
+    return parts
+
+
+class FisherSubmodelStrategy(Strategy):
+    """Heterogeneous-capacity federated training with Fisher-ranked submodels.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Validated run configuration.
+    layout : ParamLayout
+        Flat layout of the global model.
+    evaluate_fn : Callable, optional
+        ``evaluate_fn(flat, mask_or_None) -> (loss, accuracy)`` on the server's test
+        set, used for the full model and for the submodel at each capacity level.
+    on_round : Callable, optional
+        Called with each round's record (a JSON-ready dict) after the round ends.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        layout: ParamLayout,
+        evaluate_fn: Callable[[NDArray[np.float32], NDArray[np.bool_] | None], tuple[float, float]] | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.evaluate_fn = evaluate_fn
+        self.on_round = on_round
+        self.fisher = FisherState(layout.size, cfg.fisher_staleness_decay, cfg.fisher_ema)
+        self.nodes: dict[int, NodeProfile] = {}
+        self.sent: dict[int, SentSubmodel] = {}
+        self.sent_eval: dict[int, SentSubmodel] = {}
+        self.clients: dict[int, ClientRound] = {}
+        self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
+
+    # ------------------------------------------------------------------ helpers
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        log(
+            INFO,
+            "FisherSubmodelStrategy: method=%s rule=%s d=%d fisher-encoding=%s staleness-decay=%.2f min-per-row=%d",
+            self.cfg.method,
+            self.cfg.rule,
+            self.layout.size,
+            self.cfg.fisher_encoding,
+            self.cfg.fisher_staleness_decay,
+            self.cfg.min_per_row,
+        )
+
+    def _flat(self, arrays: ArrayRecord) -> NDArray[np.float32]:
+        return self.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
+
+    def to_arrays(self, flat: NDArray[np.float32]) -> ArrayRecord:
+        """The flat vector as an ArrayRecord of named tensors."""
+        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in self.layout.unflatten(flat).items()})
+
+    def mask_for(self, node_id: int | None, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+        """The mask for a client (or, with ``node_id=None``, for a capacity level).
+
+        Returns the mask and where its ranking came from: ``client`` (the client's
+        own, possibly staleness-blended Fisher), ``prior`` (global Fisher, for
+        clients that never reported), or ``magnitude`` (first round of
+        ``fedfibos``, before any Fisher exists, and always for ``fiarse``).
+        """
+        if self.cfg.rule == "fisher":
+            if node_id is not None and node_id in self.fisher.clients:
+                est, source = self.fisher.estimate(node_id, server_round), "client"
+            else:
+                est, source = self.fisher.global_prior(), "prior"
+            if est is not None:
+                return select_mask(self.layout, self.x, gamma, "fisher", est, self.cfg.min_per_row), source
+        return select_mask(self.layout, self.x, gamma, "magnitude", None, self.cfg.min_per_row), "magnitude"
+
+    def _submodel_message(
+        self,
+        node_id: int,
+        server_round: int,
+        message_type: str,
+        store: dict[int, SentSubmodel],
+    ) -> tuple[Message, ClientRound]:
+        prof = self.nodes[node_id]
+        mask, source = self.mask_for(node_id, server_round, prof.capacity)
+        payload = encode_submodel(self.x, mask)
+        arrays = ArrayRecord({P.VALUES: Array(payload.values), P.MASK: Array(payload.mask_data)})
+        cfg = ConfigRecord(
+            {
+                "mask-kind": payload.mask_kind,
+                "mask-digest": payload.digest,
+                "d": self.layout.size,
+                "round": server_round,
+            }
+        )
+        store[node_id] = SentSubmodel(node_id, server_round, mask, payload.digest, prof.num_train)
+        k = int(mask.sum())
+        info = ClientRound(
+            node_id=node_id,
+            capacity=prof.capacity,
+            device=prof.device,
+            mask_source=source,
+            selected=k,
+            density=k / self.layout.size,
+            bytes_down=arrays.count_bytes(),
+            values_bytes=int(payload.values.nbytes),
+            mask_bytes=int(payload.mask_data.nbytes),
+            mask_kind=payload.mask_kind,
+        )
+        msg = Message(
+            content=RecordDict({P.SUBMODEL: arrays, P.SUBMODEL_CONFIG: cfg}),
+            dst_node_id=node_id,
+            message_type=message_type,
+        )
+        return msg, info
+
+    # ---------------------------------------------------------------- discovery
+    def discover(self, grid: Grid, timeout: float) -> None:
+        """QUERY every connected node for its capacity, device and example counts."""
+        node_ids = sorted(grid.get_node_ids())
+        msgs = [Message(content=RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY) for nid in node_ids]
+        for msg in exchange(grid, msgs, timeout, self.cfg.poll_interval):
+            parts = reply_parts(msg, None, P.PROFILE, None)
+            try:
+                if parts.error:
+                    raise ReplyError(parts.error)
+                err = None
+                if parts.metrics is None and "error" in parts.extras:
+                    err = str(parts.extras["error"])
+                capacity, n_train, n_test = validate_profile(parts.metrics, err)
+            except ReplyError as e:
+                log(WARNING, "node %d excluded at discovery: %s", parts.node_id, e)
+                continue
+            device = str(parts.extras.get("device", "unknown"))
+            self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test)
+            log(
+                INFO,
+                "node %d: capacity=%.4g device=%s train=%d test=%d",
+                parts.node_id,
+                capacity,
+                device,
+                n_train,
+                n_test,
+            )
+
+    # ------------------------------------------------------------------- train
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """One Message per discovered node, each carrying only that node's submodel."""
+        self.x = self._flat(arrays)
+        self.sent, self.clients = {}, {}
+        msgs = []
+        for node_id in sorted(self.nodes):
+            msg, info = self._submodel_message(node_id, server_round, MessageType.TRAIN, self.sent)
+            msgs.append(msg)
+            self.clients[node_id] = info
+        return msgs
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate replies, update the Fisher state and aggregate mask-aware."""
+        parts = [reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in replies]
+        accepted = self.apply_train_replies(server_round, parts)
+        if not accepted:
+            return None, None
+        total = sum(r.metrics["num-examples"] for r in accepted)
+        agg = {
+            key: sum(r.metrics[key] * r.metrics["num-examples"] for r in accepted) / total
+            for key in ("train-loss", "train-seconds", "fisher-seconds")
+        }
+        agg["num-examples"] = total
+        return self.to_arrays(self.x), MetricRecord(agg)
+
+    def apply_train_replies(self, server_round: int, parts: list[ReplyParts]) -> list[TrainReply]:
+        """Validate each reply; fold the accepted ones into ``self.x`` and the Fisher state.
+
+        A rejected reply is logged with its reason and changes nothing.
+        """
+        accepted: dict[int, TrainReply] = {}
+        for p in parts:
+            info = self.clients.get(p.node_id)
+            try:
+                if p.error:
+                    raise ReplyError(p.error)
+                sent = self.sent.get(p.node_id)
+                if sent is None:
+                    raise ReplyError("no submodel was sent to this node in this round")
+                if p.node_id in accepted:
+                    raise ReplyError("duplicate reply for this round")
+                reply = validate_train_reply(
+                    p.arrays,
+                    p.metrics,
+                    p.meta,
+                    sent,
+                    self.layout,
+                    self.cfg.fisher_encoding,
+                )
+            except ReplyError as err:
+                log(
+                    WARNING,
+                    "round %d: reply from node %d rejected: %s",
+                    server_round,
+                    p.node_id,
+                    err,
+                )
+                if info is not None and info.status in ("no reply",):
+                    info.status = f"rejected: {err}"
+                continue
+            accepted[p.node_id] = reply
+            if info is not None:
+                info.status = "ok"
+                info.bytes_up = p.nbytes
+                info.train_loss = reply.metrics["train-loss"]
+                info.train_seconds = reply.metrics["train-seconds"]
+                info.fisher_seconds = reply.metrics["fisher-seconds"]
+                info.num_examples = int(reply.metrics["num-examples"])
+        if accepted:
+            self.x = aggregate_masked(self.x, [r.update for r in accepted.values()], self.cfg.server_lr)
+            for node_id, r in accepted.items():
+                if not self.fisher.update(node_id, r.fisher, r.update.weight, server_round):
+                    log(
+                        INFO,
+                        "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",
+                        server_round,
+                        node_id,
+                    )
+        return list(accepted.values())
+
+    # ---------------------------------------------------------------- evaluate
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Each node evaluates the submodel it would train next on its local test split."""
+        self.x = self._flat(arrays)
+        self.sent_eval = {}
+        return [
+            self._submodel_message(nid, server_round, MessageType.EVALUATE, self.sent_eval)[0]
+            for nid in sorted(self.nodes)
+            if self.nodes[nid].num_test > 0
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Example-weighted local loss and accuracy over valid replies."""
+        seen: dict[int, dict[str, float]] = {}
+        for msg in replies:
+            p = reply_parts(msg, None, P.METRICS, P.META)
+            try:
+                if p.error:
+                    raise ReplyError(p.error)
+                sent = self.sent_eval.get(p.node_id)
+                if sent is None:
+                    raise ReplyError("no evaluation was sent to this node in this round")
+                if p.node_id in seen:
+                    raise ReplyError("duplicate reply for this round")
+                seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, self.nodes[p.node_id].num_test)
+            except ReplyError as err:
+                log(
+                    WARNING,
+                    "round %d: evaluation reply from node %d rejected: %s",
+                    server_round,
+                    p.node_id,
+                    err,
+                )
+        if not seen:
+            return None
+        n = sum(m["num-examples"] for m in seen.values())
+        return MetricRecord(
+            {
+                "eval-loss": sum(m["eval-loss"] * m["num-examples"] for m in seen.values()) / n,
+                "eval-acc": sum(m["eval-acc"] * m["num-examples"] for m in seen.values()) / n,
+                "num-examples": n,
+                "replies": len(seen),
+            }
+        )
+
+    # ----------------------------------------------------------- central eval
+    def central_evaluation(self, server_round: int) -> dict[str, Any]:
+        """Full model and the submodel at every capacity level present."""
+        if self.evaluate_fn is None:
+            return {}
+        loss, acc = self.evaluate_fn(self.x, None)
+        levels = {}
+        for gamma in sorted({p.capacity for p in self.nodes.values()}, reverse=True):
+            mask, source = self.mask_for(None, server_round + 1, gamma)
+            l_loss, l_acc = self.evaluate_fn(self.x, mask)
+            levels[f"{gamma:g}"] = {
+                "accuracy": l_acc,
+                "loss": l_loss,
+                "density": float(mask.mean()),
+                "source": source,
+            }
+        return {"accuracy": acc, "loss": loss, "per_capacity": levels}
+
+    # -------------------------------------------------------------------- loop
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Discovery, then ``num_rounds`` of train / aggregate / evaluate.
+
+        Unlike the base class this pushes messages and pulls replies every
+        ``poll-interval`` seconds (instead of a fixed 3 s), logs one line per
+        round and reports every round through ``on_round``.
+        """
+        self.summary()
+        train_config = train_config or ConfigRecord()
+        evaluate_config = evaluate_config or ConfigRecord()
+        result = Result(arrays=initial_arrays)
+        self.x = self._flat(initial_arrays)
+        self.discover(grid, timeout)
+        if not self.nodes:
+            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+        start_eval = self.central_evaluation(0)
+        if start_eval:
+            log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])
+            if self.on_round:
+                self.on_round({"round": 0, "global": start_eval, "clients": []})
+        arrays = initial_arrays
+        for rnd in range(1, num_rounds + 1):
+            t_round = time.perf_counter()
+            t0 = time.perf_counter()
+            msgs = list(self.configure_train(rnd, arrays, train_config, grid))
+            server_seconds = time.perf_counter() - t0
+            replies = exchange(grid, msgs, timeout, self.cfg.poll_interval)
+            t0 = time.perf_counter()
+            new_arrays, train_metrics = self.aggregate_train(rnd, replies)
+            if new_arrays is not None:
+                arrays = result.arrays = new_arrays
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = train_metrics
+            central = self.central_evaluation(rnd)
+            server_seconds += time.perf_counter() - t0
+            if central:
+                result.evaluate_metrics_serverapp[rnd] = MetricRecord(
+                    {"accuracy": central["accuracy"], "loss": central["loss"]}
+                )
+            local = None
+            if self.cfg.eval_every and (rnd % self.cfg.eval_every == 0 or rnd == num_rounds):
+                eval_msgs = list(self.configure_evaluate(rnd, arrays, evaluate_config, grid))
+                local_metrics = self.aggregate_evaluate(rnd, exchange(grid, eval_msgs, timeout, self.cfg.poll_interval))
+                if local_metrics is not None:
+                    result.evaluate_metrics_clientapp[rnd] = local_metrics
+                    local = {
+                        "accuracy": local_metrics["eval-acc"],
+                        "loss": local_metrics["eval-loss"],
+                    }
+            record = {
+                "round": rnd,
+                "global": central,
+                "local": local,
+                "replies": sum(c.status == "ok" for c in self.clients.values()),
+                "sent": len(self.clients),
+                "clients": [asdict(c) for c in self.clients.values()],
+                "server_seconds": server_seconds,
+                "round_seconds": time.perf_counter() - t_round,
+            }
+            log(INFO, "%s", progress_line(record, num_rounds))
+            if self.on_round:
+                self.on_round(record)
+        return result
+
+
+def progress_line(record: dict[str, Any], num_rounds: int) -> str:
+    """One human-readable line per round."""
+    g = record.get("global") or {}
+    levels = " ".join(f"{k}:{v['accuracy']:.3f}" for k, v in (g.get("per_capacity") or {}).items())
+    local = record.get("local")
+    down = sum(c["bytes_down"] for c in record["clients"]) / 1024
+    up = sum(c["bytes_up"] for c in record["clients"]) / 1024
+    return (
+        f"[round {record['round']}/{num_rounds}] global acc {g.get('accuracy', float('nan')):.4f} "
+        f"loss {g.get('loss', float('nan')):.4f} | per capacity {levels or '-'}"
+        + (f" | local acc {local['accuracy']:.4f}" if local else "")
+        + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
+        f" | {record['round_seconds']:.1f} s"
+    )
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
+    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout`` s pass."""
+    if not messages:
+        return []
+    pending = set(grid.push_messages(messages))
+    replies: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if pending:
+            time.sleep(poll_interval)
+    if pending:
+        log(
+            WARNING,
+            "%d of %d replies did not arrive within %.0f s",
+            len(pending),
+            len(messages),
+            timeout,
+        )
+    return replies
