@@ -70,7 +70,7 @@ def _text(key: str) -> Callable:
 class RunConfig:
     """Validated run configuration (``[tool.flwr.app.config]``); see README for each key."""
 
-    num_rounds: int = 12
+    num_rounds: int = 10
     method: str = "fedfibos"
     dataset: str = "digits"
     model: str = "cnn"
@@ -80,9 +80,9 @@ class RunConfig:
     test_fraction: float = 0.2
     local_test_fraction: float = 0.2
     seed: int = 42
-    local_epochs: int = 2
+    local_epochs: int = 3
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 0.0
     proximal_mu: float = 0.0
@@ -92,7 +92,7 @@ class RunConfig:
     fisher_ema: float = 0.0
     fisher_staleness_decay: float = 0.7
     min_per_row: int = 1
-    eval_every: int = 3
+    eval_every: int = 5
     round_timeout: float = 300.0
     poll_interval: float = 0.2
     results_dir: str = "results"

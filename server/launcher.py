@@ -200,6 +200,8 @@ def run_local_federation(
         )
         wait_for_port(link_port, 60, superlink)
         echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {logs})")
+        # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
+        node_env = {**env, "OMP_NUM_THREADS": "1"}
         for i, gamma in enumerate(capacities):
             node_config = f"partition-id={i} num-partitions={len(capacities)} capacity={gamma!r}"
             group.start(
@@ -214,7 +216,7 @@ def run_local_federation(
                     node_config,
                 ],
                 logs / f"supernode-{i}.log",
-                env,
+                node_env,
             )
             echo(f"SuperNode {i}: capacity {gamma:g}")
         (flwr_home / "config.toml").write_text(

@@ -1,0 +1,218 @@
+"""Every kind of malformed TRAIN reply is rejected and leaves the global state bit-identical."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from client.training import TrainConfig, train_masked
+from common import protocol as P
+from common.config import NodeConfig, parse_run_config
+from common.datasets import load_dataset
+from common.fisher_codec import encode_fisher
+from common.models import build_model, model_layout, trainable_arrays
+from common.partitioning import partition_indices
+from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
+from server.validation import SentSubmodel, validate_evaluate_reply, validate_profile
+
+ROUND = 3
+GOOD, OTHER = 11, 2**63 + 5  # Flower node ids are unsigned 64-bit
+
+
+def _setup():
+    cfg = parse_run_config({"fisher-encoding": "masked"})
+    pool = load_dataset("digits", 0.2, 0).train
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy.x = layout.flatten(trainable_arrays(model))
+    replies = {}
+    for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
+        data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
+        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10)
+        mask, _ = strategy.mask_for(node_id, ROUND, gamma)
+        from common.protocol import encode_submodel
+
+        payload = encode_submodel(strategy.x, mask)
+        strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
+        strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", "magnitude", int(mask.sum()), 0.0, 0, 0, 0, "")
+        res = train_masked(
+            build_model("cnn", 10, 1, 0),
+            layout,
+            np.where(mask, strategy.x, 0),
+            mask,
+            data,
+            TrainConfig(1, 32, 0.1, 0.9),
+            torch.device("cpu"),
+        )
+        arrays = {P.DELTA: (res.params - strategy.x)[mask].astype(np.float32)}
+        arrays.update(encode_fisher(res.fisher, mask, layout, "masked"))
+        replies[node_id] = ReplyParts(
+            node_id=node_id,
+            arrays=arrays,
+            metrics={"num-examples": len(data), "train-loss": 1.0, "train-seconds": 0.5, "fisher-seconds": 0.01},
+            meta={"round": ROUND, "mask-digest": payload.digest, "fisher-encoding": "masked"},
+        )
+    return strategy, replies
+
+
+@pytest.fixture(scope="module")
+def base():
+    return _setup()
+
+
+def _mutate_arrays(fn):
+    def apply(r: ReplyParts) -> ReplyParts:
+        fn(r.arrays)
+        return r
+
+    return apply
+
+
+def _set(record: str, key: str, value):
+    def apply(r: ReplyParts) -> ReplyParts:
+        getattr(r, record)[key] = value
+        return r
+
+    return apply
+
+
+def _drop(attr: str):
+    def apply(r: ReplyParts) -> ReplyParts:
+        setattr(r, attr, None)
+        return r
+
+    return apply
+
+
+def _poison(name: str, index: int, value: float):
+    def fn(a):
+        a[name] = a[name].copy()
+        a[name][index] = value
+
+    return _mutate_arrays(fn)
+
+
+CATALOGUE = {
+    "node error": lambda r: ReplyParts(r.node_id, error="node returned an error: boom"),
+    "undecodable payload": lambda r: ReplyParts(r.node_id, error="undecodable reply: ValueError"),
+    "missing update record": _drop("arrays"),
+    "missing metrics record": _drop("metrics"),
+    "missing meta record": _drop("meta"),
+    "round not sent": _set("meta", "round", ROUND - 1),
+    "mask not sent": _set("meta", "mask-digest", "0123456789abcdef"),
+    "wrong fisher encoding": _set("meta", "fisher-encoding", "dense"),
+    "wrong array name": _mutate_arrays(lambda a: a.update({"weights": a.pop(P.DELTA)})),
+    "extra array": _mutate_arrays(lambda a: a.update({"extra": np.zeros(3, np.float32)})),
+    "delta count differs from mask": _mutate_arrays(lambda a: a.update({P.DELTA: a[P.DELTA][:-1]})),
+    "delta dtype": _mutate_arrays(lambda a: a.update({P.DELTA: a[P.DELTA].astype(np.float64)})),
+    "delta shape": _mutate_arrays(lambda a: a.update({P.DELTA: a[P.DELTA].reshape(1, -1)})),
+    "delta NaN": _poison(P.DELTA, 0, np.nan),
+    "delta Inf": _poison(P.DELTA, -1, np.inf),
+    "fisher negative": _poison("fisher.inside", 1, -1.0),
+    "fisher NaN": _poison("fisher.rowmean", 0, np.nan),
+    "fisher Inf": _poison("fisher.inside", 0, np.inf),
+    "fisher wrong length": _mutate_arrays(lambda a: a.update({"fisher.rowmean": a["fisher.rowmean"][:-2]})),
+    "fisher missing": _mutate_arrays(lambda a: a.pop("fisher.inside")),
+    "oversized payload": _mutate_arrays(lambda a: a.update({P.DELTA: np.zeros(5_000_000, np.float32)})),
+    "zero examples": _set("metrics", "num-examples", 0),
+    "negative examples": _set("metrics", "num-examples", -5),
+    "absurd examples": _set("metrics", "num-examples", 10**9),
+    "fractional examples": _set("metrics", "num-examples", 10.5),
+    "NaN examples": _set("metrics", "num-examples", float("nan")),
+    "missing examples": lambda r: (r.metrics.pop("num-examples"), r)[1],
+    "NaN loss": _set("metrics", "train-loss", float("nan")),
+    "negative seconds": _set("metrics", "train-seconds", -1.0),
+    "reply from node that was not sent": lambda r: ReplyParts(999, r.arrays, r.metrics, r.meta),
+}
+
+
+def _state(strategy):
+    return strategy.x.copy(), strategy.fisher.to_bytes()
+
+
+def _run(base, replies):
+    strategy, _ = base
+    s = copy.deepcopy(strategy)
+    accepted = s.apply_train_replies(ROUND, replies)
+    return s, accepted
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOGUE))
+def test_malformed_reply_is_rejected_and_changes_nothing(base, kind):
+    strategy, replies = base
+    good = replies[OTHER]
+    bad = CATALOGUE[kind](copy.deepcopy(replies[GOOD]))
+    clean, accepted_clean = _run(base, [good])
+    dirty, accepted_dirty = _run(base, [good, bad])
+    assert len(accepted_clean) == len(accepted_dirty) == 1
+    x_clean, f_clean = _state(clean)
+    x_dirty, f_dirty = _state(dirty)
+    assert x_clean.tobytes() == x_dirty.tobytes()
+    assert f_clean == f_dirty
+    if bad.node_id == GOOD:
+        assert dirty.clients[GOOD].status.startswith("rejected")
+
+
+def test_bad_reply_alone_leaves_model_untouched(base):
+    strategy, replies = base
+    bad = CATALOGUE["delta NaN"](copy.deepcopy(replies[GOOD]))
+    s, accepted = _run(base, [bad])
+    assert accepted == []
+    assert s.x.tobytes() == strategy.x.tobytes()
+    assert s.fisher.clients == {}
+
+
+def test_duplicate_reply_counts_once(base):
+    _, replies = base
+    once, _ = _run(base, [replies[GOOD], replies[OTHER]])
+    twice, accepted = _run(base, [replies[GOOD], replies[OTHER], copy.deepcopy(replies[GOOD])])
+    assert len(accepted) == 2
+    assert once.x.tobytes() == twice.x.tobytes()
+
+
+def test_valid_replies_change_only_held_positions(base):
+    strategy, replies = base
+    s, accepted = _run(base, list(replies.values()))
+    assert len(accepted) == 2
+    held = strategy.sent[GOOD].mask | strategy.sent[OTHER].mask
+    assert np.array_equal(s.x[~held], strategy.x[~held])
+    assert not np.array_equal(s.x[held], strategy.x[held])
+    assert set(s.fisher.clients) == {GOOD, OTHER}
+
+
+def test_evaluate_and_profile_validation():
+    sent = SentSubmodel(1, 2, np.ones(4, bool), "abc", 100)
+    ok = validate_evaluate_reply(
+        {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.9}, {"round": 2, "mask-digest": "abc"}, sent, 10
+    )
+    assert ok["eval-acc"] == 0.9
+    from server.validation import ReplyError
+
+    for metrics in (
+        {"num-examples": 11, "eval-loss": 0.5, "eval-acc": 0.9},
+        {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 1.5},
+        {"num-examples": 10, "eval-loss": float("nan"), "eval-acc": 0.5},
+    ):
+        with pytest.raises(ReplyError):
+            validate_evaluate_reply(metrics, {"round": 2, "mask-digest": "abc"}, sent, 10)
+    assert validate_profile({"capacity": 0.5, "num-train-examples": 10, "num-test-examples": 3}, None) == (0.5, 10, 3)
+    for metrics, err in (
+        ({"capacity": 0.0, "num-train-examples": 10, "num-test-examples": 3}, None),
+        ({"capacity": 1.5, "num-train-examples": 10, "num-test-examples": 3}, None),
+        ({"capacity": 0.5, "num-train-examples": 0, "num-test-examples": 3}, None),
+        (None, "ConfigError: capacity='1/2': expected a number"),
+    ):
+        with pytest.raises(ReplyError):
+            validate_profile(metrics, err)
+
+
+def test_node_config_shape_mismatch_is_reported():
+    from common.config import ConfigError, parse_node_config
+
+    with pytest.raises(ConfigError, match="capacity"):
+        parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": "1/2"})
+    assert parse_node_config({"partition-id": 1, "num-partitions": 2, "capacity": 1}) == NodeConfig(1, 2, 1.0)
