@@ -32,7 +32,7 @@ from common.mask_codec import index_dtype
 
 FisherEncoding = Literal["masked", "topm", "log8", "dense"]
 FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense")
-_LOG8_LEVELS = 254  # codes 1..255 carry values; 0 is an exact zero
+_LOG8_LEVELS = 254  # codes 1..254 carry values; 0 is an exact zero
 
 
 def _row_means(values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: int) -> NDArray[np.float64]:

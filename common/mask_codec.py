@@ -59,8 +59,9 @@ def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
             raise ValueError("bit mask has set padding bits")
         return bits[:d].astype(bool)
     if kind == "indices":
-        if data.dtype.kind != "u" or data.ndim != 1:
-            raise ValueError(f"index mask must be a 1-D unsigned array, got {data.dtype}{list(data.shape)}")
+        want = index_dtype(d)
+        if data.dtype != want or data.ndim != 1:
+            raise ValueError(f"index mask for d={d} must be 1-D {want}, got {data.dtype}{list(data.shape)}")
         idx = data.astype(np.int64)
         if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
             raise ValueError("index mask must be strictly increasing and below d")
