@@ -15,8 +15,9 @@ from common.datasets import DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.models import MODELS
 from common.partitioning import PARTITIONERS
+from common.width_masks import CHANNEL_GRAPHS
 
-METHODS: tuple[str, ...] = ("fedfibos", "fiarse")
+METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
@@ -97,11 +98,6 @@ class RunConfig:
     poll_interval: float = 0.2
     results_dir: str = "results"
 
-    @property
-    def rule(self) -> str:
-        """Selection rule of the method."""
-        return {"fedfibos": "fisher", "fiarse": "magnitude"}[self.method]
-
 
 _RUN_CHECKS: dict[str, Callable] = {
     "num-rounds": _num("num-rounds", 1, 100_000, integer=True),
@@ -146,7 +142,13 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     for key, check in _RUN_CHECKS.items():
         attr = key.replace("-", "_")
         values[attr] = check(raw[key]) if key in raw else defaults[attr]
-    return RunConfig(**values)
+    cfg = RunConfig(**values)
+    if cfg.method in ("heterofl", "fedrolex") and cfg.model not in CHANNEL_GRAPHS:
+        raise ConfigError(
+            f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
+            f"{', '.join(CHANNEL_GRAPHS)}"
+        )
+    return cfg
 
 
 @dataclass(frozen=True)

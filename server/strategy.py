@@ -34,6 +34,7 @@ from common.config import RunConfig
 from common.layout import ParamLayout
 from common.protocol import encode_submodel
 from common.selection import select_mask
+from common.width_masks import CHANNEL_GRAPHS, width_mask, width_ratio
 from server.fisher_state import FisherState
 from server.validation import (
     ReplyError,
@@ -153,9 +154,8 @@ class FisherSubmodelStrategy(Strategy):
         """Log the strategy's configuration."""
         log(
             INFO,
-            "FisherSubmodelStrategy: method=%s rule=%s d=%d fisher-encoding=%s staleness-decay=%.2f min-per-row=%d",
+            "FisherSubmodelStrategy: method=%s d=%d fisher-encoding=%s staleness-decay=%.2f min-per-row=%d",
             self.cfg.method,
-            self.cfg.rule,
             self.layout.size,
             self.cfg.fisher_encoding,
             self.cfg.fisher_staleness_decay,
@@ -172,12 +172,23 @@ class FisherSubmodelStrategy(Strategy):
     def mask_for(self, node_id: int | None, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
         """The mask for a client (or, with ``node_id=None``, for a capacity level).
 
-        Returns the mask and where its ranking came from: ``client`` (the client's
-        own, possibly staleness-blended Fisher), ``prior`` (global Fisher, for
-        clients that never reported), or ``magnitude`` (first round of
-        ``fedfibos``, before any Fisher exists, and always for ``fiarse``).
+        Returns the mask and where it came from:
+
+        * ``fedfibos``: ``client`` (the client's own, possibly staleness-blended
+          Fisher), ``prior`` (global Fisher, for clients that never reported), or
+          ``magnitude`` (the first round, before any Fisher exists);
+        * ``fiarse``: ``magnitude`` (top-k of ``|x|``);
+        * ``heterofl`` / ``fedrolex``: ``width`` (first channels / window rolled by
+          the round, width ratio ``sqrt(gamma)``);
+        * ``fedavg`` / ``fedavg-drop``: ``full``.
         """
-        if self.cfg.rule == "fisher":
+        method = self.cfg.method
+        if method in ("fedavg", "fedavg-drop"):
+            return np.ones(self.layout.size, dtype=bool), "full"
+        if method in ("heterofl", "fedrolex"):
+            roll = server_round if method == "fedrolex" else 0
+            return width_mask(self.layout, CHANNEL_GRAPHS[self.cfg.model], width_ratio(gamma), roll), "width"
+        if method == "fedfibos":
             if node_id is not None and node_id in self.fisher.clients:
                 est, source = self.fisher.estimate(node_id, server_round), "client"
             else:
@@ -185,6 +196,12 @@ class FisherSubmodelStrategy(Strategy):
             if est is not None:
                 return select_mask(self.layout, self.x, gamma, "fisher", est, self.cfg.min_per_row), source
         return select_mask(self.layout, self.x, gamma, "magnitude", None, self.cfg.min_per_row), "magnitude"
+
+    def participants(self) -> list[int]:
+        """Nodes that train: all discovered ones, or for ``fedavg-drop`` only those that hold the full model."""
+        if self.cfg.method == "fedavg-drop":
+            return [nid for nid in sorted(self.nodes) if self.nodes[nid].capacity >= 1.0]
+        return sorted(self.nodes)
 
     def _submodel_message(
         self,
@@ -263,7 +280,7 @@ class FisherSubmodelStrategy(Strategy):
         self.x = self._flat(arrays)
         self.sent, self.clients = {}, {}
         msgs = []
-        for node_id in sorted(self.nodes):
+        for node_id in self.participants():
             msg, info = self._submodel_message(node_id, server_round, MessageType.TRAIN, self.sent)
             msgs.append(msg)
             self.clients[node_id] = info
@@ -430,6 +447,8 @@ class FisherSubmodelStrategy(Strategy):
         self.discover(grid, timeout)
         if not self.nodes:
             raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+        if not self.participants():
+            raise RuntimeError(f"method {self.cfg.method!r} found no node that can take part (needs capacity 1)")
         start_eval = self.central_evaluation(0)
         if start_eval:
             log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])

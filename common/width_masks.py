@@ -1,0 +1,114 @@
+"""Width-based (channel) submodels: HeteroFL's static slice and FedRolex's rolling window.
+
+Both keep, in every hidden layer, ``ceil(r * c)`` of its ``c`` output channels
+(``r`` = the client's capacity), and the matching input columns of the next
+layer; the image input channels and the classifier's outputs are always kept.
+HeteroFL always keeps the first channels; FedRolex rolls the window by one
+channel per round (``start = round mod c``), so over rounds every channel is
+trained by small clients too.
+
+A width ratio ``r`` keeps about ``r^2`` of a hidden layer's weights. To compare
+methods at the same parameter budget (as FIARSE's evaluation does), a client of
+capacity ``gamma`` gets width ratio ``sqrt(gamma)`` (:func:`width_ratio`), so its
+submodel holds roughly ``gamma * d`` parameters, like the element-wise rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.layout import ParamLayout
+
+
+@dataclass(frozen=True)
+class TensorChannels:
+    """Which channel group indexes a tensor's rows and columns.
+
+    Parameters
+    ----------
+    out_group : str or None
+        Group of the output dimension (dim 0); ``None`` = always fully kept.
+    in_group : str or None
+        Group of the input dimension (dim 1); ``None`` = always fully kept.
+    in_repeat : int
+        Consecutive input columns per input channel (e.g. 16 for a flattened 4x4 map).
+    """
+
+    out_group: str | None
+    in_group: str | None = None
+    in_repeat: int = 1
+
+
+# The small CNN (common.models.SmallCNN): conv1 -> conv2 -> 4x4 pool, flatten -> fc1 -> fc2.
+CHANNEL_GRAPHS: dict[str, dict[str, TensorChannels]] = {
+    "cnn": {
+        "conv1.weight": TensorChannels("conv1"),
+        "conv1.bias": TensorChannels("conv1"),
+        "conv2.weight": TensorChannels("conv2", "conv1"),
+        "conv2.bias": TensorChannels("conv2"),
+        "fc1.weight": TensorChannels("fc1", "conv2", 16),
+        "fc1.bias": TensorChannels("fc1"),
+        "fc2.weight": TensorChannels(None, "fc1"),
+        "fc2.bias": TensorChannels(None),
+    }
+}
+
+
+def group_sizes(layout: ParamLayout, graph: Mapping[str, TensorChannels]) -> dict[str, int]:
+    """Channels per group, read off the tensors' output dimensions."""
+    sizes: dict[str, int] = {}
+    for t in layout.tensors:
+        spec = graph.get(t.name)
+        if spec is None:
+            raise ValueError(f"tensor {t.name!r} has no entry in the channel graph")
+        if spec.out_group is not None:
+            sizes[spec.out_group] = t.shape[0]
+    return sizes
+
+
+def width_ratio(gamma: float) -> float:
+    """Width ratio whose submodel holds about a ``gamma`` share of the parameters."""
+    if not 0 < gamma <= 1:
+        raise ValueError(f"capacity gamma must be in (0, 1], got {gamma}")
+    return math.sqrt(gamma)
+
+
+def kept_channels(size: int, ratio: float, start: int = 0) -> NDArray[np.int64]:
+    """``ceil(ratio * size)`` consecutive channels from ``start``, wrapping around."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"width ratio must be in (0, 1], got {ratio}")
+    k = max(1, math.ceil(ratio * size))
+    return (start + np.arange(k)) % size
+
+
+def width_mask(
+    layout: ParamLayout, graph: Mapping[str, TensorChannels], ratio: float, roll: int = 0
+) -> NDArray[np.bool_]:
+    """Flat mask of a width-``ratio`` submodel whose channel windows start at ``roll mod c``.
+
+    ``roll = 0`` is HeteroFL's static slice; ``roll = round`` is FedRolex.
+    """
+    sizes = group_sizes(layout, graph)
+    keep = {g: np.zeros(n, dtype=bool) for g, n in sizes.items()}
+    for g, n in sizes.items():
+        keep[g][kept_channels(n, ratio, roll % n)] = True
+    parts = []
+    for t in layout.tensors:
+        spec = graph[t.name]
+        rows = keep[spec.out_group] if spec.out_group else np.ones(t.shape[0], dtype=bool)
+        if len(t.shape) == 1:
+            parts.append(rows)
+            continue
+        cols = np.ones(t.shape[1], dtype=bool)
+        if spec.in_group:
+            cols = np.repeat(keep[spec.in_group], spec.in_repeat)
+            if cols.size != t.shape[1]:
+                raise ValueError(f"tensor {t.name!r}: {t.shape[1]} inputs, graph implies {cols.size}")
+        inner = int(np.prod(t.shape[2:], dtype=np.int64))
+        parts.append(np.repeat(np.outer(rows, cols), inner, axis=1).reshape(-1))
+    return np.concatenate(parts)

@@ -1,0 +1,115 @@
+"""HeteroFL / FedRolex width submodels and the per-method mask dispatch of the strategy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from common.config import ConfigError, parse_run_config
+from common.layout import ParamLayout
+from common.models import build_model, load_flat, model_layout, trainable_arrays
+from common.width_masks import CHANNEL_GRAPHS, kept_channels, width_mask, width_ratio
+from server.strategy import FisherSubmodelStrategy, NodeProfile
+
+GRAPH = CHANNEL_GRAPHS["cnn"]
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = build_model("cnn", 10, 1, 0)
+    return model, model_layout(model)
+
+
+def _named(layout: ParamLayout, mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {n: m.copy() for n, m in layout.unflatten(mask).items()}
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.25, 0.125])
+def test_heterofl_keeps_first_channels_and_all_classifier_outputs(cnn, ratio):
+    _, layout = cnn
+    m = _named(layout, width_mask(layout, GRAPH, ratio))
+    c1, c2, f1 = (math.ceil(ratio * n) for n in (32, 64, 128))
+    assert m["conv1.weight"][:c1].all() and not m["conv1.weight"][c1:].any()
+    assert m["conv1.bias"].sum() == c1
+    assert m["conv2.weight"][:c2, :c1].all() and m["conv2.weight"].sum() == c2 * c1 * 9
+    cols = np.repeat(np.arange(64) < c2, 16)
+    assert np.array_equal(m["fc1.weight"], np.outer(np.arange(128) < f1, cols))
+    assert m["fc2.weight"][:, :f1].all() and m["fc2.weight"].sum() == 10 * f1
+    assert m["fc2.bias"].all()
+
+
+def test_width_submodel_equals_physically_smaller_network(cnn):
+    """The masked full-shape model computes what a narrower CNN with the kept channels computes."""
+    model, layout = cnn
+    x = layout.flatten(trainable_arrays(model))
+    mask = width_mask(layout, GRAPH, 0.5)
+    full = build_model("cnn", 10, 1, 0)
+    load_flat(full, layout, np.where(mask, x, 0).astype(np.float32))
+    small = build_model("cnn", 10, 1, 0)
+    small.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
+    small.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
+    small.fc1 = torch.nn.Linear(32 * 16, 64)
+    small.fc2 = torch.nn.Linear(64, 10)
+    named = layout.unflatten(x)
+    with torch.no_grad():
+        small.conv1.weight.copy_(torch.from_numpy(named["conv1.weight"][:16]))
+        small.conv1.bias.copy_(torch.from_numpy(named["conv1.bias"][:16]))
+        small.conv2.weight.copy_(torch.from_numpy(named["conv2.weight"][:32, :16]))
+        small.conv2.bias.copy_(torch.from_numpy(named["conv2.bias"][:32]))
+        small.fc1.weight.copy_(torch.from_numpy(named["fc1.weight"][:64, : 32 * 16]))
+        small.fc1.bias.copy_(torch.from_numpy(named["fc1.bias"][:64]))
+        small.fc2.weight.copy_(torch.from_numpy(named["fc2.weight"][:, :64]))
+        small.fc2.bias.copy_(torch.from_numpy(named["fc2.bias"]))
+    inp = torch.randn(4, 1, 8, 8)
+    torch.testing.assert_close(full(inp), small(inp), rtol=1e-5, atol=1e-5)
+
+
+def test_fedrolex_window_rolls_and_covers_every_channel(cnn):
+    _, layout = cnn
+    assert np.array_equal(kept_channels(8, 0.25, 7), [7, 0])
+    rows_covered = np.zeros(layout.num_rows, dtype=bool)
+    for rnd in range(128):
+        m = width_mask(layout, GRAPH, 0.25, roll=rnd)
+        assert m.sum() == width_mask(layout, GRAPH, 0.25).sum()  # same size every round
+        rows_covered[np.unique(layout.row_ids[m])] = True
+    assert rows_covered.all()  # every output unit of every layer is trained by small clients at some point
+    assert not np.array_equal(width_mask(layout, GRAPH, 0.25, 1), width_mask(layout, GRAPH, 0.25, 2))
+
+
+def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):
+    _, layout = cnn
+    for gamma in (1.0, 0.25, 0.0625):
+        density = width_mask(layout, GRAPH, width_ratio(gamma)).mean()
+        assert gamma * 0.8 <= density <= gamma * 1.3, (gamma, density)
+    with pytest.raises(ValueError):
+        width_ratio(0)
+
+
+def test_structured_methods_need_a_channel_graph():
+    with pytest.raises(ConfigError, match="channel graph"):
+        parse_run_config({"method": "heterofl", "model": "resnet18"})
+
+
+@pytest.mark.parametrize(
+    "method,source", [("heterofl", "width"), ("fedrolex", "width"), ("fedavg", "full"), ("fiarse", "magnitude")]
+)
+def test_strategy_dispatches_mask_by_method(cnn, method, source):
+    model, layout = cnn
+    s = FisherSubmodelStrategy(parse_run_config({"method": method}), layout)
+    s.x = layout.flatten(trainable_arrays(model))
+    s.nodes = {1: NodeProfile(1.0, "cpu", 10, 2), 2: NodeProfile(0.25, "cpu", 10, 2)}
+    mask, got = s.mask_for(2, 3, 0.25)
+    assert got == source
+    assert mask.mean() == (1.0 if method == "fedavg" else pytest.approx(0.25, abs=0.07))
+    assert s.participants() == [1, 2]
+
+
+def test_fedavg_drop_trains_only_full_capacity_nodes(cnn):
+    _, layout = cnn
+    s = FisherSubmodelStrategy(parse_run_config({"method": "fedavg-drop"}), layout)
+    s.nodes = {5: NodeProfile(0.5, "cpu", 10, 2), 7: NodeProfile(1.0, "cpu", 10, 2), 9: NodeProfile(1.0, "cpu", 1, 1)}
+    assert s.participants() == [7, 9]
+    assert s.mask_for(5, 1, 0.5)[0].all()
