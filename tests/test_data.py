@@ -53,3 +53,16 @@ def test_local_data_cache_returns_the_same_split(tmp_path, monkeypatch):
         assert np.array_equal(first.train.y, d.train.y) and np.array_equal(first.test.x, d.test.x)
     (next(tmp_path.iterdir())).write_bytes(b"torn")
     assert np.array_equal(load_local_data(run, node).train.y, first.train.y)
+
+
+def test_mnist5k_ships_offline_and_splits():
+    s = load_dataset("mnist5k", 0.2, 0)
+    assert len(s.train) == 4000 and len(s.test) == 1000
+    assert s.train.x.shape[1:] == (1, 28, 28) and s.train.x.dtype == np.float32
+    assert 0 <= s.train.x.min() and s.train.x.max() <= 1
+    assert np.array_equal(np.bincount(s.test.y), np.full(10, 100))
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset("imagenet", 0.2, 0)
