@@ -8,7 +8,7 @@ replies (:mod:`server.validation`) and keeps the per-round bookkeeping.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import asdict, dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -113,6 +113,17 @@ def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key
     except Exception as err:  # undecodable payloads are a reason to drop the reply, never to crash
         parts.error = f"undecodable reply: {type(err).__name__}: {err}"
     return parts
+
+
+def expected_sent(parts: ReplyParts, sent: dict[int, SentSubmodel], answered: Container[int]) -> SentSubmodel:
+    """What this reply answers; rejects error replies, replies nobody asked for, and duplicates."""
+    if parts.error:
+        raise ReplyError(parts.error)
+    if parts.node_id not in sent:
+        raise ReplyError("nothing was sent to this node in this round")
+    if parts.node_id in answered:
+        raise ReplyError("duplicate reply for this round")
+    return sent[parts.node_id]
 
 
 class FisherSubmodelStrategy(Strategy):
@@ -311,13 +322,7 @@ class FisherSubmodelStrategy(Strategy):
         for p in parts:
             info = self.clients.get(p.node_id)
             try:
-                if p.error:
-                    raise ReplyError(p.error)
-                sent = self.sent.get(p.node_id)
-                if sent is None:
-                    raise ReplyError("no submodel was sent to this node in this round")
-                if p.node_id in accepted:
-                    raise ReplyError("duplicate reply for this round")
+                sent = expected_sent(p, self.sent, accepted)
                 reply = validate_train_reply(
                     p.arrays,
                     p.metrics,
@@ -376,13 +381,7 @@ class FisherSubmodelStrategy(Strategy):
         for msg in replies:
             p = reply_parts(msg, None, P.METRICS, P.META)
             try:
-                if p.error:
-                    raise ReplyError(p.error)
-                sent = self.sent_eval.get(p.node_id)
-                if sent is None:
-                    raise ReplyError("no evaluation was sent to this node in this round")
-                if p.node_id in seen:
-                    raise ReplyError("duplicate reply for this round")
+                sent = expected_sent(p, self.sent_eval, seen)
                 seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, self.nodes[p.node_id].num_test)
             except ReplyError as err:
                 log(
