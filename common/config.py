@@ -15,7 +15,7 @@ from common.datasets import DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.models import MODELS
 from common.partitioning import PARTITIONERS
-from common.width_masks import CHANNEL_GRAPHS
+from common.width_masks import WIDTH_MODELS
 
 METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
@@ -143,10 +143,10 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         attr = key.replace("-", "_")
         values[attr] = check(raw[key]) if key in raw else defaults[attr]
     cfg = RunConfig(**values)
-    if cfg.method in ("heterofl", "fedrolex") and cfg.model not in CHANNEL_GRAPHS:
+    if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
-            f"{', '.join(CHANNEL_GRAPHS)}"
+            f"{', '.join(WIDTH_MODELS)}"
         )
     return cfg
 

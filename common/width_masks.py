@@ -45,18 +45,50 @@ class TensorChannels:
 
 
 # The small CNN (common.models.SmallCNN): conv1 -> conv2 -> 4x4 pool, flatten -> fc1 -> fc2.
-CHANNEL_GRAPHS: dict[str, dict[str, TensorChannels]] = {
-    "cnn": {
-        "conv1.weight": TensorChannels("conv1"),
-        "conv1.bias": TensorChannels("conv1"),
-        "conv2.weight": TensorChannels("conv2", "conv1"),
-        "conv2.bias": TensorChannels("conv2"),
-        "fc1.weight": TensorChannels("fc1", "conv2", 16),
-        "fc1.bias": TensorChannels("fc1"),
-        "fc2.weight": TensorChannels(None, "fc1"),
-        "fc2.bias": TensorChannels(None),
-    }
+SMALL_CNN_GRAPH: dict[str, TensorChannels] = {
+    "conv1.weight": TensorChannels("conv1"),
+    "conv1.bias": TensorChannels("conv1"),
+    "conv2.weight": TensorChannels("conv2", "conv1"),
+    "conv2.bias": TensorChannels("conv2"),
+    "fc1.weight": TensorChannels("fc1", "conv2", 16),
+    "fc1.bias": TensorChannels("fc1"),
+    "fc2.weight": TensorChannels(None, "fc1"),
+    "fc2.bias": TensorChannels(None),
 }
+
+
+def resnet_graph(layout: ParamLayout) -> dict[str, TensorChannels]:
+    """Channel graph of torchvision's ResNet (``common.models.resnet18_32x32``).
+
+    Every tensor with ``c`` channels joins group ``c<c>``: a residual sum adds the
+    block's output to its shortcut, so both must keep the same channels, and
+    because kept windows depend only on ``(c, ratio, roll)``, equal-sized groups
+    always agree (as in HeteroFL's and FedRolex's ResNets). The stem's input
+    (image channels) and the classifier's outputs stay whole.
+    """
+    graph = {}
+    for t in layout.tensors:
+        if t.name == "conv1.weight":
+            graph[t.name] = TensorChannels(f"c{t.shape[0]}")
+        elif t.name.startswith("fc."):
+            graph[t.name] = TensorChannels(None, f"c{t.shape[1]}" if len(t.shape) == 2 else None)
+        elif len(t.shape) == 4:
+            graph[t.name] = TensorChannels(f"c{t.shape[0]}", f"c{t.shape[1]}")
+        else:
+            graph[t.name] = TensorChannels(f"c{t.shape[0]}")
+    return graph
+
+
+WIDTH_MODELS: tuple[str, ...] = ("cnn", "resnet18")
+
+
+def channel_graph(model: str, layout: ParamLayout) -> dict[str, TensorChannels]:
+    """The channel graph of a model architecture (see ``common.models``)."""
+    if model == "cnn":
+        return SMALL_CNN_GRAPH
+    if model == "resnet18":
+        return resnet_graph(layout)
+    raise ValueError(f"no channel graph for model {model!r}; available for {', '.join(WIDTH_MODELS)}")
 
 
 def group_sizes(layout: ParamLayout, graph: Mapping[str, TensorChannels]) -> dict[str, int]:

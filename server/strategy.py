@@ -34,7 +34,7 @@ from common.config import RunConfig
 from common.layout import ParamLayout
 from common.protocol import encode_submodel
 from common.selection import select_mask
-from common.width_masks import CHANNEL_GRAPHS, width_mask, width_ratio
+from common.width_masks import channel_graph, width_mask, width_ratio
 from server.fisher_state import FisherState
 from server.validation import (
     ReplyError,
@@ -159,6 +159,7 @@ class FisherSubmodelStrategy(Strategy):
         self.sent_eval: dict[int, SentSubmodel] = {}
         self.clients: dict[int, ClientRound] = {}
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
+        self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex") else None
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
@@ -198,7 +199,7 @@ class FisherSubmodelStrategy(Strategy):
             return np.ones(self.layout.size, dtype=bool), "full"
         if method in ("heterofl", "fedrolex"):
             roll = server_round if method == "fedrolex" else 0
-            return width_mask(self.layout, CHANNEL_GRAPHS[self.cfg.model], width_ratio(gamma), roll), "width"
+            return width_mask(self.layout, self.graph, width_ratio(gamma), roll), "width"
         if method == "fedfibos":
             if node_id is not None and node_id in self.fisher.clients:
                 est, source = self.fisher.estimate(node_id, server_round), "client"

@@ -11,10 +11,10 @@ import torch
 from common.config import ConfigError, parse_run_config
 from common.layout import ParamLayout
 from common.models import build_model, load_flat, model_layout, trainable_arrays
-from common.width_masks import CHANNEL_GRAPHS, kept_channels, width_mask, width_ratio
+from common.width_masks import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
 from server.strategy import FisherSubmodelStrategy, NodeProfile
 
-GRAPH = CHANNEL_GRAPHS["cnn"]
+GRAPH = SMALL_CNN_GRAPH
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +88,35 @@ def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):
         width_ratio(0)
 
 
-def test_structured_methods_need_a_channel_graph():
+def test_structured_methods_need_a_channel_graph(monkeypatch):
+    import common.config
+
+    monkeypatch.setattr(common.config, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="channel graph"):
         parse_run_config({"method": "heterofl", "model": "resnet18"})
+    with pytest.raises(ValueError, match="no channel graph"):
+        channel_graph("vit", ParamLayout(()))
+
+
+def test_resnet18_width_submodel_ties_residual_channels_and_matches_a_narrow_forward():
+    """Masked ResNet-18: dropped channels stay exactly zero through every residual block."""
+    model = build_model("resnet18", 10, 3, 0)
+    layout = model_layout(model)
+    mask = width_mask(layout, channel_graph("resnet18", layout), 0.5, roll=3)
+    named = _named(layout, mask)
+    block_out = named["layer2.0.conv2.weight"].reshape(128, -1).any(axis=1)
+    shortcut_out = named["layer2.0.downsample.0.weight"].reshape(128, -1).any(axis=1)
+    assert np.array_equal(block_out, shortcut_out) and block_out.sum() == 64
+    assert named["conv1.weight"][:, :, 0, 0].any(axis=0).all()  # every image channel is read
+    assert named["fc.weight"].any(axis=1).all() and named["fc.bias"].all()  # every class is scored
+    assert 0.2 < mask.mean() < 0.3
+    x = layout.flatten(trainable_arrays(model))
+    load_flat(model, layout, np.where(mask, x, 0).astype(np.float32))
+    feats = {}
+    model.layer3.register_forward_hook(lambda m, i, o: feats.setdefault("layer3", o))
+    model(torch.randn(2, 3, 32, 32))
+    dropped = ~named["layer3.0.conv2.weight"].reshape(256, -1).any(axis=1)
+    assert dropped.sum() == 128 and torch.all(feats["layer3"][:, torch.from_numpy(dropped)] == 0)
 
 
 @pytest.mark.parametrize(
