@@ -98,14 +98,13 @@ class FisherState:
 
     def estimate(self, client: int, round: int) -> NDArray[np.float32] | None:
         """Fisher to rank positions for ``client`` at ``round`` (``None``: nothing known yet)."""
-        prior = self.global_prior()
         own = self.clients.get(client)
         if own is None:
-            return prior
-        age = max(round - own.round - 1, 0)
-        trust = self.staleness_decay**age
-        if trust >= 1.0 or prior is None:
+            return self.global_prior()
+        trust = self.staleness_decay ** max(round - own.round - 1, 0)
+        if trust >= 1.0:
             return own.fisher
+        prior = self.global_prior()  # not None: this client's own estimate is part of it
         return (trust * own.fisher + (1 - trust) * prior).astype(np.float32)
 
     def to_bytes(self) -> bytes:
