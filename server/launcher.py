@@ -77,9 +77,21 @@ def _bin(name: str) -> str:
 
 
 class ProcessGroup:
-    """Processes started in their own sessions, stopped together (children included)."""
+    """Processes started in their own sessions, stopped together with every descendant.
 
-    def __init__(self) -> None:
+    Flower's daemons start ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp``
+    in sessions of their own, which a process-group signal misses. Every process
+    the launcher starts carries ``marker`` (the private FLWR_HOME) in its
+    environment, and so does everything they spawn: stopping signals all of them.
+
+    Parameters
+    ----------
+    marker : str
+        An ``KEY=value`` environment entry unique to this federation.
+    """
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker.encode()
         self.procs: list[subprocess.Popen] = []
 
     def start(self, args: Sequence[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -87,32 +99,57 @@ class ProcessGroup:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                list(args),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
+                list(args), stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         self.procs.append(proc)
         return proc
 
+    def members(self) -> list[int]:
+        """PIDs of live processes that carry the marker (Linux ``/proc``; elsewhere the direct children)."""
+        proc_dir = Path("/proc")
+        if not proc_dir.is_dir():
+            return [p.pid for p in self.procs if p.poll() is None]
+        found = []
+        for entry in proc_dir.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if self.marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM every process group (newest first), then SIGKILL what is left after ``grace`` s."""
+        """SIGTERM everything (newest first), then SIGKILL what is left after ``grace`` s."""
         for proc in reversed(self.procs):
             _signal_group(proc, signal.SIGTERM)
+        for pid in self.members():
+            _signal_pid(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                pass
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                proc.poll()  # reap our direct children so they do not linger as zombies
+            if not self.members():
+                break
+            time.sleep(0.2)
         for proc in self.procs:
-            _signal_group(proc, signal.SIGKILL)  # children (superexec, clientapps) too
+            _signal_group(proc, signal.SIGKILL)
+        for pid in self.members():
+            _signal_pid(pid, signal.SIGKILL)
+        for proc in self.procs:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
         self.procs.clear()
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -179,7 +216,7 @@ def run_local_federation(
     flwr_home = results_dir / ".flwr"
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = flower_env(flwr_home)
-    group = ProcessGroup()
+    group = ProcessGroup(f"FLWR_HOME={flwr_home}")
     old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         link_port = free_port()
