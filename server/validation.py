@@ -81,11 +81,11 @@ def check_meta(meta: Mapping[str, Any] | None, sent: SentSubmodel) -> None:
         raise ReplyError(f"reply mask digest {meta.get('mask-digest')!r} does not match the mask sent ({sent.digest})")
 
 
-def check_examples(metrics: Mapping[str, Any], sent: SentSubmodel) -> int:
-    """``num-examples`` must be a whole number in [1, what the node reported]."""
+def check_examples(metrics: Mapping[str, Any], upper: int) -> int:
+    """``num-examples`` must be a whole number in [1, ``upper``] (what the node reported)."""
     n = _finite_number(metrics, "num-examples", lo=1)
-    if not float(n).is_integer() or n > sent.max_examples:
-        raise ReplyError(f"num-examples={n:g} is not a whole number in [1, {sent.max_examples}]")
+    if not float(n).is_integer() or n > upper:
+        raise ReplyError(f"num-examples={n:g} is not a whole number in [1, {upper}]")
     return int(n)
 
 
@@ -144,7 +144,7 @@ def validate_train_reply(
         )
     except ValueError as err:
         raise ReplyError(f"fisher payload rejected: {err}") from err
-    n = check_examples(metrics, sent)
+    n = check_examples(metrics, sent.max_examples)
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
         values[key] = _finite_number(metrics, key)
@@ -162,14 +162,12 @@ def validate_evaluate_reply(
     check_meta(meta, sent)
     if metrics is None:
         raise ReplyError(f"metric record {P.METRICS!r} missing")
-    n = _finite_number(metrics, "num-examples", lo=1)
-    if not float(n).is_integer() or n > max_test:
-        raise ReplyError(f"num-examples={n:g} is not a whole number in [1, {max_test}]")
+    n = check_examples(metrics, max_test)
     loss = _finite_number(metrics, "eval-loss")
     acc = _finite_number(metrics, "eval-acc")
     if acc > 1:
         raise ReplyError(f"eval-acc={acc} exceeds 1")
-    return {"num-examples": n, "eval-loss": loss, "eval-acc": acc}
+    return {"num-examples": float(n), "eval-loss": loss, "eval-acc": acc}
 
 
 def validate_profile(metrics: Mapping[str, Any] | None, error: str | None) -> tuple[float, int, int]:
