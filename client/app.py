@@ -29,7 +29,7 @@ app = ClientApp()
 
 def _setup(context: Context) -> tuple[RunConfig, NodeConfig, LocalData]:
     run = parse_run_config(context.run_config)
-    node = parse_node_config(context.node_config)
+    node = parse_node_config(context.node_config, run.capacity_mix)
     return run, node, load_local_data(run, node)
 
 
@@ -90,14 +90,14 @@ def train(msg: Message, context: Context) -> Message:
         momentum=run.momentum,
         weight_decay=run.weight_decay,
         proximal_mu=run.proximal_mu,
-        fisher_batches=run.fisher_batches,
+        fisher_batches=run.fisher_batches if run.upload_encoding != "none" else -1,
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
     )
     result = train_masked(model, layout, params, mask, data.train, tcfg, pick_device(node.device))
     delta = (result.params[mask] - params[mask]).astype(np.float32)
     arrays = {
         P.DELTA: delta,
-        **encode_fisher(result.fisher, mask, layout, run.fisher_encoding),
+        **encode_fisher(result.fisher, mask, layout, run.upload_encoding),
     }
     content = RecordDict(
         {
@@ -114,7 +114,7 @@ def train(msg: Message, context: Context) -> Message:
                 {
                     "round": server_round,
                     "mask-digest": str(cfg["mask-digest"]),
-                    "fisher-encoding": run.fisher_encoding,
+                    "fisher-encoding": run.upload_encoding,
                 }
             ),
         }

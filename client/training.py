@@ -42,7 +42,8 @@ class TrainConfig:
     proximal_mu : float
         FedProx coefficient of ``mu/2 * ||w - w_received||^2`` (0 = off).
     fisher_batches : int
-        Training steps whose gradients enter the Fisher estimate (0 = all).
+        Training steps whose gradients enter the Fisher estimate (0 = all, -1 = none: for methods
+        that never read it, so none is measured).
     seed : int
         Seed of the minibatch order.
     """
@@ -162,7 +163,7 @@ def train_masked(
             opt.zero_grad(set_to_none=True)
             out = model(x[batch])
             effective = _effective(model, layout)
-            measure = cfg.fisher_batches == 0 or counted < cfg.fisher_batches
+            measure = cfg.fisher_batches == 0 or 0 <= counted < cfg.fisher_batches
             if measure:
                 for t in effective:
                     if not t.is_leaf:

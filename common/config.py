@@ -97,6 +97,12 @@ class RunConfig:
     round_timeout: float = 300.0
     poll_interval: float = 0.2
     results_dir: str = "results"
+    capacity_mix: str = ""
+
+    @property
+    def upload_encoding(self) -> str:
+        """Fisher encoding clients actually upload: ``none`` for methods that never read it."""
+        return self.fisher_encoding if self.method == "fedfibos" else "none"
 
 
 _RUN_CHECKS: dict[str, Callable] = {
@@ -126,7 +132,25 @@ _RUN_CHECKS: dict[str, Callable] = {
     "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),
     "poll-interval": _num("poll-interval", 0.01, 10),
     "results-dir": _text("results-dir"),
+    "capacity-mix": lambda v: (_capacity_mix(v), v)[1],  # validated, kept as the text
 }
+
+
+def _capacity_mix(value: Any) -> tuple[float, ...]:
+    """``"1,1/4,1/16"`` -> capacities; ``""`` -> none (every node must set ``capacity``)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"capacity-mix={value!r}: expected a string like '1,1/4,1/16'")
+    out = []
+    for item in filter(None, (i.strip() for i in value.split(","))):
+        num, _, den = item.partition("/")
+        try:
+            gamma = float(num) / float(den) if den else float(num)
+        except (ValueError, ZeroDivisionError) as err:
+            raise ConfigError(f"capacity-mix={value!r}: {item!r} is not a number or fraction") from err
+        if not 0 < gamma <= 1:
+            raise ConfigError(f"capacity-mix={value!r}: {item!r} is outside (0, 1]")
+        out.append(gamma)
+    return tuple(out)
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -173,16 +197,26 @@ class NodeConfig:
     device: str = "auto"
 
 
-def parse_node_config(raw: Mapping[str, Any]) -> NodeConfig:
-    """Validate a node configuration (``context.node_config``); extra keys are ignored
-    because Flower adds its own (e.g. when simulating)."""
-    for key in ("partition-id", "num-partitions", "capacity"):
+def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeConfig:
+    """Validate a node configuration (``context.node_config``).
+
+    Extra keys are ignored because Flower adds its own. A node without
+    ``capacity`` (e.g. a simulated one, whose node config Flower fills with the
+    partition only) takes ``capacity_mix[partition-id mod len]`` from the run
+    config's ``capacity-mix``; with no mix it is an error.
+    """
+    mix = _capacity_mix(capacity_mix)
+    required = ("partition-id", "num-partitions") + (() if mix else ("capacity",))
+    for key in required:
         if key not in raw:
             raise ConfigError(
                 f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')"
             )
     num_partitions = _num("num-partitions", 1, 1_000_000, integer=True)(raw["num-partitions"])
     partition_id = _num("partition-id", 0, num_partitions - 1, integer=True)(raw["partition-id"])
-    capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+    if "capacity" in raw:
+        capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+    else:
+        capacity = mix[partition_id % len(mix)]
     device = _choice("device", DEVICES)(raw.get("device", "auto"))
     return NodeConfig(partition_id, num_partitions, capacity, device)

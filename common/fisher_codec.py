@@ -15,6 +15,7 @@ mode         what is sent                                      bytes
 ===========  ================================================  ===================
 
 ``masked`` and ``topm`` scale with ``gamma``; ``dense`` is exact everywhere.
+``none`` sends nothing (methods that do not rank by Fisher).
 Decoders validate shapes, dtypes, finiteness and non-negativity and raise
 ``ValueError`` with the reason.
 """
@@ -32,6 +33,7 @@ from common.mask_codec import index_dtype
 
 FisherEncoding = Literal["masked", "topm", "log8", "dense"]
 FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense")
+UPLOAD_ENCODINGS: tuple[str, ...] = (*FISHER_ENCODINGS, "none")
 _LOG8_LEVELS = 254  # codes 1..254 carry values; 0 is an exact zero
 
 
@@ -57,6 +59,8 @@ def encode_fisher(
     mode : {"masked", "topm", "log8", "dense"}
         Encoding (see module docstring).
     """
+    if mode == "none":
+        return {}
     f = np.asarray(fisher, dtype=np.float64)
     if mode == "dense":
         return {"fisher.dense": f.astype(np.float32)}
@@ -123,6 +127,7 @@ def expected_names(mode: str) -> frozenset[str]:
         "masked": {"fisher.inside", "fisher.rowmean"},
         "topm": {"fisher.topidx", "fisher.topval", "fisher.rest"},
         "log8": {"fisher.log8", "fisher.log8range"},
+        "none": set(),
     }
     if mode not in names:
         raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
@@ -134,12 +139,15 @@ def decode_fisher(
     mask: NDArray[np.bool_],
     layout: ParamLayout,
     mode: str,
-) -> NDArray[np.float32]:
-    """Decode and validate a Fisher payload into a flat float32 vector of length ``d``."""
+) -> NDArray[np.float32] | None:
+    """Decode and validate a Fisher payload into a flat float32 vector of length ``d``
+    (``None`` for mode ``none``)."""
     d = layout.size
     extra = set(payload) - expected_names(mode)
     if extra:
         raise ValueError(f"unexpected fisher arrays {sorted(extra)} for encoding {mode!r}")
+    if mode == "none":
+        return None
     if mode == "dense":
         return _expect(payload, "fisher.dense", np.float32, d).copy()
     if mode == "masked":

@@ -188,6 +188,7 @@ def run_local_federation(
     app_dir: Path = APP_DIR,
     timeout: float = 3600.0,
     echo=print,
+    simulation: bool = False,
 ) -> dict:
     """Start the federation, run the app to completion, stop everything.
 
@@ -195,6 +196,8 @@ def run_local_federation(
     ----------
     capacities : Sequence[float]
         One SuperNode per entry, with that capacity (fraction of the model, in (0, 1]).
+        With ``simulation`` they are virtual SuperNodes of Flower's Simulation Engine
+        (same ServerApp and ClientApp code), capacities passed as ``capacity-mix``.
     results_dir : Path
         Output folder (metrics.json, model.pt, fisher_state.npz, accuracy.png, logs/).
     run_config : dict
@@ -205,6 +208,9 @@ def run_local_federation(
         Seconds the whole run may take before it is stopped.
     echo : callable
         Where progress lines go.
+    simulation : bool
+        Run on the Simulation Engine (a ``--simulation`` SuperLink) instead of
+        starting SuperNode processes.
 
     Returns
     -------
@@ -231,6 +237,7 @@ def run_local_federation(
                 str(link_port),
                 "--database",
                 str(flwr_home / "state.db"),
+                *(["--simulation"] if simulation else []),
             ],
             logs / "superlink.log",
             env,
@@ -239,7 +246,7 @@ def run_local_federation(
         echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {logs})")
         # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
         node_env = {**env, "OMP_NUM_THREADS": "1"}
-        for i, gamma in enumerate(capacities):
+        for i, gamma in enumerate([] if simulation else capacities):
             node_config = f"partition-id={i} num-partitions={len(capacities)} capacity={gamma!r}"
             group.start(
                 [
@@ -260,15 +267,12 @@ def run_local_federation(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
         )
         overrides = {**run_config, "results-dir": str(results_dir)}
-        cmd = [
-            _bin("flwr"),
-            "run",
-            str(app_dir),
-            "local",
-            "--stream",
-            "-c",
-            toml_overrides(overrides),
-        ]
+        cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream", "-c"]
+        if simulation:
+            overrides["capacity-mix"] = ",".join(repr(float(c)) for c in capacities)
+            cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(capacities)}", "-c"]
+            echo(f"Simulation Engine: {len(capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}")
+        cmd.append(toml_overrides(overrides))
         echo("$ " + shlex.join(cmd))
         run_federation_command(cmd, env, logs / "serverapp.log", timeout, echo)
     finally:

@@ -169,7 +169,7 @@ class FisherSubmodelStrategy(Strategy):
             "FisherSubmodelStrategy: method=%s d=%d fisher-encoding=%s staleness-decay=%.2f min-per-row=%d",
             self.cfg.method,
             self.layout.size,
-            self.cfg.fisher_encoding,
+            self.cfg.upload_encoding,
             self.cfg.fisher_staleness_decay,
             self.cfg.min_per_row,
         )
@@ -330,7 +330,7 @@ class FisherSubmodelStrategy(Strategy):
                     p.meta,
                     sent,
                     self.layout,
-                    self.cfg.fisher_encoding,
+                    self.cfg.upload_encoding,
                 )
             except ReplyError as err:
                 log(
@@ -354,7 +354,7 @@ class FisherSubmodelStrategy(Strategy):
         if accepted:
             self.x = aggregate_masked(self.x, [r.update for r in accepted.values()], self.cfg.server_lr)
             for node_id, r in accepted.items():
-                if not self.fisher.update(node_id, r.fisher, r.update.weight, server_round):
+                if r.fisher is not None and not self.fisher.update(node_id, r.fisher, r.update.weight, server_round):
                     log(
                         INFO,
                         "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",

@@ -58,7 +58,7 @@ class TrainReply:
     """A validated training reply."""
 
     update: MaskedUpdate
-    fisher: NDArray[np.float32]
+    fisher: NDArray[np.float32] | None
     metrics: dict[str, float]
 
 
@@ -112,7 +112,7 @@ def validate_train_reply(
     layout : ParamLayout
         The model layout.
     fisher_encoding : str
-        The run's Fisher encoding.
+        The encoding clients upload (``RunConfig.upload_encoding``).
     """
     check_meta(meta, sent)
     if meta.get("fisher-encoding") != fisher_encoding:

@@ -216,3 +216,19 @@ def test_node_config_shape_mismatch_is_reported():
     with pytest.raises(ConfigError, match="capacity"):
         parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": "1/2"})
     assert parse_node_config({"partition-id": 1, "num-partitions": 2, "capacity": 1}) == NodeConfig(1, 2, 1.0)
+
+
+def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
+    strategy, replies = base
+    s = copy.deepcopy(strategy)
+    s.cfg = parse_run_config({"method": "fiarse"})
+    assert s.cfg.upload_encoding == "none"
+    lean = copy.deepcopy(replies[GOOD])
+    lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
+    lean.meta["fisher-encoding"] = "none"
+    heavy = copy.deepcopy(replies[OTHER])
+    heavy.meta["fisher-encoding"] = "none"  # still carries fisher.* arrays: rejected
+    accepted = s.apply_train_replies(ROUND, [lean, heavy])
+    assert len(accepted) == 1 and accepted[0].fisher is None
+    assert s.fisher.clients == {}
+    assert s.clients[OTHER].status.startswith("rejected")
