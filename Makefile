@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo test lint clean
+.PHONY: install demo bench test lint clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m server.launcher --results results/demo $(ARGS)
+
+# Side-by-side benchmark on the Simulation Engine; override e.g. BENCH_ARGS="--datasets digits --seeds 0".
+bench: $(VENV)/.installed
+	$(PY) -m server.benchmark --out results/bench $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

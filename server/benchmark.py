@@ -1,0 +1,276 @@
+"""Side-by-side benchmark: methods x datasets x partitions x seeds on Flower's Simulation Engine.
+
+Every run is the same ServerApp/ClientApp as a deployment, started by
+:func:`server.launcher.run_local_federation` with ``simulation=True``; only the
+method (and optionally the Fisher upload encoding) changes between runs that
+share data, partition, seed and capacities.
+
+Usage::
+
+    python -m server.benchmark --datasets digits --partitions dirichlet:0.1 --seeds 0,1,2 --out results/bench
+
+Writes ``results.csv`` (one row per run), ``summary.md`` (mean +- std over
+seeds), ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``,
+and prints the summary table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.config import METHODS, parse_run_config
+from common.fisher_codec import FISHER_ENCODINGS
+from server.launcher import parse_capacities, run_local_federation
+
+DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition spec: ``iid``, ``dirichlet:<alpha>`` or ``pathological:<classes per client>``."""
+
+    kind: str
+    value: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Partition:
+        kind, _, value = text.partition(":")
+        if kind == "iid" and not value:
+            return cls("iid")
+        if kind in ("dirichlet", "pathological") and value:
+            return cls(kind, float(value))
+        raise argparse.ArgumentTypeError(f"partition {text!r}: use iid, dirichlet:<alpha> or pathological:<k>")
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
+
+    def run_config(self) -> dict[str, Any]:
+        """Run-config keys for this partition."""
+        if self.kind == "dirichlet":
+            return {"partitioner": "dirichlet", "dirichlet-alpha": self.value}
+        if self.kind == "pathological":
+            return {"partitioner": "pathological", "classes-per-client": int(self.value)}
+        return {"partitioner": "iid"}
+
+
+def run_row(metrics: dict[str, Any], wall: float) -> dict[str, Any]:
+    """One results.csv row from a run's metrics.json."""
+    run = metrics["run"]
+    rounds = [r for r in metrics["rounds"] if r["round"] > 0]
+    last = rounds[-1]["global"]
+    clients = [c for r in rounds for c in r["clients"]]
+    ok = [c for c in clients if c["status"] == "ok"]
+    local = next((r["local"] for r in reversed(rounds) if r.get("local")), None)
+
+    def mean(key: str, items: list[dict[str, Any]]) -> float:
+        vals = [c[key] for c in items if c.get(key) is not None]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    row = {
+        "method": run["method"],
+        "dataset": run["dataset"],
+        "partition": run["partitioner"]
+        + (f":{run['dirichlet_alpha']:g}" if run["partitioner"] == "dirichlet" else "")
+        + (f":{run['classes_per_client']}" if run["partitioner"] == "pathological" else ""),
+        "seed": run["seed"],
+        "fisher_encoding": run["fisher_encoding"] if run["method"] == "fedfibos" else "none",
+        "rounds": len(rounds),
+        "global_acc": last["accuracy"],
+        "local_acc": local["accuracy"] if local else float("nan"),
+        "kib_down_per_client_round": mean("bytes_down", clients) / 1024,
+        "kib_up_per_client_round": mean("bytes_up", ok) / 1024,
+        "client_train_s": mean("train_seconds", ok),
+        "client_fisher_s": mean("fisher_seconds", ok),
+        "server_s_per_round": statistics.fmean(r["server_seconds"] for r in rounds),
+        "wall_s": wall,
+    }
+    for level, v in last.get("per_capacity", {}).items():
+        row[f"acc_cap_{level}"] = v["accuracy"]
+    return row
+
+
+def curves(metrics: dict[str, Any]) -> tuple[list[int], list[float], list[float]]:
+    """Rounds, global accuracy per round and cumulative MiB moved (down + up, all clients)."""
+    xs, acc, mib = [], [], []
+    total = 0.0
+    for r in metrics["rounds"]:
+        total += sum(c["bytes_down"] + c["bytes_up"] for c in r["clients"]) / 2**20
+        xs.append(r["round"])
+        acc.append(r["global"]["accuracy"])
+        mib.append(total)
+    return xs, acc, mib
+
+
+def summarise(rows: list[dict[str, Any]]) -> str:
+    """Markdown table: mean +- std over seeds per (dataset, partition, method, encoding)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["dataset"], row["partition"], row["method"], row["fisher_encoding"]), []).append(row)
+    levels = sorted({k[8:] for row in rows for k in row if k.startswith("acc_cap_")}, key=float, reverse=True)
+
+    def ms(vals: list[float], scale: float = 1.0, digits: int = 3) -> str:
+        vals = [v * scale for v in vals if v == v]
+        if not vals:
+            return "-"
+        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        return f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}"
+
+    head = ["dataset", "partition", "method", "Fisher enc.", "seeds", "global acc"]
+    head += [f"acc @{lv}" for lv in levels]
+    head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (dataset, partition, method, enc), group in sorted(groups.items()):
+        cells = [dataset, partition, method, enc, str(len(group)), ms([g["global_acc"] for g in group])]
+        cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in levels]
+        cells += [
+            ms([g["local_acc"] for g in group]),
+            ms([g["kib_down_per_client_round"] for g in group], digits=1),
+            ms([g["kib_up_per_client_round"] for g in group], digits=1),
+            ms([g["client_train_s"] for g in group], digits=2),
+            ms([g["client_fisher_s"] for g in group], digits=3),
+            ms([g["server_s_per_round"] for g in group], digits=2),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[Path]:
+    """Accuracy vs round and vs cumulative bytes, one panel per dataset x partition, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(row["dataset"], row["partition"]) for row, _ in runs})
+    paths = []
+    for kind, xlabel in (("round", "round"), ("bytes", "cumulative MiB (down + up, all clients)")):
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), squeeze=False)
+        for ax, (dataset, partition) in zip(axes[0], panels):
+            series: dict[str, list[tuple[list, list, list]]] = {}
+            for row, metrics in runs:
+                if (row["dataset"], row["partition"]) == (dataset, partition):
+                    label = row["method"] + (
+                        "" if row["fisher_encoding"] in ("none", "masked") else f" ({row['fisher_encoding']})"
+                    )
+                    series.setdefault(label, []).append(curves(metrics))
+            for label, cs in sorted(series.items()):
+                n = min(len(c[0]) for c in cs)
+                acc = [statistics.fmean(c[1][i] for c in cs) for i in range(n)]
+                x = cs[0][0][:n] if kind == "round" else [statistics.fmean(c[2][i] for c in cs) for i in range(n)]
+                ax.plot(x, acc, marker="o", ms=2.5, lw=1.5 if label != "fedfibos" else 2.5, label=label)
+            ax.set_title(f"{dataset}, {partition}")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("global test accuracy (full model)")
+            ax.set_ylim(0, 1)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        path = out / f"accuracy_vs_{kind}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``make bench`` / ``python -m server.benchmark``)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default: all)")
+    ap.add_argument("--datasets", default="digits,mnist5k", help="comma-separated datasets")
+    ap.add_argument("--partitions", default="dirichlet:0.1,dirichlet:0.5,pathological:2", help="e.g. iid,dirichlet:0.1")
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument("--capacities", default=DEFAULT_MIX, help=f"capacity of each client (default {DEFAULT_MIX})")
+    ap.add_argument("--clients-per-capacity", type=int, default=2, help="clients at each capacity level")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument(
+        "--fisher-encodings", default="masked", help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}"
+    )
+    ap.add_argument("--run-config", "-c", default="", help="extra run-config overrides for every run")
+    ap.add_argument("--out", type=Path, default=Path("results/bench"))
+    ap.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
+    args = ap.parse_args(argv)
+
+    from server.launcher import parse_overrides
+
+    methods = [m for m in args.methods.split(",") if m]
+    encodings = [e for e in args.fisher_encodings.split(",") if e]
+    partitions = [Partition.parse(p) for p in args.partitions.split(",") if p]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    capacities = parse_capacities(args.capacities) * args.clients_per_capacity
+    extra = parse_overrides(args.run_config) if args.run_config else {}
+    plan = []
+    for dataset in args.datasets.split(","):
+        for part in partitions:
+            for seed in seeds:
+                for method in methods:
+                    for enc in encodings if method == "fedfibos" else encodings[:1]:
+                        cfg = {
+                            **extra,
+                            "method": method,
+                            "dataset": dataset,
+                            "seed": seed,
+                            "num-rounds": args.rounds,
+                            "fisher-encoding": enc,
+                            **part.run_config(),
+                        }
+                        parse_run_config(cfg)  # fail before the first run, naming the bad key
+                        name = f"{dataset}-{part.label.replace(':', '')}-s{seed}-{method}" + (
+                            f"-{enc}" if method == "fedfibos" and len(encodings) > 1 else ""
+                        )
+                        plan.append((name, cfg))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, runs = [], []
+    started = time.monotonic()
+    for i, (name, cfg) in enumerate(plan, 1):
+        print(f"[run {i}/{len(plan)}] {name}", flush=True)
+        t0 = time.monotonic()
+        metrics = run_local_federation(
+            capacities,
+            args.out / "runs" / name,
+            cfg,
+            timeout=args.timeout,
+            echo=lambda line: print("    " + line, flush=True) if line.startswith("[round") else None,
+            simulation=True,
+        )
+        row = run_row(metrics, time.monotonic() - t0)
+        rows.append(row)
+        runs.append((row, metrics))
+        print(
+            f"[run {i}/{len(plan)}] {name}: global acc {row['global_acc']:.4f} in {row['wall_s']:.0f} s "
+            f"(elapsed {time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+    fields = sorted({k for r in rows for k in r}, key=lambda k: (k.startswith("acc_cap_"), k))
+    with open(args.out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = summarise(rows)
+    (args.out / "summary.md").write_text(
+        f"Command: `python -m server.benchmark {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
+        f"Clients: {len(capacities)} (capacities {args.capacities} x {args.clients_per_capacity}), "
+        f"{args.rounds} rounds, Simulation Engine. Mean ± std over {len(seeds)} seed(s).\n\n{table}\n"
+    )
+    (args.out / "plan.json").write_text(json.dumps([n for n, _ in plan], indent=1))
+    paths = plot(runs, args.out)
+    print()
+    print(table)
+    print(
+        f"\n{len(plan)} runs in {time.monotonic() - started:.0f} s -> {args.out / 'results.csv'}, "
+        + ", ".join(str(p) for p in paths)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
