@@ -33,7 +33,7 @@ class LocalData:
     test: ArrayDataset
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def cache_dir() -> Path:
@@ -52,6 +52,7 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     key_fields = {
         "v": CACHE_VERSION,
         "dataset": run.dataset,
+        "data_path": run.data_path,
         "test_fraction": run.test_fraction,
         "local_test_fraction": run.local_test_fraction,
         "seed": run.seed,
@@ -94,7 +95,7 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     """Deterministically derive this node's splits from the run's seed and its partition id."""
     from sklearn.model_selection import train_test_split
 
-    pool = load_dataset(run.dataset, run.test_fraction, run.seed).train
+    pool = load_dataset(run.dataset, run.test_fraction, run.seed, run.data_path).train
     idx = partition_indices(
         pool.y,
         run.partitioner,
@@ -103,6 +104,7 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         run.seed,
         run.dirichlet_alpha,
         run.classes_per_client,
+        groups=pool.groups,
     )
     if idx.size < 2:
         raise ValueError(f"partition {node.partition_id} holds {idx.size} examples; at least 2 are needed")

@@ -87,6 +87,11 @@ class TrainResult:
     fisher_seconds: float
 
 
+def as_input(batch: torch.Tensor) -> torch.Tensor:
+    """Model input from stored examples: uint8 images are scaled to [0, 1]."""
+    return batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
+
+
 def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]) -> list[tuple[nn.Module, str]]:
     """Gate every tensor that is not fully kept with ``prune.custom_from_mask``.
 
@@ -151,7 +156,7 @@ def train_masked(
     leaf = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in leaf] if cfg.proximal_mu > 0 else None
     opt = torch.optim.SGD(leaf, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    x = torch.from_numpy(data.x).to(device)
+    x = torch.from_numpy(data.x).to(device)  # uint8 images stay compact until batched
     y = torch.from_numpy(data.y).to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
     fisher = [torch.zeros(t.shape, device=device) for t in layout.tensors]
@@ -161,7 +166,7 @@ def train_masked(
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
             opt.zero_grad(set_to_none=True)
-            out = model(x[batch])
+            out = model(as_input(x[batch]))
             effective = _effective(model, layout)
             measure = cfg.fisher_batches == 0 or 0 <= counted < cfg.fisher_batches
             if measure:
@@ -211,7 +216,7 @@ def evaluate(model: nn.Module, data: ArrayDataset, device: torch.device, batch_s
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     loss, correct = 0.0, 0
     for i in range(0, len(data), batch_size):
-        xb = torch.from_numpy(data.x[i : i + batch_size]).to(device)
+        xb = as_input(torch.from_numpy(data.x[i : i + batch_size]).to(device))
         yb = torch.from_numpy(data.y[i : i + batch_size]).to(device)
         out = model(xb)
         loss += float(loss_fn(out, yb))

@@ -98,6 +98,7 @@ class RunConfig:
     poll_interval: float = 0.2
     results_dir: str = "results"
     capacity_mix: str = ""
+    data_path: str = ""
 
     @property
     def upload_encoding(self) -> str:
@@ -132,6 +133,7 @@ _RUN_CHECKS: dict[str, Callable] = {
     "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),
     "poll-interval": _num("poll-interval", 0.01, 10),
     "results-dir": _text("results-dir"),
+    "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
     "capacity-mix": lambda v: (_capacity_mix(v), v)[1],  # validated, kept as the text
 }
 
@@ -167,6 +169,12 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         attr = key.replace("-", "_")
         values[attr] = check(raw[key]) if key in raw else defaults[attr]
     cfg = RunConfig(**values)
+    if cfg.dataset == "ag_news":
+        raise ConfigError(
+            "dataset='ag_news' loads (token ids) but no text model exists yet; models: " + ", ".join(MODELS)
+        )
+    if cfg.partitioner == "natural" and cfg.dataset != "femnist":
+        raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
     if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-DATASETS: tuple[str, ...] = ("digits", "mnist5k")
+OFFLINE_DATASETS: tuple[str, ...] = ("digits", "mnist5k")
+# Through Hugging Face datasets (common.hf_datasets): hub or a local copy (run-config data-path).
+HUB_DATASET_NAMES: tuple[str, ...] = ("cifar10", "cifar100", "fashion_mnist", "femnist", "ag_news")
+DATASETS: tuple[str, ...] = OFFLINE_DATASETS + HUB_DATASET_NAMES
 
 
 @dataclass(frozen=True)
@@ -24,17 +27,21 @@ class ArrayDataset:
 
     Parameters
     ----------
-    x : NDArray[float32]
-        Images, shape ``(n, channels, height, width)``, scaled to [0, 1].
+    x : NDArray
+        Images ``(n, channels, height, width)``: float32 in [0, 1], or uint8 in
+        [0, 255] (scaled per batch); or int64 token ids ``(n, length)`` for text.
     y : NDArray[int64]
         Class labels, shape ``(n,)``.
     num_classes : int
         Number of classes.
+    groups : NDArray[int64], optional
+        Natural partition key per example (e.g. FEMNIST's writer).
     """
 
-    x: NDArray[np.float32]
+    x: NDArray
     y: NDArray[np.int64]
     num_classes: int
+    groups: NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
@@ -46,7 +53,8 @@ class ArrayDataset:
 
     def subset(self, indices: NDArray[np.int64]) -> ArrayDataset:
         """The examples at ``indices``."""
-        return ArrayDataset(self.x[indices], self.y[indices], self.num_classes)
+        groups = None if self.groups is None else self.groups[indices]
+        return ArrayDataset(self.x[indices], self.y[indices], self.num_classes, groups)
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,7 @@ def load_mnist5k_arrays() -> ArrayDataset:
     return ArrayDataset((x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28), y.astype(np.int64), 10)
 
 
-def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
+def load_dataset(name: str, test_fraction: float, seed: int, path: str | None = None) -> SplitDataset:
     """Load ``name`` and hold out a stratified ``test_fraction`` for the server.
 
     Parameters
@@ -85,7 +93,13 @@ def load_dataset(name: str, test_fraction: float, seed: int) -> SplitDataset:
         Share of examples in the server's global test set, in (0, 1).
     seed : int
         Seed of the split (the same seed gives the same split on every node).
+    path : str, optional
+        Local copy of a hub dataset (see ``common.hf_datasets``); ignored offline.
     """
+    if name in HUB_DATASET_NAMES:
+        from common.hf_datasets import load_hub_dataset
+
+        return load_hub_dataset(name, test_fraction, seed, path)
     from sklearn.model_selection import train_test_split
 
     if name == "digits":

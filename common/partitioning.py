@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
 
-PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "natural")
 
 
 def make_partitioner(
@@ -40,8 +40,12 @@ def make_partitioner(
     from flwr_datasets.partitioner import (
         DirichletPartitioner,
         IidPartitioner,
+        NaturalIdPartitioner,
         PathologicalPartitioner,
     )
+
+    if kind == "natural":  # one client per natural group (e.g. FEMNIST writer)
+        return NaturalIdPartitioner("group")
 
     if kind == "iid":
         return IidPartitioner(num_partitions)
@@ -74,6 +78,7 @@ def partition_indices(
     seed: int,
     alpha: float = 0.5,
     classes_per_client: int = 2,
+    groups: NDArray[np.int64] | None = None,
 ) -> NDArray[np.int64]:
     """Indices (into ``labels``) of one client's partition, sorted.
 
@@ -89,6 +94,10 @@ def partition_indices(
         As in :func:`make_partitioner`.
     partition_id : int
         This client's partition, in ``[0, num_partitions)``.
+    groups : NDArray[int64], optional
+        Natural group per example; required by ``natural``, whose partitions are
+        the groups in order of first appearance (``num_partitions`` must equal
+        the number of groups).
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside [0, {num_partitions})")
@@ -99,6 +108,15 @@ def partition_indices(
     from datasets import Dataset
 
     partitioner = make_partitioner(kind, num_partitions, seed, alpha, classes_per_client)
-    partitioner.dataset = Dataset.from_dict({"label": labels[order].tolist(), "pos": order.tolist()})
+    columns = {"label": labels[order].tolist(), "pos": order.tolist()}
+    if kind == "natural":
+        if groups is None:
+            raise ValueError("partitioner 'natural' needs a dataset with natural groups (e.g. femnist writers)")
+        count = len(np.unique(groups))
+        if count != num_partitions:
+            raise ValueError(f"partitioner 'natural': the data has {count} groups but num-partitions={num_partitions}")
+        order = np.arange(n)  # groups, not a shuffle, define the partitions
+        columns = {"label": labels.tolist(), "pos": order.tolist(), "group": groups.tolist()}
+    partitioner.dataset = Dataset.from_dict(columns)
     part = partitioner.load_partition(partition_id)
     return np.sort(np.asarray(part["pos"], dtype=np.int64))

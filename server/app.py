@@ -28,7 +28,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     results = Path(cfg.results_dir).expanduser().resolve()
     results.mkdir(parents=True, exist_ok=True)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
+    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed, cfg.data_path)
     model = build_model(cfg.model, split.train.num_classes, split.train.in_channels, cfg.seed)
     layout = model_layout(model)
     evaluator = CentralEvaluator(
