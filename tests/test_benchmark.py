@@ -1,0 +1,66 @@
+"""The benchmark command: a tiny matrix on the Simulation Engine, and its pure helpers."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+
+import pytest
+
+from server.benchmark import Partition, main, summarise
+
+
+def test_partition_specs():
+    assert Partition.parse("iid").run_config() == {"partitioner": "iid"}
+    assert Partition.parse("dirichlet:0.1").run_config() == {"partitioner": "dirichlet", "dirichlet-alpha": 0.1}
+    assert Partition.parse("pathological:2").run_config() == {"partitioner": "pathological", "classes-per-client": 2}
+    for bad in ("dirichlet", "shards:3", "iid:2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            Partition.parse(bad)
+
+
+def test_summary_is_mean_and_std_over_seeds():
+    rows = [
+        {
+            "dataset": "digits",
+            "partition": "iid",
+            "method": "fiarse",
+            "fisher_encoding": "none",
+            "global_acc": acc,
+            "local_acc": 0.5,
+            "kib_down_per_client_round": 10.0,
+            "kib_up_per_client_round": 5.0,
+            "client_train_s": 1.0,
+            "client_fisher_s": 0.0,
+            "server_s_per_round": 0.1,
+            "acc_cap_1": acc,
+        }
+        for acc in (0.8, 0.9)
+    ]
+    table = summarise(rows)
+    assert "0.850 ± 0.071" in table and "| 2 |" in table
+
+
+def test_bad_method_fails_before_any_run(tmp_path):
+    from common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="method"):
+        main(["--methods", "fedsgd", "--datasets", "digits", "--out", str(tmp_path)])
+
+
+def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
+    out = tmp_path / "bench"
+    args = ["--methods", "fedfibos,heterofl", "--datasets", "digits", "--partitions", "dirichlet:0.5"]
+    args += ["--seeds", "0", "--rounds", "2", "--clients-per-capacity", "1", "--out", str(out)]
+    assert main(args + ["-c", "local-epochs=1"]) == 0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert [r["method"] for r in rows] == ["fedfibos", "heterofl"]
+    for r in rows:
+        assert float(r["global_acc"]) > 0.2 and int(r["rounds"]) == 2
+        assert float(r["kib_down_per_client_round"]) > 0
+    fibos, hetero = rows
+    assert float(fibos["client_fisher_s"]) > 0 and float(hetero["client_fisher_s"]) == 0  # only fedfibos estimates
+    assert float(fibos["kib_up_per_client_round"]) > float(hetero["kib_up_per_client_round"])  # Fisher upload
+    assert (out / "summary.md").read_text().count("| digits |") == 2
+    for png in ("accuracy_vs_round.png", "accuracy_vs_bytes.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
