@@ -58,6 +58,15 @@ def _choice(key: str, allowed: tuple[str, ...]) -> Callable:
     return check
 
 
+def _flag(key: str) -> Callable:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected true or false")
+        return value
+
+    return check
+
+
 def _text(key: str) -> Callable:
     def check(value: Any) -> str:
         if not isinstance(value, str) or not value:
@@ -99,6 +108,8 @@ class RunConfig:
     results_dir: str = "results"
     capacity_mix: str = ""
     data_path: str = ""
+    min_replies: int = 1
+    resume: bool = False
 
     @property
     def upload_encoding(self) -> str:
@@ -133,6 +144,8 @@ _RUN_CHECKS: dict[str, Callable] = {
     "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),
     "poll-interval": _num("poll-interval", 0.01, 10),
     "results-dir": _text("results-dir"),
+    "min-replies": _num("min-replies", 1, 1_000_000, integer=True),
+    "resume": _flag("resume"),
     "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
     "capacity-mix": lambda v: (_capacity_mix(v), v)[1],  # validated, kept as the text
 }

@@ -181,16 +181,11 @@ def parse_capacities(text: str) -> list[float]:
     return out
 
 
-def run_local_federation(
-    capacities: Sequence[float],
-    results_dir: Path,
-    run_config: dict[str, object],
-    app_dir: Path = APP_DIR,
-    timeout: float = 3600.0,
-    echo=print,
-    simulation: bool = False,
-) -> dict:
-    """Start the federation, run the app to completion, stop everything.
+class LocalFederation:
+    """A SuperLink and its SuperNodes (or virtual ones) on loopback, for one or more ``flwr run``.
+
+    Use as a context manager: entering starts the daemons, leaving stops every
+    process they started, also on errors, Ctrl-C and SIGTERM.
 
     Parameters
     ----------
@@ -198,35 +193,46 @@ def run_local_federation(
         One SuperNode per entry, with that capacity (fraction of the model, in (0, 1]).
         With ``simulation`` they are virtual SuperNodes of Flower's Simulation Engine
         (same ServerApp and ClientApp code), capacities passed as ``capacity-mix``.
-    results_dir : Path
-        Output folder (metrics.json, model.pt, fisher_state.npz, accuracy.png, logs/).
-    run_config : dict
-        Run-config overrides (``results-dir`` is set to ``results_dir``).
-    app_dir : Path
-        The Flower app (folder with pyproject.toml).
-    timeout : float
-        Seconds the whole run may take before it is stopped.
-    echo : callable
-        Where progress lines go.
+    home : Path
+        Folder for the SuperLink state, FLWR_HOME and ``logs/``.
     simulation : bool
         Run on the Simulation Engine (a ``--simulation`` SuperLink) instead of
         starting SuperNode processes.
-
-    Returns
-    -------
-    dict
-        The parsed metrics.json.
+    echo : callable
+        Where progress lines go.
     """
-    results_dir = results_dir.resolve()
-    logs = results_dir / "logs"
-    flwr_home = results_dir / ".flwr"
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    env = flower_env(flwr_home)
-    group = ProcessGroup(f"FLWR_HOME={flwr_home}")
-    old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+
+    def __init__(self, capacities: Sequence[float], home: Path, simulation: bool = False, echo=print) -> None:
+        self.capacities = list(capacities)
+        self.home = home.resolve()
+        self.simulation = simulation
+        self.echo = echo
+        self.logs = self.home / "logs"
+        self.flwr_home = self.home / ".flwr"
+        self.env = flower_env(self.flwr_home)
+        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
+        self.runs = 0
+        self._old_term = None
+
+    def __enter__(self) -> LocalFederation:
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self._old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.group.stop()
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+
+    def _start(self) -> None:
         link_port = free_port()
-        superlink = group.start(
+        superlink = self.group.start(
             [
                 _bin("flower-superlink"),
                 "--insecure",
@@ -236,19 +242,19 @@ def run_local_federation(
                 "--port",
                 str(link_port),
                 "--database",
-                str(flwr_home / "state.db"),
-                *(["--simulation"] if simulation else []),
+                str(self.flwr_home / "state.db"),
+                *(["--simulation"] if self.simulation else []),
             ],
-            logs / "superlink.log",
-            env,
+            self.logs / "superlink.log",
+            self.env,
         )
         wait_for_port(link_port, 60, superlink)
-        echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {logs})")
+        self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
         # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
-        node_env = {**env, "OMP_NUM_THREADS": "1"}
-        for i, gamma in enumerate([] if simulation else capacities):
-            node_config = f"partition-id={i} num-partitions={len(capacities)} capacity={gamma!r}"
-            group.start(
+        node_env = {**self.env, "OMP_NUM_THREADS": "1"}
+        for i, gamma in enumerate([] if self.simulation else self.capacities):
+            node_config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={gamma!r}"
+            self.group.start(
                 [
                     _bin("flower-supernode"),
                     "--insecure",
@@ -259,32 +265,67 @@ def run_local_federation(
                     "--node-config",
                     node_config,
                 ],
-                logs / f"supernode-{i}.log",
+                self.logs / f"supernode-{i}.log",
                 node_env,
             )
-            echo(f"SuperNode {i}: capacity {gamma:g}")
-        (flwr_home / "config.toml").write_text(
+            self.echo(f"SuperNode {i}: capacity {gamma:g}")
+        (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
         )
+
+    def run(
+        self, run_config: dict[str, object], results_dir: Path, app_dir: Path = APP_DIR, timeout: float = 3600.0
+    ) -> dict:
+        """Submit the app with ``flwr run --stream`` and wait for it; returns the parsed metrics.json.
+
+        Parameters
+        ----------
+        run_config : dict
+            Run-config overrides (``results-dir`` is set to ``results_dir``).
+        results_dir : Path
+            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz).
+        app_dir : Path
+            The Flower app (folder with pyproject.toml).
+        timeout : float
+            Seconds the run may take before it is stopped.
+        """
+        results_dir = results_dir.resolve()
+        self.runs += 1
         overrides = {**run_config, "results-dir": str(results_dir)}
         cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream", "-c"]
-        if simulation:
-            overrides["capacity-mix"] = ",".join(repr(float(c)) for c in capacities)
-            cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(capacities)}", "-c"]
-            echo(f"Simulation Engine: {len(capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}")
+        if self.simulation:
+            overrides["capacity-mix"] = ",".join(repr(float(c)) for c in self.capacities)
+            cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
+            self.echo(
+                f"Simulation Engine: {len(self.capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}"
+            )
         cmd.append(toml_overrides(overrides))
-        echo("$ " + shlex.join(cmd))
-        run_federation_command(cmd, env, logs / "serverapp.log", timeout, echo)
-    finally:
-        group.stop()
-        signal.signal(signal.SIGTERM, old_term)
-    metrics_path = results_dir / "metrics.json"
-    if not metrics_path.exists():
-        raise RuntimeError(f"the run wrote no {metrics_path}; see {logs / 'serverapp.log'}")
-    metrics = json.loads(metrics_path.read_text())
-    if not (results_dir / "model.pt").exists():
-        raise RuntimeError(f"the run did not finish (no model.pt); see {logs / 'serverapp.log'}")
-    return metrics
+        self.echo("$ " + shlex.join(cmd))
+        log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
+        run_federation_command(cmd, self.env, log, timeout, self.echo)
+        metrics_path = results_dir / "metrics.json"
+        if not metrics_path.exists():
+            raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
+        if not (results_dir / "model.pt").exists():
+            raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
+        return json.loads(metrics_path.read_text())
+
+
+def run_local_federation(
+    capacities: Sequence[float],
+    results_dir: Path,
+    run_config: dict[str, object],
+    app_dir: Path = APP_DIR,
+    timeout: float = 3600.0,
+    echo=print,
+    simulation: bool = False,
+) -> dict:
+    """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
+
+    Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
+    """
+    with LocalFederation(capacities, results_dir, simulation, echo) as federation:
+        return federation.run(run_config, results_dir, app_dir, timeout)
 
 
 def toml_overrides(values: dict[str, object]) -> str:

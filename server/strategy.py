@@ -159,6 +159,7 @@ class FisherSubmodelStrategy(Strategy):
         self.sent_eval: dict[int, SentSubmodel] = {}
         self.clients: dict[int, ClientRound] = {}
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
+        self.first_round = 1  # > 1 when resuming from a checkpoint
         self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex") else None
 
     # ------------------------------------------------------------------ helpers
@@ -351,9 +352,17 @@ class FisherSubmodelStrategy(Strategy):
                 info.train_seconds = reply.metrics["train-seconds"]
                 info.fisher_seconds = reply.metrics["fisher-seconds"]
                 info.num_examples = int(reply.metrics["num-examples"])
+        if 0 < len(accepted) < self.cfg.min_replies:
+            reason = f"only {len(accepted)} valid replies, min-replies={self.cfg.min_replies}: round skipped"
+            log(WARNING, "round %d: %s", server_round, reason)
+            for node_id in accepted:
+                self.clients[node_id].status = f"skipped: {reason}"
+            return []
         if accepted:
-            self.x = aggregate_masked(self.x, [r.update for r in accepted.values()], self.cfg.server_lr)
-            for node_id, r in accepted.items():
+            # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
+            ordered = sorted(accepted.items())
+            self.x = aggregate_masked(self.x, [r.update for _, r in ordered], self.cfg.server_lr)
+            for node_id, r in ordered:
                 if r.fisher is not None and not self.fisher.update(node_id, r.fisher, r.update.weight, server_round):
                     log(
                         INFO,
@@ -443,19 +452,19 @@ class FisherSubmodelStrategy(Strategy):
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result(arrays=initial_arrays)
-        self.x = self._flat(initial_arrays)
         self.discover(grid, timeout)
         if not self.nodes:
             raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
         if not self.participants():
             raise RuntimeError(f"method {self.cfg.method!r} found no node that can take part (needs capacity 1)")
-        start_eval = self.central_evaluation(0)
+        self.x = self._flat(initial_arrays)
+        start_eval = self.central_evaluation(0) if self.first_round == 1 else None
         if start_eval:
             log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])
             if self.on_round:
                 self.on_round({"round": 0, "global": start_eval, "clients": []})
         arrays = initial_arrays
-        for rnd in range(1, num_rounds + 1):
+        for rnd in range(self.first_round, num_rounds + 1):
             t_round = time.perf_counter()
             t0 = time.perf_counter()
             msgs = list(self.configure_train(rnd, arrays, train_config, grid))
