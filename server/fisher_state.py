@@ -9,6 +9,13 @@ Normalising each upload to mean 1 makes the ranking of one client unaffected
 clients' loss scales differ, and keeps a client that scales its Fisher by a huge
 factor from dominating the prior.
 
+With ``trim > 0`` the prior is instead the coordinate-wise trimmed mean of the
+clients' estimates (the ``trim`` share of highest and of lowest values at each
+position dropped; at least one each once three clients reported), so a client
+that shapes its upload adversarially cannot drag a position of the prior
+outside the range the other clients span. It costs a sort over the stored
+estimates when the prior is recomputed (once per round that brought uploads).
+
 Estimates age when a client sits out rounds. The estimate used for a client at
 round ``t`` is ``a * F_client + (1 - a) * F_global`` with
 ``a = decay ** (t - measured_round - 1)``: fully trusted the round after it was
@@ -54,12 +61,18 @@ class FisherState:
         Per-round trust factor in [0, 1] for a client's own estimate as it ages.
     ema : float
         Weight of the previous estimate when a client uploads again (0 = replace).
+    trim : float
+        Share of clients trimmed at each end, per position, in the prior (0 = example-weighted mean).
     """
 
-    def __init__(self, d: int, staleness_decay: float = 0.7, ema: float = 0.0) -> None:
+    def __init__(self, d: int, staleness_decay: float = 0.7, ema: float = 0.0, trim: float = 0.0) -> None:
+        if not 0 <= trim < 0.5:
+            raise ValueError(f"trim must be in [0, 0.5), got {trim}")
         self.d = d
         self.staleness_decay = staleness_decay
         self.ema = ema
+        self.trim = trim
+        self._trimmed: NDArray[np.float32] | None = None
         self.clients: dict[int, ClientFisher] = {}
         self._sum = np.zeros(d, dtype=np.float64)
         self._weight = 0.0
@@ -86,14 +99,22 @@ class FisherState:
             self._sum -= old.weight * old.fisher
             self._weight -= old.weight
         self.clients[client] = ClientFisher(new, float(weight), round)
+        self._trimmed = None
         self._sum += weight * new
         self._weight += weight
         return True
 
     def global_prior(self) -> NDArray[np.float32] | None:
-        """Example-weighted mean of the clients' estimates, or ``None`` before any upload."""
+        """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any upload."""
         if not self.clients or self._weight <= 0:
             return None
+        n = len(self.clients)
+        if self.trim > 0 and n >= 3:
+            if self._trimmed is None:
+                k = max(1, int(self.trim * n))
+                ordered = np.sort(np.stack([c.fisher for c in self.clients.values()]), axis=0)
+                self._trimmed = ordered[k : n - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+            return self._trimmed
         return np.maximum(self._sum / self._weight, 0).astype(np.float32)
 
     def estimate(self, client: int, round: int) -> NDArray[np.float32] | None:
@@ -114,7 +135,7 @@ class FisherState:
         np.savez(
             buf,
             d=np.array(self.d),
-            params=np.array([self.staleness_decay, self.ema]),
+            params=np.array([self.staleness_decay, self.ema, self.trim]),
             ids=np.array(ids, dtype=np.uint64),
             weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
@@ -126,7 +147,7 @@ class FisherState:
     def from_bytes(cls, data: bytes) -> FisherState:
         """Restore from :meth:`to_bytes`."""
         z = np.load(io.BytesIO(data))
-        state = cls(int(z["d"]), float(z["params"][0]), float(z["params"][1]))
+        state = cls(int(z["d"]), *(float(p) for p in z["params"]))
         for i, w, r, f in zip(z["ids"], z["weights"], z["rounds"], z["fisher"]):
             state.clients[int(i)] = ClientFisher(f.astype(np.float32), float(w), int(r))
             state._sum += w * f

@@ -153,7 +153,7 @@ class FisherSubmodelStrategy(Strategy):
         self.layout = layout
         self.evaluate_fn = evaluate_fn
         self.on_round = on_round
-        self.fisher = FisherState(layout.size, cfg.fisher_staleness_decay, cfg.fisher_ema)
+        self.fisher = FisherState(layout.size, cfg.fisher_staleness_decay, cfg.fisher_ema, cfg.fisher_trim)
         self.nodes: dict[int, NodeProfile] = {}
         self.sent: dict[int, SentSubmodel] = {}
         self.sent_eval: dict[int, SentSubmodel] = {}
