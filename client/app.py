@@ -71,7 +71,7 @@ def query(msg: Message, context: Context) -> Message:
         }
     )
     return Message(
-        RecordDict({P.PROFILE: metrics, "device": ConfigRecord({"device": str(device)})}),
+        RecordDict({P.PROFILE: metrics, "device": ConfigRecord({"device": str(device), "client-key": node.key})}),
         reply_to=msg,
     )
 

@@ -212,12 +212,21 @@ class NodeConfig:
         Fraction of the global model this node can hold, in (0, 1].
     device : str
         ``auto`` (cuda, then mps, then cpu), or a fixed ``cpu`` / ``cuda`` / ``mps``.
+    client_id : str
+        Stable name of this client; the server keys its Fisher state by it, so a
+        restarted SuperNode (new node id) is recognised. Default: ``partition-<id>``.
     """
 
     partition_id: int
     num_partitions: int
     capacity: float
     device: str = "auto"
+    client_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """The identity reported to the server."""
+        return self.client_id or f"partition-{self.partition_id}"
 
 
 def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeConfig:
@@ -242,4 +251,5 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     else:
         capacity = mix[partition_id % len(mix)]
     device = _choice("device", DEVICES)(raw.get("device", "auto"))
-    return NodeConfig(partition_id, num_partitions, capacity, device)
+    client_id = _text("client-id")(raw["client-id"]) if "client-id" in raw else ""
+    return NodeConfig(partition_id, num_partitions, capacity, device, client_id)

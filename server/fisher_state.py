@@ -25,10 +25,13 @@ measured, drifting toward the prior as it ages.
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
+
+ClientKey = int | str  # a stable client identity (the strategy uses the client key it reports)
 
 
 @dataclass
@@ -73,7 +76,7 @@ class FisherState:
         self.ema = ema
         self.trim = trim
         self._trimmed: NDArray[np.float32] | None = None
-        self.clients: dict[int, ClientFisher] = {}
+        self.clients: dict[ClientKey, ClientFisher] = {}
         self._sum = np.zeros(d, dtype=np.float64)
         self._weight = 0.0
 
@@ -85,7 +88,7 @@ class FisherState:
             return None
         return (np.asarray(fisher, dtype=np.float64) / mean).astype(np.float32)
 
-    def update(self, client: int, fisher: NDArray, weight: float, round: int) -> bool:
+    def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
         if fisher.shape != (self.d,):
             raise ValueError(f"fisher has shape {fisher.shape}, expected ({self.d},)")
@@ -117,7 +120,7 @@ class FisherState:
             return self._trimmed
         return np.maximum(self._sum / self._weight, 0).astype(np.float32)
 
-    def estimate(self, client: int, round: int) -> NDArray[np.float32] | None:
+    def estimate(self, client: ClientKey, round: int) -> NDArray[np.float32] | None:
         """Fisher to rank positions for ``client`` at ``round`` (``None``: nothing known yet)."""
         own = self.clients.get(client)
         if own is None:
@@ -130,13 +133,13 @@ class FisherState:
 
     def to_bytes(self) -> bytes:
         """Serialise (npz) for checkpoints."""
-        ids = sorted(self.clients)
+        ids = list(self.clients)
         buf = io.BytesIO()
         np.savez(
             buf,
             d=np.array(self.d),
             params=np.array([self.staleness_decay, self.ema, self.trim]),
-            ids=np.array(ids, dtype=np.uint64),
+            ids=np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
             weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
             fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), np.float32),
@@ -148,8 +151,8 @@ class FisherState:
         """Restore from :meth:`to_bytes`."""
         z = np.load(io.BytesIO(data))
         state = cls(int(z["d"]), *(float(p) for p in z["params"]))
-        for i, w, r, f in zip(z["ids"], z["weights"], z["rounds"], z["fisher"]):
-            state.clients[int(i)] = ClientFisher(f.astype(np.float32), float(w), int(r))
+        for i, w, r, f in zip(json.loads(z["ids"].tobytes()), z["weights"], z["rounds"], z["fisher"]):
+            state.clients[i] = ClientFisher(f.astype(np.float32), float(w), int(r))
             state._sum += w * f
             state._weight += float(w)
         return state

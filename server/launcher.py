@@ -212,6 +212,8 @@ class LocalFederation:
         self.env = flower_env(self.flwr_home)
         self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
         self.runs = 0
+        self.nodes: dict[int, subprocess.Popen] = {}
+        self.link_port = 0
         self._old_term = None
 
     def __enter__(self) -> LocalFederation:
@@ -250,28 +252,39 @@ class LocalFederation:
         )
         wait_for_port(link_port, 60, superlink)
         self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
-        # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
-        node_env = {**self.env, "OMP_NUM_THREADS": "1"}
-        for i, gamma in enumerate([] if self.simulation else self.capacities):
-            node_config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={gamma!r}"
-            self.group.start(
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    f"127.0.0.1:{link_port}",
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    node_config,
-                ],
-                self.logs / f"supernode-{i}.log",
-                node_env,
-            )
-            self.echo(f"SuperNode {i}: capacity {gamma:g}")
+        self.link_port = link_port
+        for i in range(0 if self.simulation else len(self.capacities)):
+            self.start_node(i)
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
         )
+
+    def start_node(self, i: int) -> None:
+        """Start SuperNode ``i`` (partition ``i``, capacity ``capacities[i]``); also restarts a stopped one."""
+        gamma = self.capacities[i]
+        node_config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={gamma!r}"
+        self.nodes[i] = self.group.start(
+            [
+                _bin("flower-supernode"),
+                "--insecure",
+                "--superlink",
+                f"127.0.0.1:{self.link_port}",
+                "--port",
+                str(free_port()),
+                "--node-config",
+                node_config,
+            ],
+            self.logs / f"supernode-{i}.log",
+            # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
+            {**self.env, "OMP_NUM_THREADS": "1"},
+        )
+        self.echo(f"SuperNode {i}: capacity {gamma:g}")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` and its process group, as a crash or power loss would."""
+        proc = self.nodes.pop(i)
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=10)
 
     def run(
         self, run_config: dict[str, object], results_dir: Path, app_dir: Path = APP_DIR, timeout: float = 3600.0

@@ -54,6 +54,7 @@ class NodeProfile:
     device: str
     num_train: int
     num_test: int
+    key: str = ""  # stable client identity (survives a SuperNode restart, unlike the node id)
 
 
 @dataclass
@@ -155,6 +156,7 @@ class FisherSubmodelStrategy(Strategy):
         self.on_round = on_round
         self.fisher = FisherState(layout.size, cfg.fisher_staleness_decay, cfg.fisher_ema, cfg.fisher_trim)
         self.nodes: dict[int, NodeProfile] = {}
+        self.excluded: set[int] = set()  # misconfigured nodes, not asked again
         self.sent: dict[int, SentSubmodel] = {}
         self.sent_eval: dict[int, SentSubmodel] = {}
         self.clients: dict[int, ClientRound] = {}
@@ -202,8 +204,9 @@ class FisherSubmodelStrategy(Strategy):
             roll = server_round if method == "fedrolex" else 0
             return width_mask(self.layout, self.graph, width_ratio(gamma), roll), "width"
         if method == "fedfibos":
-            if node_id is not None and node_id in self.fisher.clients:
-                est, source = self.fisher.estimate(node_id, server_round), "client"
+            key = None if node_id is None else self.nodes[node_id].key
+            if key is not None and key in self.fisher.clients:
+                est, source = self.fisher.estimate(key, server_round), "client"
             else:
                 est, source = self.fisher.global_prior(), "prior"
             if est is not None:
@@ -257,9 +260,23 @@ class FisherSubmodelStrategy(Strategy):
         return msg, info
 
     # ---------------------------------------------------------------- discovery
-    def discover(self, grid: Grid, timeout: float) -> None:
-        """QUERY every connected node for its capacity, device and example counts."""
-        node_ids = sorted(grid.get_node_ids())
+    def refresh_nodes(self, grid: Grid, timeout: float) -> None:
+        """Track the SuperLink's connected nodes: forget departed ones, QUERY new ones.
+
+        Runs before every round, so a SuperNode that joins mid-run (or restarts
+        with a new node id) takes part from the next round; its Fisher state is
+        found again through its stable client key.
+        """
+        connected = set(grid.get_node_ids())
+        for node_id in sorted(set(self.nodes) - connected):
+            log(WARNING, "node %d (%s) left the federation", node_id, self.nodes.pop(node_id).key)
+        new = sorted(connected - set(self.nodes) - self.excluded)
+        if new:
+            self.discover(grid, timeout, new)
+
+    def discover(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> None:
+        """QUERY nodes (default: every connected one) for capacity, device, example counts and client key."""
+        node_ids = sorted(grid.get_node_ids()) if node_ids is None else node_ids
         msgs = [Message(content=RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY) for nid in node_ids]
         for msg in exchange(grid, msgs, timeout, self.cfg.poll_interval):
             parts = reply_parts(msg, None, P.PROFILE, None)
@@ -272,9 +289,14 @@ class FisherSubmodelStrategy(Strategy):
                 capacity, n_train, n_test = validate_profile(parts.metrics, err)
             except ReplyError as e:
                 log(WARNING, "node %d excluded at discovery: %s", parts.node_id, e)
+                self.excluded.add(parts.node_id)
                 continue
             device = str(parts.extras.get("device", "unknown"))
-            self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test)
+            key = str(parts.extras.get("client-key") or f"node-{parts.node_id}")
+            if any(p.key == key for p in self.nodes.values()):
+                log(WARNING, "node %d reports client key %r already in use; keyed by its node id", parts.node_id, key)
+                key = f"node-{parts.node_id}"
+            self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key)
             log(
                 INFO,
                 "node %d: capacity=%.4g device=%s train=%d test=%d",
@@ -363,7 +385,8 @@ class FisherSubmodelStrategy(Strategy):
             ordered = sorted(accepted.items())
             self.x = aggregate_masked(self.x, [r.update for _, r in ordered], self.cfg.server_lr)
             for node_id, r in ordered:
-                if r.fisher is not None and not self.fisher.update(node_id, r.fisher, r.update.weight, server_round):
+                key = self.nodes[node_id].key
+                if r.fisher is not None and not self.fisher.update(key, r.fisher, r.update.weight, server_round):
                     log(
                         INFO,
                         "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",
@@ -466,6 +489,8 @@ class FisherSubmodelStrategy(Strategy):
         arrays = initial_arrays
         for rnd in range(self.first_round, num_rounds + 1):
             t_round = time.perf_counter()
+            if rnd > self.first_round:
+                self.refresh_nodes(grid, min(timeout, 60.0))
             t0 = time.perf_counter()
             msgs = list(self.configure_train(rnd, arrays, train_config, grid))
             server_seconds = time.perf_counter() - t0

@@ -32,7 +32,7 @@ def _setup():
     replies = {}
     for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
-        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10)
+        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
         mask, _ = strategy.mask_for(node_id, ROUND, gamma)
         from common.protocol import encode_submodel
 
@@ -181,7 +181,7 @@ def test_valid_replies_change_only_held_positions(base):
     held = strategy.sent[GOOD].mask | strategy.sent[OTHER].mask
     assert np.array_equal(s.x[~held], strategy.x[~held])
     assert not np.array_equal(s.x[held], strategy.x[held])
-    assert set(s.fisher.clients) == {GOOD, OTHER}
+    assert set(s.fisher.clients) == {"partition-0", "partition-1"}  # keyed by the stable client key
 
 
 def test_evaluate_and_profile_validation():

@@ -1,0 +1,51 @@
+"""A SuperNode killed mid-run and restarted rejoins, and is selected again with its Fisher state."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from server.launcher import LocalFederation
+
+ROUNDS = 7
+
+
+def _rounds(path: Path) -> list[dict]:
+    try:
+        return json.loads((path / "metrics.json").read_text())["rounds"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def _wait_for_round(path: Path, rnd: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(r["round"] >= rnd for r in _rounds(path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert any(r["round"] >= rnd for r in _rounds(path)), f"round {rnd} never completed"
+
+
+def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
+    out = tmp_path / "run"
+    result: dict = {}
+    with LocalFederation((1.0, 0.25, 0.0625), tmp_path / "federation", echo=lambda line: None) as fed:
+        config = {"num-rounds": ROUNDS, "eval-every": 0, "local-epochs": 1, "round-timeout": 30.0}
+        thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
+        thread.start()
+        _wait_for_round(out, 2)
+        fed.kill_node(2)
+        _wait_for_round(out, 3)
+        fed.start_node(2)
+        thread.join(timeout=900)
+    assert result, "the run did not finish"
+    rounds = [r for r in result["rounds"] if r["round"] > 0]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    small = [[c for c in r["clients"] if c["capacity"] == 0.0625] for r in rounds]
+    first_id = small[0][0]["node_id"]
+    later = [c for cs in small[3:] for c in cs if c["status"] == "ok"]
+    assert later, "the restarted node never trained again"
+    rejoined = later[-1]
+    assert rejoined["node_id"] != first_id  # a new node id ...
+    assert rejoined["mask_source"] == "client"  # ... but its own Fisher estimate ranks its submodel
+    assert all(r["global"]["accuracy"] > 0 for r in rounds)
