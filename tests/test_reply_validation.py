@@ -232,3 +232,13 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     assert len(accepted) == 1 and accepted[0].fisher is None
     assert s.fisher.clients == {}
     assert s.clients[OTHER].status.startswith("rejected")
+
+
+def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
+    strategy, replies = base
+    s = copy.deepcopy(strategy)
+    s.cfg = parse_run_config({"min-replies": 3})
+    accepted = s.apply_train_replies(ROUND, list(copy.deepcopy(replies).values()))
+    assert accepted == []
+    assert s.x.tobytes() == strategy.x.tobytes() and s.fisher.clients == {}
+    assert all(s.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))
