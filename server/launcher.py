@@ -200,14 +200,33 @@ class LocalFederation:
         starting SuperNode processes.
     echo : callable
         Where progress lines go.
+    secure : bool
+        TLS with a private CA and SuperNode authentication: certificates and node
+        key pairs are made in ``home/certs`` (:mod:`server.credentials`) and each
+        node's public key is registered with ``flwr supernode register``.
+    unregistered : Sequence[int]
+        With ``secure``, SuperNodes whose key is *not* registered (they must be refused).
     """
 
-    def __init__(self, capacities: Sequence[float], home: Path, simulation: bool = False, echo=print) -> None:
+    def __init__(
+        self,
+        capacities: Sequence[float],
+        home: Path,
+        simulation: bool = False,
+        echo=print,
+        secure: bool = False,
+        unregistered: Sequence[int] = (),
+    ) -> None:
+        if secure and simulation:
+            raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
+        self.secure = secure
+        self.unregistered = set(unregistered)
         self.capacities = list(capacities)
         self.home = home.resolve()
         self.simulation = simulation
         self.echo = echo
         self.logs = self.home / "logs"
+        self.certs = self.home / "certs"
         self.flwr_home = self.home / ".flwr"
         self.env = flower_env(self.flwr_home)
         self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
@@ -234,10 +253,27 @@ class LocalFederation:
 
     def _start(self) -> None:
         link_port = free_port()
+        if self.secure:
+            from server.credentials import make_ca, make_node_keys, make_server_cert
+
+            make_server_cert(self.certs, *make_ca(self.certs), ["localhost", "127.0.0.1"])
+            for i in range(len(self.capacities)):
+                make_node_keys(self.certs, f"node-{i}")
+            transport = [
+                "--ssl-ca-certfile",
+                str(self.certs / "ca.crt"),
+                "--ssl-certfile",
+                str(self.certs / "server.pem"),
+                "--ssl-keyfile",
+                str(self.certs / "server.key"),
+                "--enable-supernode-auth",
+            ]
+        else:
+            transport = ["--insecure"]
         superlink = self.group.start(
             [
                 _bin("flower-superlink"),
-                "--insecure",
+                *transport,
                 "--disable-runtime-dependency-installation",
                 "--host",
                 "127.0.0.1",
@@ -253,11 +289,22 @@ class LocalFederation:
         wait_for_port(link_port, 60, superlink)
         self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
         self.link_port = link_port
-        for i in range(0 if self.simulation else len(self.capacities)):
-            self.start_node(i)
+        trust = f'root-certificates = "{self.certs / "ca.crt"}"' if self.secure else "insecure = true"
         (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n'
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{trust}\n'
         )
+        for i in range(0 if self.simulation else len(self.capacities)):
+            if self.secure and i not in self.unregistered:
+                self.register_node(i)
+            self.start_node(i)
+
+    def register_node(self, i: int) -> None:
+        """Register SuperNode ``i``'s public key with the SuperLink (``flwr supernode register``)."""
+        cmd = [_bin("flwr"), "supernode", "register", str(self.certs / f"node-{i}.pub"), "local", "--name", f"node-{i}"]
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"registering node-{i} failed: {done.stdout}{done.stderr}")
+        self.echo(f"registered node-{i}")
 
     def start_node(self, i: int) -> None:
         """Start SuperNode ``i`` (partition ``i``, capacity ``capacities[i]``); also restarts a stopped one."""
@@ -266,7 +313,16 @@ class LocalFederation:
         self.nodes[i] = self.group.start(
             [
                 _bin("flower-supernode"),
-                "--insecure",
+                *(
+                    [
+                        "--root-certificates",
+                        str(self.certs / "ca.crt"),
+                        "--auth-supernode-private-key",
+                        str(self.certs / f"node-{i}"),
+                    ]
+                    if self.secure
+                    else ["--insecure"]
+                ),
                 "--superlink",
                 f"127.0.0.1:{self.link_port}",
                 "--port",

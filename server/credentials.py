@@ -1,0 +1,136 @@
+"""TLS certificates and SuperNode key pairs for a secured federation.
+
+Makes, with the ``cryptography`` package Flower already depends on (no openssl
+binary needed, so it also runs in a one-shot container):
+
+* ``ca.crt`` / ``ca.key``: a private certificate authority;
+* ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the
+  CA, whose subject alternative names cover every address clients dial;
+* ``<name>`` / ``<name>.pub``: a SuperNode's ECDSA P-384 key pair (private key
+  PEM, public key in OpenSSH format, as ``flwr supernode register`` takes it).
+
+Usage::
+
+    python -m server.credentials --out certs --san superlink --san localhost --san 127.0.0.1 --node node1
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import ipaddress
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALID_DAYS = 825  # the longest lifetime current TLS clients accept for a server certificate
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if private:
+        os.chmod(path, 0o600)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """Create ``ca.crt`` and ``ca.key`` in ``out``."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+        .sign(key, hashes.SHA384())
+    )
+    _write(out / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
+    _write(out / "ca.key", _key_pem(key), private=True)
+    return cert, key
+
+
+def make_server_cert(
+    out: Path, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, names: Sequence[str]
+) -> None:
+    """Create ``server.pem`` / ``server.key`` valid for every host name or IP address in ``names``."""
+    if not names:
+        raise ValueError("the server certificate needs at least one name (e.g. superlink, localhost, 127.0.0.1)")
+    alt: list[x509.GeneralName] = []
+    for n in names:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(n)))
+        except ValueError:
+            alt.append(x509.DNSName(n))
+    key = ec.generate_private_key(ec.SECP384R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA384())
+    )
+    _write(out / "server.pem", cert.public_bytes(serialization.Encoding.PEM))
+    _write(out / "server.key", _key_pem(key), private=True)
+
+
+def make_node_keys(out: Path, name: str) -> Path:
+    """Create a SuperNode key pair ``<name>`` (private, PEM) and ``<name>.pub`` (OpenSSH); returns the public key."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    _write(
+        out / name,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+        private=True,
+    )
+    pub = out / f"{name}.pub"
+    _write(pub, key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+    return pub
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``python -m server.credentials``)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the files")
+    ap.add_argument("--san", action="append", default=[], help="name or IP the SuperLink is reached by (repeat)")
+    ap.add_argument("--node", action="append", default=[], help="make a SuperNode key pair with this name (repeat)")
+    ap.add_argument("--keep", action="store_true", help="keep an existing CA and server certificate")
+    args = ap.parse_args(argv)
+    if args.san and not (args.keep and (args.out / "server.pem").exists()):
+        ca_cert, ca_key = make_ca(args.out)
+        make_server_cert(args.out, ca_cert, ca_key, args.san)
+        print(f"CA and server certificate for {', '.join(args.san)} in {args.out}")
+    for name in args.node:
+        print(f"SuperNode key pair: {args.out / name} (register {make_node_keys(args.out, name)})")
+    if not args.san and not args.node:
+        ap.error("nothing to make: give --san (server certificate) and/or --node (SuperNode keys)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
