@@ -149,23 +149,23 @@ _RUN_CHECKS: dict[str, Callable] = {
     "min-replies": _num("min-replies", 1, 1_000_000, integer=True),
     "resume": _flag("resume"),
     "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
-    "capacity-mix": lambda v: (_capacity_mix(v), v)[1],  # validated, kept as the text
+    "capacity-mix": lambda v: (parse_capacity_list(v), v)[1],  # validated, kept as the text
 }
 
 
-def _capacity_mix(value: Any) -> tuple[float, ...]:
-    """``"1,1/4,1/16"`` -> capacities; ``""`` -> none (every node must set ``capacity``)."""
+def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, ...]:
+    """``"1,1/4,1/16"`` -> capacities, each in (0, 1]; ``""`` -> none. Errors name ``key``."""
     if not isinstance(value, str):
-        raise ConfigError(f"capacity-mix={value!r}: expected a string like '1,1/4,1/16'")
+        raise ConfigError(f"{key}={value!r}: expected a string like '1,1/4,1/16'")
     out = []
     for item in filter(None, (i.strip() for i in value.split(","))):
         num, _, den = item.partition("/")
         try:
             gamma = float(num) / float(den) if den else float(num)
         except (ValueError, ZeroDivisionError) as err:
-            raise ConfigError(f"capacity-mix={value!r}: {item!r} is not a number or fraction") from err
+            raise ConfigError(f"{key}={value!r}: {item!r} is not a number or fraction") from err
         if not 0 < gamma <= 1:
-            raise ConfigError(f"capacity-mix={value!r}: {item!r} is outside (0, 1]")
+            raise ConfigError(f"{key}={value!r}: {item!r} is outside (0, 1]")
         out.append(gamma)
     return tuple(out)
 
@@ -237,7 +237,7 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     partition only) takes ``capacity_mix[partition-id mod len]`` from the run
     config's ``capacity-mix``; with no mix it is an error.
     """
-    mix = _capacity_mix(capacity_mix)
+    mix = parse_capacity_list(capacity_mix)
     required = ("partition-id", "num-partitions") + (() if mix else ("capacity",))
     for key in required:
         if key not in raw:

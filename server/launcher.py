@@ -28,6 +28,7 @@ from contextlib import closing
 from pathlib import Path
 from types import FrameType
 
+from common.config import ConfigError, parse_capacity_list
 from server.report import summary_table, write_accuracy_plot
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
@@ -164,18 +165,11 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def parse_capacities(text: str) -> list[float]:
-    """``"1,1/2,0.25"`` -> ``[1.0, 0.5, 0.25]``; each must be in (0, 1]."""
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        num, _, den = item.partition("/")
-        try:
-            value = float(num) / float(den) if den else float(num)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(f"capacity {item!r} is not a number or fraction") from err
-        if not 0 < value <= 1:
-            raise argparse.ArgumentTypeError(f"capacity {item!r} is outside (0, 1]")
-        out.append(value)
+    """``"1,1/2,0.25"`` -> ``[1.0, 0.5, 0.25]``; each must be in (0, 1] (argparse type)."""
+    try:
+        out = list(parse_capacity_list(text, "--capacities"))
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
     if not out:
         raise argparse.ArgumentTypeError("at least one capacity is needed")
     return out
