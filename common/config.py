@@ -102,6 +102,8 @@ class RunConfig:
     fisher_ema: float = 0.0
     fisher_staleness_decay: float = 0.7
     fisher_trim: float = 0.1
+    fisher_precision: str = "fp32"
+    fisher_memory_mb: float = 4096.0
     min_per_row: int = 1
     eval_every: int = 5
     round_timeout: float = 300.0
@@ -141,6 +143,8 @@ _RUN_CHECKS: dict[str, Callable] = {
     "fisher-ema": _num("fisher-ema", 0, 0.99),
     "fisher-staleness-decay": _num("fisher-staleness-decay", 0, 1),
     "fisher-trim": _num("fisher-trim", 0, 0.45),
+    "fisher-precision": _choice("fisher-precision", ("fp32", "fp16")),
+    "fisher-memory-mb": _num("fisher-memory-mb", 1, 10_000_000),
     "min-per-row": _num("min-per-row", 0, 1_000_000, integer=True),
     "eval-every": _num("eval-every", 0, 100_000, integer=True),
     "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),

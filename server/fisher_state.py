@@ -16,6 +16,12 @@ that shapes its upload adversarially cannot drag a position of the prior
 outside the range the other clients span. It costs a sort over the stored
 estimates when the prior is recomputed (once per round that brought uploads).
 
+Memory stays bounded as clients grow: estimates can be stored in fp16
+(``precision``; values above fp16's range are capped, which only flattens the
+very top of a ranking), and at most ``max_clients`` are kept: a new client
+beyond that evicts the stalest one, which then falls back to the prior (like a
+client never seen) until it uploads again.
+
 Estimates age when a client sits out rounds. The estimate used for a client at
 round ``t`` is ``a * F_client + (1 - a) * F_global`` with
 ``a = decay ** (t - measured_round - 1)``: fully trusted the round after it was
@@ -31,7 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
+PRIOR_BLOCK = 1 << 20  # positions per block when computing the trimmed prior
 ClientKey = int | str  # a stable client identity (the strategy uses the client key it reports)
+
+
+def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
+    """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed prior)."""
+    per_client = d * np.dtype(PRECISIONS[precision]).itemsize
+    return max(3, int(budget_mb * 2**20 // per_client))
 
 
 @dataclass
@@ -66,17 +80,37 @@ class FisherState:
         Weight of the previous estimate when a client uploads again (0 = replace).
     trim : float
         Share of clients trimmed at each end, per position, in the prior (0 = example-weighted mean).
+    max_clients : int, optional
+        Most client estimates kept in memory (None = unbounded).
+    precision : {"fp32", "fp16"}
+        Storage precision of the client estimates.
     """
 
-    def __init__(self, d: int, staleness_decay: float = 0.7, ema: float = 0.0, trim: float = 0.0) -> None:
+    def __init__(
+        self,
+        d: int,
+        staleness_decay: float = 0.7,
+        ema: float = 0.0,
+        trim: float = 0.0,
+        max_clients: int | None = None,
+        precision: str = "fp32",
+    ) -> None:
         if not 0 <= trim < 0.5:
             raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if max_clients is not None and max_clients < 1:
+            raise ValueError(f"max_clients must be >= 1, got {max_clients}")
+        self.max_clients = max_clients
+        self.precision = precision
+        self.evictions = 0
         self.d = d
         self.staleness_decay = staleness_decay
         self.ema = ema
         self.trim = trim
         self._trimmed: NDArray[np.float32] | None = None
         self.clients: dict[ClientKey, ClientFisher] = {}
+        self._dtype = PRECISIONS[precision]
         self._sum = np.zeros(d, dtype=np.float64)
         self._weight = 0.0
 
@@ -95,17 +129,32 @@ class FisherState:
         new = self.normalise(fisher)
         if new is None:
             return False
-        old = self.clients.get(client)
+        old = self.clients.pop(client, None)
         if old is not None:
             if self.ema > 0:
-                new = (self.ema * old.fisher + (1 - self.ema) * new).astype(np.float32)
-            self._sum -= old.weight * old.fisher
-            self._weight -= old.weight
+                new = (self.ema * old.fisher.astype(np.float32) + (1 - self.ema) * new).astype(np.float32)
+            self._forget(old)
+        elif self.max_clients is not None and len(self.clients) >= self.max_clients:
+            stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
+            self._forget(self.clients.pop(stalest))
+            self.evictions += 1
+        if self.precision == "fp16":
+            new = np.minimum(new, np.finfo(np.float16).max).astype(np.float16)
         self.clients[client] = ClientFisher(new, float(weight), round)
         self._trimmed = None
-        self._sum += weight * new
+        self._sum += weight * new.astype(np.float64)
         self._weight += weight
         return True
+
+    def _forget(self, old: ClientFisher) -> None:
+        self._sum -= old.weight * old.fisher.astype(np.float64)
+        self._weight -= old.weight
+        self._trimmed = None
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the state's arrays (client estimates, the running sum, the cached prior)."""
+        cached = 0 if self._trimmed is None else self._trimmed.nbytes
+        return sum(c.fisher.nbytes for c in self.clients.values()) + self._sum.nbytes + cached
 
     def global_prior(self) -> NDArray[np.float32] | None:
         """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any upload."""
@@ -115,8 +164,12 @@ class FisherState:
         if self.trim > 0 and n >= 3:
             if self._trimmed is None:
                 k = max(1, int(self.trim * n))
-                ordered = np.sort(np.stack([c.fisher for c in self.clients.values()]), axis=0)
-                self._trimmed = ordered[k : n - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+                prior = np.empty(self.d, dtype=np.float32)
+                stored = [c.fisher for c in self.clients.values()]
+                for lo in range(0, self.d, PRIOR_BLOCK):  # bounded peak memory: one block of positions at a time
+                    block = np.sort(np.stack([f[lo : lo + PRIOR_BLOCK] for f in stored]), axis=0)
+                    prior[lo : lo + PRIOR_BLOCK] = block[k : n - k].mean(axis=0, dtype=np.float64)
+                self._trimmed = prior
             return self._trimmed
         return np.maximum(self._sum / self._weight, 0).astype(np.float32)
 
@@ -126,10 +179,11 @@ class FisherState:
         if own is None:
             return self.global_prior()
         trust = self.staleness_decay ** max(round - own.round - 1, 0)
+        mine = own.fisher.astype(np.float32, copy=False)
         if trust >= 1.0:
-            return own.fisher
+            return mine
         prior = self.global_prior()  # not None: this client's own estimate is part of it
-        return (trust * own.fisher + (1 - trust) * prior).astype(np.float32)
+        return (trust * mine + (1 - trust) * prior).astype(np.float32)
 
     def to_bytes(self) -> bytes:
         """Serialise (npz) for checkpoints."""
@@ -139,10 +193,12 @@ class FisherState:
             buf,
             d=np.array(self.d),
             params=np.array([self.staleness_decay, self.ema, self.trim]),
+            limits=np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
+            precision=np.frombuffer(self.precision.encode(), dtype=np.uint8),
             ids=np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
             weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
-            fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), np.float32),
+            fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), self._dtype),
         )
         return buf.getvalue()
 
@@ -150,9 +206,16 @@ class FisherState:
     def from_bytes(cls, data: bytes) -> FisherState:
         """Restore from :meth:`to_bytes`."""
         z = np.load(io.BytesIO(data))
-        state = cls(int(z["d"]), *(float(p) for p in z["params"]))
+        max_clients, evictions = (int(v) for v in z["limits"])
+        state = cls(
+            int(z["d"]),
+            *(float(p) for p in z["params"]),
+            max_clients=None if max_clients < 0 else max_clients,
+            precision=z["precision"].tobytes().decode(),
+        )
+        state.evictions = evictions
         for i, w, r, f in zip(json.loads(z["ids"].tobytes()), z["weights"], z["rounds"], z["fisher"]):
-            state.clients[i] = ClientFisher(f.astype(np.float32), float(w), int(r))
-            state._sum += w * f
+            state.clients[i] = ClientFisher(f.copy(), float(w), int(r))
+            state._sum += w * f.astype(np.float64)
             state._weight += float(w)
         return state

@@ -35,7 +35,7 @@ from common.layout import ParamLayout
 from common.protocol import encode_submodel
 from common.selection import select_mask
 from common.width_masks import channel_graph, width_mask, width_ratio
-from server.fisher_state import FisherState
+from server.fisher_state import FisherState, fisher_capacity
 from server.validation import (
     ReplyError,
     SentSubmodel,
@@ -154,7 +154,14 @@ class FisherSubmodelStrategy(Strategy):
         self.layout = layout
         self.evaluate_fn = evaluate_fn
         self.on_round = on_round
-        self.fisher = FisherState(layout.size, cfg.fisher_staleness_decay, cfg.fisher_ema, cfg.fisher_trim)
+        self.fisher = FisherState(
+            layout.size,
+            cfg.fisher_staleness_decay,
+            cfg.fisher_ema,
+            cfg.fisher_trim,
+            max_clients=fisher_capacity(cfg.fisher_memory_mb, layout.size, cfg.fisher_precision),
+            precision=cfg.fisher_precision,
+        )
         self.nodes: dict[int, NodeProfile] = {}
         self.excluded: set[int] = set()  # misconfigured nodes, not asked again
         self.sent: dict[int, SentSubmodel] = {}
