@@ -43,9 +43,12 @@ ClientKey = int | str  # a stable client identity (the strategy uses the client 
 
 
 def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
-    """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed prior)."""
+    """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed prior).
+
+    The budget also holds the state's fixed part: an fp64 running sum and an fp32 cached prior (12 bytes x d).
+    """
     per_client = d * np.dtype(PRECISIONS[precision]).itemsize
-    return max(3, int(budget_mb * 2**20 // per_client))
+    return max(3, int((budget_mb * 2**20 - 12 * d) // per_client))
 
 
 @dataclass
