@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
-import time
-from pathlib import Path
 
 from server.launcher import LocalFederation
+from tests.federation_progress import wait_for_round
 
 ROUNDS = 7
-
-
-def _rounds(path: Path) -> list[dict]:
-    try:
-        return json.loads((path / "metrics.json").read_text())["rounds"]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
-def _wait_for_round(path: Path, rnd: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(r["round"] >= rnd for r in _rounds(path)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert any(r["round"] >= rnd for r in _rounds(path)), f"round {rnd} never completed"
 
 
 def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
@@ -33,9 +17,9 @@ def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
         config = {"num-rounds": ROUNDS, "eval-every": 0, "local-epochs": 1, "round-timeout": 30.0}
         thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
         thread.start()
-        _wait_for_round(out, 2)
+        wait_for_round(out, 2)
         fed.kill_node(2)
-        _wait_for_round(out, 3)
+        wait_for_round(out, 3)
         fed.start_node(2)
         thread.join(timeout=900)
     assert result, "the run did not finish"

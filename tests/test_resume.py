@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import torch
 
 from server.launcher import LocalFederation
 from server.persistence import CHECKPOINT, load_checkpoint
+from tests.federation_progress import wait_for_round
 
 CONFIG = {"num-rounds": 4, "eval-every": 0, "local-epochs": 1}
 
@@ -31,13 +30,6 @@ def _serverapp_pids(flwr_home: Path) -> list[int]:
     return pids
 
 
-def _rounds(path: Path) -> list[int]:
-    try:
-        return [r["round"] for r in json.loads((path / "metrics.json").read_text())["rounds"]]
-    except (OSError, ValueError, KeyError):
-        return []
-
-
 def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
     with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lambda line: None) as fed:
         reference = fed.run(CONFIG, tmp_path / "reference", timeout=600)
@@ -52,10 +44,7 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
 
         thread = threading.Thread(target=first_attempt)
         thread.start()
-        deadline = time.monotonic() + 300
-        while 2 not in _rounds(out) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert 2 in _rounds(out), "round 2 never completed"
+        wait_for_round(out, 2)
         pids = _serverapp_pids(fed.flwr_home)
         assert pids, "no ServerApp process to kill"
         for pid in pids:
