@@ -198,6 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--run-config", "-c", default="", help="extra run-config overrides for every run")
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
+    ap.add_argument(
+        "--reuse", action="store_true", help="reuse finished runs found in --out/runs (resume an interrupted matrix)"
+    )
+    ap.add_argument(
+        "--existing-only", action="store_true", help="with --reuse: only tabulate and plot the finished runs"
+    )
     args = ap.parse_args(argv)
 
     from server.launcher import parse_overrides
@@ -229,39 +235,50 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                         plan.append((name, cfg))
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, runs = [], []
+    (args.out / "plan.json").write_text(json.dumps([n for n, _ in plan], indent=1))
+    runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     started = time.monotonic()
     for i, (name, cfg) in enumerate(plan, 1):
+        folder = args.out / "runs" / name
+        if args.reuse and (folder / "model.pt").exists():
+            metrics = json.loads((folder / "metrics.json").read_text())
+            runs.append((run_row(metrics, float("nan")), metrics))
+            print(f"[run {i}/{len(plan)}] {name}: reused", flush=True)
+            continue
+        if args.existing_only:
+            print(f"[run {i}/{len(plan)}] {name}: not run (--existing-only)", flush=True)
+            continue
         print(f"[run {i}/{len(plan)}] {name}", flush=True)
         t0 = time.monotonic()
         metrics = run_local_federation(
             capacities,
-            args.out / "runs" / name,
+            folder,
             cfg,
             timeout=args.timeout,
             echo=lambda line: print("    " + line, flush=True) if line.startswith("[round") else None,
             simulation=True,
         )
         row = run_row(metrics, time.monotonic() - t0)
-        rows.append(row)
         runs.append((row, metrics))
+        write_results(
+            args.out,
+            runs,
+            argv,
+            len(seeds),
+            f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), {args.rounds} rounds",
+        )  # after every run: nothing lost
         print(
             f"[run {i}/{len(plan)}] {name}: global acc {row['global_acc']:.4f} in {row['wall_s']:.0f} s "
             f"(elapsed {time.monotonic() - started:.0f} s)",
             flush=True,
         )
-    fields = sorted({k for r in rows for k in r}, key=lambda k: (k.startswith("acc_cap_"), k))
-    with open(args.out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    table = summarise(rows)
-    (args.out / "summary.md").write_text(
-        f"Command: `python -m server.benchmark {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
-        f"Clients: {len(capacities)} (capacities {args.capacities} x {args.clients_per_capacity}), "
-        f"{args.rounds} rounds, Simulation Engine. Mean ± std over {len(seeds)} seed(s).\n\n{table}\n"
+    table = write_results(
+        args.out,
+        runs,
+        argv,
+        len(seeds),
+        f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), {args.rounds} rounds",
     )
-    (args.out / "plan.json").write_text(json.dumps([n for n, _ in plan], indent=1))
     paths = plot(runs, args.out)
     print()
     print(table)
@@ -270,6 +287,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(str(p) for p in paths)
     )
     return 0
+
+
+def write_results(
+    out: Path, runs: list[tuple[dict[str, Any], dict[str, Any]]], argv: Sequence[str] | None, seeds: int, setup: str
+) -> str:
+    """Write results.csv and summary.md for the runs so far; returns the summary table."""
+    rows = [row for row, _ in runs]
+    fields = sorted({k for r in rows for k in r}, key=lambda k: (k.startswith("acc_cap_"), k))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    table = summarise(rows)
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    (out / "summary.md").write_text(
+        f"Command: `python -m server.benchmark {command}`\n\n"
+        f"{setup}, Simulation Engine. Mean ± std over up to {seeds} seed(s).\n\n{table}\n"
+    )
+    return table
 
 
 if __name__ == "__main__":

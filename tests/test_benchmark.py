@@ -64,3 +64,8 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     assert (out / "summary.md").read_text().count("| digits |") == 2
     for png in ("accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    # Re-tabulating finished runs starts no federation and gives the same rows.
+    (out / "results.csv").unlink()
+    assert main(args + ["-c", "local-epochs=1", "--reuse", "--existing-only"]) == 0
+    again = list(csv.DictReader(open(out / "results.csv")))
+    assert [r["global_acc"] for r in again] == [r["global_acc"] for r in rows]
