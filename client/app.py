@@ -14,8 +14,9 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
+from client.capacity_probe import cached_probe
 from client.device import pick_device
-from client.local_data import LocalData, load_local_data
+from client.local_data import LocalData, cache_dir, load_local_data
 from client.training import TrainConfig, evaluate, train_masked
 from common import protocol as P
 from common.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
@@ -58,6 +59,7 @@ def query(msg: Message, context: Context) -> Message:
     try:
         run, node, data = _setup(context)
         device = pick_device(node.device)
+        probe = cached_probe(device, cache_dir()) if node.capacity is None else None
     except Exception as err:  # a misconfigured node reports why instead of failing silently
         return Message(
             RecordDict({P.PROFILE: ConfigRecord({"error": f"{type(err).__name__}: {err}"})}),
@@ -65,15 +67,14 @@ def query(msg: Message, context: Context) -> Message:
         )
     metrics = MetricRecord(
         {
-            "capacity": node.capacity,
+            "capacity": probe.capacity if probe else node.capacity,
             "num-train-examples": len(data.train),
             "num-test-examples": len(data.test),
+            **({"probe-memory-gib": probe.memory_gib, "probe-gflops": probe.gflops} if probe else {}),
         }
     )
-    return Message(
-        RecordDict({P.PROFILE: metrics, "device": ConfigRecord({"device": str(device), "client-key": node.key})}),
-        reply_to=msg,
-    )
+    info = {"device": str(device), "client-key": node.key, "capacity-source": "auto" if probe else "node-config"}
+    return Message(RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)}), reply_to=msg)
 
 
 @app.train()

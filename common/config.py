@@ -112,6 +112,7 @@ class RunConfig:
     capacity_mix: str = ""
     data_path: str = ""
     min_replies: int = 1
+    min_nodes: int = 1
     resume: bool = False
 
     @property
@@ -151,6 +152,7 @@ _RUN_CHECKS: dict[str, Callable] = {
     "poll-interval": _num("poll-interval", 0.01, 10),
     "results-dir": _text("results-dir"),
     "min-replies": _num("min-replies", 1, 1_000_000, integer=True),
+    "min-nodes": _num("min-nodes", 1, 1_000_000, integer=True),
     "resume": _flag("resume"),
     "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
     "capacity-mix": lambda v: (parse_capacity_list(v), v)[1],  # validated, kept as the text
@@ -212,8 +214,10 @@ class NodeConfig:
         This node's data partition, in ``[0, num_partitions)``.
     num_partitions : int
         Number of partitions the training pool is split into.
-    capacity : float
-        Fraction of the global model this node can hold, in (0, 1].
+    capacity : float or None
+        Fraction of the global model this node can hold, in (0, 1]; ``None``
+        for ``capacity=auto``: the ClientApp measures its device and maps it to
+        a share (``client.capacity_probe``).
     device : str
         ``auto`` (cuda, then mps, then cpu), or a fixed ``cpu`` / ``cuda`` / ``mps``.
     client_id : str
@@ -223,7 +227,7 @@ class NodeConfig:
 
     partition_id: int
     num_partitions: int
-    capacity: float
+    capacity: float | None
     device: str = "auto"
     client_id: str = ""
 
@@ -250,8 +254,14 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
             )
     num_partitions = _num("num-partitions", 1, 1_000_000, integer=True)(raw["num-partitions"])
     partition_id = _num("partition-id", 0, num_partitions - 1, integer=True)(raw["partition-id"])
-    if "capacity" in raw:
-        capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+    capacity: float | None
+    if raw.get("capacity") == "auto":
+        capacity = None
+    elif "capacity" in raw:
+        try:
+            capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+        except ConfigError as err:
+            raise ConfigError(f"{err} (or capacity=auto to measure the device)") from None
     else:
         capacity = mix[partition_id % len(mix)]
     device = _choice("device", DEVICES)(raw.get("device", "auto"))

@@ -55,6 +55,7 @@ class NodeProfile:
     num_train: int
     num_test: int
     key: str = ""  # stable client identity (survives a SuperNode restart, unlike the node id)
+    capacity_source: str = "node-config"  # or "auto": measured by the node's device probe
 
 
 @dataclass
@@ -77,6 +78,7 @@ class ClientRound:
     train_seconds: float | None = None
     fisher_seconds: float | None = None
     num_examples: int | None = None
+    capacity_source: str = "node-config"
 
 
 @dataclass
@@ -258,6 +260,7 @@ class FisherSubmodelStrategy(Strategy):
             values_bytes=int(payload.values.nbytes),
             mask_bytes=int(payload.mask_data.nbytes),
             mask_kind=payload.mask_kind,
+            capacity_source=prof.capacity_source,
         )
         msg = Message(
             content=RecordDict({P.SUBMODEL: arrays, P.SUBMODEL_CONFIG: cfg}),
@@ -303,12 +306,19 @@ class FisherSubmodelStrategy(Strategy):
             if any(p.key == key for p in self.nodes.values()):
                 log(WARNING, "node %d reports client key %r already in use; keyed by its node id", parts.node_id, key)
                 key = f"node-{parts.node_id}"
-            self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key)
+            source = "auto" if parts.extras.get("capacity-source") == "auto" else "node-config"
+            self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key, source)
+            probe = ""
+            if source == "auto" and parts.metrics is not None:
+                gib = float(parts.metrics.get("probe-memory-gib", float("nan")))
+                gflops = float(parts.metrics.get("probe-gflops", float("nan")))
+                probe = f" (measured: {gib:.1f} GiB, {gflops:.1f} GFLOP/s)"
             log(
                 INFO,
-                "node %d: capacity=%.4g device=%s train=%d test=%d",
+                "node %d: capacity=%.4g%s device=%s train=%d test=%d",
                 parts.node_id,
                 capacity,
+                probe,
                 device,
                 n_train,
                 n_test,
@@ -482,6 +492,7 @@ class FisherSubmodelStrategy(Strategy):
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result(arrays=initial_arrays)
+        wait_for_nodes(grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
         self.discover(grid, timeout)
         if not self.nodes:
             raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
@@ -554,6 +565,34 @@ def progress_line(record: dict[str, Any], num_rounds: int) -> str:
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
         f" | {record['round_seconds']:.1f} s"
     )
+
+
+def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float, poll_interval: float) -> int:
+    """Wait until ``min_nodes`` SuperNodes are connected, or ``timeout`` seconds; returns how many are.
+
+    SuperNodes started together with the SuperLink (``docker compose up``)
+    connect over several seconds; discovering too early would leave the late
+    ones out of the first rounds.
+    """
+    deadline = time.monotonic() + timeout
+    reported = -1
+    while True:
+        connected = len(grid.get_node_ids())
+        if connected >= min_nodes:
+            return connected
+        if time.monotonic() >= deadline:
+            log(
+                WARNING,
+                "only %d of min-nodes=%d nodes connected after %.0f s: starting with them",
+                connected,
+                min_nodes,
+                timeout,
+            )
+            return connected
+        if connected != reported:
+            log(INFO, "waiting for nodes: %d of %d connected", connected, min_nodes)
+            reported = connected
+        time.sleep(max(poll_interval, 0.5))
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
