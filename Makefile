@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo bench test lint clean
+.PHONY: install demo bench test lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,20 @@ bench: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/hadolint docker/*.Dockerfile
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
 
-test: lint
+# The compose topology test runs each service in a network namespace (root) behind nginx.
+# As root on Debian/Ubuntu the missing tools are installed; otherwise this says what to install.
+system-deps:
+	@if command -v ip >/dev/null && command -v nginx >/dev/null && command -v wget >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing iproute2, nginx-light, wget (compose topology test)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			iproute2 nginx-light wget >/dev/null; \
+	else echo "note: the compose topology test needs root, iproute2, nginx and wget"; fi
+
+test: lint system-deps
 	$(PY) -m pytest -q -ra
 
 clean:

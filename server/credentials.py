@@ -7,7 +7,9 @@ binary needed, so it also runs in a one-shot container):
 * ``server.pem`` / ``server.key``: the SuperLink's certificate, signed by the
   CA, whose subject alternative names cover every address clients dial;
 * ``<name>`` / ``<name>.pub``: a SuperNode's ECDSA P-384 key pair (private key
-  PEM, public key in OpenSSH format, as ``flwr supernode register`` takes it).
+  PEM, public key in OpenSSH format, as ``flwr supernode register`` takes it);
+* ``<secret>``: a random shared secret, e.g. for ``--superexec-auth-secret-file``
+  (authenticates the SuperExec executors to the SuperLink's and SuperNodes' Runtime API).
 
 Usage::
 
@@ -113,22 +115,73 @@ def make_node_keys(out: Path, name: str) -> Path:
     return pub
 
 
+def make_secret(out: Path, name: str, nbytes: int = 32) -> Path:
+    """Create ``<name>``: ``nbytes`` random bytes, hex-encoded (a SuperExec shared secret)."""
+    path = out / name
+    _write(path, os.urandom(nbytes).hex().encode("ascii"), private=True)
+    return path
+
+
+def chown_tree(paths: Sequence[Path], owner: str) -> None:
+    """Give ``paths`` (recursively) to ``owner`` = ``"UID:GID"``, e.g. the uid Flower's images run as."""
+    try:
+        uid, gid = (int(v) for v in owner.split(":"))
+    except ValueError:
+        raise ValueError(f"--owner {owner!r}: expected UID:GID, e.g. 49999:49999") from None
+    for root in paths:
+        root.mkdir(parents=True, exist_ok=True)
+        for path in [root, *root.rglob("*")]:
+            os.chown(path, uid, gid)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``python -m server.credentials``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for the files")
-    ap.add_argument("--san", action="append", default=[], help="name or IP the SuperLink is reached by (repeat)")
+    ap.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        help="name or IP the SuperLink is reached by (repeat, or separate with commas)",
+    )
     ap.add_argument("--node", action="append", default=[], help="make a SuperNode key pair with this name (repeat)")
-    ap.add_argument("--keep", action="store_true", help="keep an existing CA and server certificate")
+    ap.add_argument("--secret", action="append", default=[], help="make a random shared-secret file (repeat)")
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep files that already exist (a restarted deployment keeps its CA, keys and registrations)",
+    )
+    ap.add_argument(
+        "--owner",
+        metavar="UID:GID",
+        help="then chown --out and every --chown folder to UID:GID (Flower's images run as 49999:49999)",
+    )
+    ap.add_argument("--chown", type=Path, action="append", default=[], help="another folder to create and chown")
     args = ap.parse_args(argv)
-    if args.san and not (args.keep and (args.out / "server.pem").exists()):
+    # Order kept, duplicates and blanks dropped: compose passes a default list plus the operator's names.
+    args.san = list(dict.fromkeys(n.strip() for item in args.san for n in item.split(",") if n.strip()))
+    if not (args.san or args.node or args.secret):
+        ap.error("nothing to make: give --san (server certificate), --node (SuperNode keys) and/or --secret")
+
+    def kept(name: str) -> bool:
+        if args.keep and (args.out / name).exists():
+            print(f"keeping {args.out / name}")
+            return True
+        return False
+
+    if args.san and not kept("server.pem"):
         ca_cert, ca_key = make_ca(args.out)
         make_server_cert(args.out, ca_cert, ca_key, args.san)
         print(f"CA and server certificate for {', '.join(args.san)} in {args.out}")
     for name in args.node:
-        print(f"SuperNode key pair: {args.out / name} (register {make_node_keys(args.out, name)})")
-    if not args.san and not args.node:
-        ap.error("nothing to make: give --san (server certificate) and/or --node (SuperNode keys)")
+        if not kept(f"{name}.pub"):
+            print(f"SuperNode key pair: {args.out / name} (register {make_node_keys(args.out, name)})")
+    for name in args.secret:
+        if not kept(name):
+            print(f"shared secret: {make_secret(args.out, name)}")
+    if args.owner:
+        chown_tree([args.out, *args.chown], args.owner)
+        print(f"owner of {', '.join(str(p) for p in [args.out, *args.chown])}: {args.owner}")
     return 0
 
 

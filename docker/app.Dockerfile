@@ -1,0 +1,43 @@
+# fibos-fl on CPU: the ServerApp executor, the CPU ClientApp executors and the one-shot
+# control services (credentials, registration, run submission) of docker-compose.yml.
+#
+# Multi-arch: the same file builds for x86 servers and ARM boards, e.g.
+#   docker buildx build --platform linux/amd64,linux/arm64 -f docker/app.Dockerfile -t fibos-fl/app:cpu .
+# Built on Flower's official SuperExec image (non-root user `app`, uid 49999, venv in /python/venv).
+ARG FLWR_IMAGE=flwr/superexec:1.42.0-py3.13-ubuntu24.04
+FROM ${FLWR_IMAGE}
+
+# CPU wheels of torch from PyTorch's index: the PyPI x86 wheel bundles CUDA (gigabytes unused here).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.14.1
+ARG TORCHVISION_VERSION=0.29.1
+
+ENV FLWR_TELEMETRY_ENABLED=0 \
+    FLWR_DISABLE_UPDATE_CHECK=1 \
+    FIBOS_CACHE_DIR=/app/.cache/fibos-fl
+
+USER 0
+# Mount points of the compose volumes, owned by the image user so fresh named volumes are too.
+RUN mkdir -p /credentials /results /state /app/.cache \
+    && chown -R app:app /credentials /results /state /app
+USER 49999:49999
+WORKDIR /app
+
+# Largest and slowest-changing layer first.
+RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" \
+    "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+
+# The project's dependencies, without its code (empty packages), so code edits reuse this layer.
+COPY --chown=app:app pyproject.toml README.md ./
+RUN mkdir -p server client common \
+    && touch server/__init__.py client/__init__.py common/__init__.py \
+    && python -m pip install --no-cache-dir . \
+    && python -m pip uninstall -y fibos-fl
+
+COPY --chown=app:app common common
+COPY --chown=app:app client client
+COPY --chown=app:app server server
+RUN python -m pip install --no-cache-dir --no-deps . \
+    && python -c "import server.app, client.app; from sklearn.datasets import load_digits; load_digits()"
+
+ENTRYPOINT ["flower-superexec"]

@@ -1,0 +1,128 @@
+"""What an operator does through a SuperLink's Control API: register SuperNode keys, submit a run.
+
+The compose deployment runs both as one-shot services; an engineer adding a
+real client runs ``register`` from a machine that can reach the Control API.
+Both write a connection named ``--connection`` (default ``fibos``) into
+``$FLWR_HOME/config.toml`` and then call Flower's own CLI, so nothing here
+reimplements Flower's protocol.
+
+Usage::
+
+    python -m server.control register --superlink superlink:8000 --root-certificates ca.crt node1.pub node2.pub
+    python -m server.control submit --superlink superlink:8000 --root-certificates ca.crt --app . \\
+        --run-config "num-rounds=10 min-nodes=4"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from server.launcher import flower_env, parse_overrides, run_federation_command, toml_overrides
+
+
+def connection_toml(name: str, superlink: str, root_certificates: Path | None) -> str:
+    """A ``config.toml`` with one SuperLink connection (TLS unless ``root_certificates`` is None)."""
+    if root_certificates is None:
+        trust = "insecure = true"
+    else:
+        trust = f'root-certificates = "{root_certificates.resolve()}"'
+    return f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{superlink}"\n{trust}\n'
+
+
+def control_env(args: argparse.Namespace) -> dict[str, str]:
+    """Flower environment whose FLWR_HOME holds the connection to ``args.superlink``."""
+    home = Path(os.environ.get("FLWR_HOME") or tempfile.mkdtemp(prefix="fibos-control-"))
+    home.mkdir(parents=True, exist_ok=True)
+    certs = None if args.insecure else args.root_certificates
+    if certs is None and not args.insecure:
+        raise SystemExit("give --root-certificates CA.crt (TLS), or --insecure for a SuperLink without TLS")
+    (home / "config.toml").write_text(connection_toml(args.connection, args.superlink, certs))
+    return flower_env(home)
+
+
+def _flwr(env: dict[str, str], *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    return subprocess.run(["flwr", *argv], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for_control_api(env: dict[str, str], connection: str, timeout: float) -> None:
+    """Retry ``flwr supernode list`` until the SuperLink's Control API answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = _flwr(env, "supernode", "list", connection, "--format", "json")
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the SuperLink's Control API did not answer within {timeout:.0f} s: {done.stdout}")
+        time.sleep(2.0)
+
+
+def register(args: argparse.Namespace) -> int:
+    """Register each public key; a key the SuperLink already holds counts as registered (reruns are safe)."""
+    env = control_env(args)
+    wait_for_control_api(env, args.connection, args.wait)
+    for pub in args.public_keys:
+        name = pub.stem if pub.suffix == ".pub" else pub.name
+        done = _flwr(env, "supernode", "register", str(pub), args.connection, "--name", name)
+        text = " ".join((done.stdout + done.stderr).split())
+        if done.returncode == 0:
+            print(f"{name}: registered")
+        elif "already in use" in text:
+            print(f"{name}: already registered")
+        else:
+            print(f"{name}: registration failed: {text}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def submit(args: argparse.Namespace) -> int:
+    """``flwr run APP --stream`` with the given run-config overrides; fails if the run fails."""
+    env = control_env(args)
+    wait_for_control_api(env, args.connection, args.wait)
+    overrides: dict[str, object] = {}
+    for item in args.run_config:
+        overrides.update(parse_overrides(item))
+    cmd = ["flwr", "run", str(args.app), args.connection, "--stream"]
+    if overrides:
+        cmd += ["-c", toml_overrides(overrides)]
+    print("$ " + " ".join(cmd), flush=True)
+    log = Path(env["FLWR_HOME"]) / "run.log"
+    try:
+        run_federation_command(cmd, env, log, args.timeout, lambda line: print(line, flush=True))
+    except (RuntimeError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        print(log.read_text()[-4000:], file=sys.stderr)
+        return 1
+    print(f"run finished; full log: {log}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``python -m server.control``)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, helptext in (("register", "register SuperNode public keys"), ("submit", "submit a run and follow it")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--superlink", required=True, help="HOST:PORT of the SuperLink's Control API")
+        p.add_argument("--root-certificates", type=Path, help="CA certificate the SuperLink's certificate chains to")
+        p.add_argument("--insecure", action="store_true", help="the SuperLink runs without TLS")
+        p.add_argument("--connection", default="fibos", help="connection name written to $FLWR_HOME/config.toml")
+        p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the Control API to answer")
+    reg = sub.choices["register"]
+    reg.add_argument("public_keys", type=Path, nargs="+", help="OpenSSH public keys (name = file name without .pub)")
+    sm = sub.choices["submit"]
+    sm.add_argument("--app", type=Path, default=Path("."), help="the Flower app folder (with pyproject.toml)")
+    sm.add_argument("--run-config", "-c", action="append", default=[], help="run-config overrides 'k=v k2=v2'")
+    sm.add_argument("--timeout", type=float, default=86_400.0, help="seconds before the run is given up")
+    args = ap.parse_args(argv)
+    return register(args) if args.command == "register" else submit(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The promises docker-compose.yml and the Dockerfiles make, checked on the files themselves.
+
+(The topology test runs the compose commands; hadolint and the compose-spec
+schema run in ``make lint``. These tests pin down the security and layout
+properties a reviewer would otherwise have to re-read the files for.)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.compose_topology import interpolate, load_services
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE = REPO / "docker-compose.yml"
+DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
+# The images must run the Flower these tests run against.
+FLWR_VERSION = version("flwr")
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), {})
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_control_api_only_on_the_control_network_and_host_loopback(doc: dict) -> None:
+    link = doc["services"]["superlink"]
+    assert link["networks"] == ["control"]
+    assert all(p.startswith("127.0.0.1:") for p in link["ports"]), link["ports"]
+    gateway = doc["services"]["fleet-gateway"]
+    assert set(gateway["networks"]) == {"control", "edge"}
+    conf = (REPO / "docker" / "fleet-gateway.conf").read_text()
+    locations = re.findall(r"location\s+(=?\s*\S+)\s*\{", conf)
+    proxied = re.findall(r"location\s+(\S+)\s*\{[^}]*proxy_pass", conf)
+    assert proxied == ["/v1/fleet/"], "the gateway must forward the Fleet API only"
+    assert "/" in locations and re.search(r"location / \{\s*return 403", conf)
+    assert "proxy_ssl_verify on" in conf
+
+
+def test_superlink_runs_tls_with_node_auth(doc: dict) -> None:
+    services = load_services(COMPOSE, {})
+    argv = services["superlink"].argv
+    assert "--insecure" not in argv
+    assert {"--enable-supernode-auth", "--ssl-certfile", "--ssl-keyfile", "--ssl-ca-certfile"} <= set(argv)
+    assert "--disable-runtime-dependency-installation" in argv  # no download at run start
+    assert _arg(argv, "--database").startswith("/state/")
+    assert any(t == "/state" for s, t, _ in services["superlink"].volumes if s == "superlink-state")
+
+
+def test_every_supernode_is_keyed_registered_and_served(doc: dict) -> None:
+    services = load_services(COMPOSE, {}, profiles={"gpu"})
+    creds = services["credentials"].argv
+    made = {creds[i + 1] for i, a in enumerate(creds) if a == "--node"}
+    registered = {Path(a).stem for a in services["register"].argv if a.endswith(".pub")}
+    nodes = {n: s for n, s in services.items() if s.argv[0] == "flower-supernode"}
+    assert len(nodes) >= 4
+    for name, svc in nodes.items():
+        argv = svc.argv
+        assert "--insecure" not in argv
+        assert _arg(argv, "--superlink") == "fleet-gateway:8443", name
+        key = Path(_arg(argv, "--auth-supernode-private-key")).name
+        assert key in made and key in registered, name
+        assert svc.networks == ["edge"], name
+        port = _arg(argv, "--port")
+        executors = [s for s in services.values() if "--runtime-api-address" in s.argv]
+        assert any(_arg(s.argv, "--runtime-api-address") == f"{name}:{port}" for s in executors), name
+        assert svc.healthcheck is not None
+    gpu = doc["services"]["clientapp-gpu"]
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["dockerfile"] == "docker/app-cuda.Dockerfile"
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_images_are_pinned_to_the_projects_flower(doc: dict) -> None:
+    for name, spec in doc["services"].items():
+        image = spec.get("image", "")
+        assert ":" in image and not image.endswith(":latest"), f"{name}: unpinned image {image!r}"
+        if image.startswith("flwr/"):
+            assert image.split(":")[1].startswith(FLWR_VERSION + "-") or image.endswith(":" + FLWR_VERSION), name
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert re.search(rf"(flwr/superexec:{re.escape(FLWR_VERSION)}|FLWR_VERSION={re.escape(FLWR_VERSION)})", text)
+        assert "latest" not in text
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_layers_and_user(dockerfile: Path) -> None:
+    lines = [ln.strip() for ln in dockerfile.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    assert users and users[-1] == "49999:49999", "containers must end as the non-root uid of Flower's images"
+    first_code_copy = next(i for i, ln in enumerate(lines) if re.match(r"COPY .*\b(common|client|server)\b", ln))
+    deps = next(i for i, ln in enumerate(lines) if "pip install" in ln and "--no-deps" not in ln and "torch" not in ln)
+    assert deps < first_code_copy, "dependencies must be installed before the code is copied (layer reuse)"
+    assert lines[-1].startswith("ENTRYPOINT")
+
+
+def test_schema_check_is_not_vacuous(tmp_path: Path) -> None:
+    """The compose-spec validation ``make lint`` runs rejects a malformed file."""
+    bad = tmp_path / "compose.yml"
+    bad.write_text("services:\n  x:\n    image: busybox:1\n    depends_on:\n      y: {condition: sometimes}\n")
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    cmd = [str(checker), "--builtin-schema", "vendor.compose-spec"]
+    assert subprocess.run([*cmd, str(COMPOSE)], capture_output=True).returncode == 0
+    assert subprocess.run([*cmd, str(bad)], capture_output=True).returncode != 0
