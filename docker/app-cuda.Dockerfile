@@ -27,7 +27,7 @@ RUN apt-get update \
     && apt-get -y --no-install-recommends install python3 python3-venv ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --no-create-home --home-dir /app -c "" --uid 49999 app \
-    && mkdir -p /app/.cache /credentials /results /state /python \
+    && mkdir -p /app/.cache /app/.fibos-fl /credentials /results /state /python \
     && chown -R app:app /app /credentials /results /state /python
 USER 49999:49999
 WORKDIR /app

@@ -18,7 +18,7 @@ ENV FLWR_TELEMETRY_ENABLED=0 \
 
 USER 0
 # Mount points of the compose volumes, owned by the image user so fresh named volumes are too.
-RUN mkdir -p /credentials /results /state /app/.cache \
+RUN mkdir -p /credentials /results /state /app/.cache /app/.fibos-fl \
     && chown -R app:app /credentials /results /state /app
 USER 49999:49999
 WORKDIR /app

@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,10 +35,9 @@ def connection_toml(name: str, superlink: str, root_certificates: Path | None) -
     return f'[superlink]\ndefault = "{name}"\n\n[superlink.{name}]\naddress = "{superlink}"\n{trust}\n'
 
 
-def control_env(args: argparse.Namespace) -> dict[str, str]:
-    """Flower environment whose FLWR_HOME holds the connection to ``args.superlink``."""
-    home = Path(os.environ.get("FLWR_HOME") or tempfile.mkdtemp(prefix="fibos-control-"))
-    home.mkdir(parents=True, exist_ok=True)
+def control_env(args: argparse.Namespace, home: Path) -> dict[str, str]:
+    """Flower environment whose FLWR_HOME is ``home`` (a fresh folder, so the user's own
+    config.toml is never rewritten), holding the connection to ``args.superlink``."""
     certs = None if args.insecure else args.root_certificates
     if certs is None and not args.insecure:
         raise SystemExit("give --root-certificates CA.crt (TLS), or --insecure for a SuperLink without TLS")
@@ -65,7 +63,11 @@ def wait_for_control_api(env: dict[str, str], connection: str, timeout: float) -
 
 def register(args: argparse.Namespace) -> int:
     """Register each public key; a key the SuperLink already holds counts as registered (reruns are safe)."""
-    env = control_env(args)
+    with tempfile.TemporaryDirectory(prefix="fibos-control-") as home:
+        return _register(args, control_env(args, Path(home)))
+
+
+def _register(args: argparse.Namespace, env: dict[str, str]) -> int:
     wait_for_control_api(env, args.connection, args.wait)
     for pub in args.public_keys:
         name = pub.stem if pub.suffix == ".pub" else pub.name
@@ -82,8 +84,11 @@ def register(args: argparse.Namespace) -> int:
 
 
 def submit(args: argparse.Namespace) -> int:
-    """``flwr run APP --stream`` with the given run-config overrides; fails if the run fails."""
-    env = control_env(args)
+    """``flwr run APP --stream`` with the given run-config overrides; fails if the run fails.
+
+    The full log stays in a fresh ``fibos-control-*`` folder (printed at the end).
+    """
+    env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
     wait_for_control_api(env, args.connection, args.wait)
     overrides: dict[str, object] = {}
     for item in args.run_config:

@@ -51,7 +51,7 @@ def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.
     """Create ``ca.crt`` and ``ca.key`` in ``out``."""
     key = ec.generate_private_key(ec.SECP384R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -82,7 +82,7 @@ def make_server_cert(
         except ValueError:
             alt.append(x509.DNSName(n))
     key = ec.generate_private_key(ec.SECP384R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))

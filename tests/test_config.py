@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from common.config import ConfigError, RunConfig, parse_node_config, parse_run_config
 from server.launcher import parse_capacities, parse_overrides, toml_overrides

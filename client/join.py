@@ -1,0 +1,141 @@
+"""Add a real client to a running federation: key pair, registration, SuperNode, in one command.
+
+    python -m client.join --name lab-pi-1 --superlink fleet.example.org:8000 \\
+        --root-certificates ca.crt --control-api 127.0.0.1:9093 \\
+        --partition-id 4 --num-partitions 5 --capacity auto
+
+1. makes the node's ECDSA key pair in ``--keys/<name>`` (kept if it exists, so a
+   restart presents the same identity);
+2. registers the public key with the SuperLink's Control API (``flwr supernode
+   register``), unless ``--no-register`` (then the operator registers the
+   printed ``.pub`` file);
+3. replaces itself with ``flower-supernode`` dialling ``--superlink`` over TLS,
+   authenticated by the key, with the node config built from the options. The
+   SuperNode keeps retrying until the SuperLink answers.
+
+The Control API is published on the SuperLink host's loopback only (see
+docker-compose.yml), so ``--control-api`` is usually an SSH tunnel:
+``ssh -N -L 9093:127.0.0.1:9093 operator@fleet.example.org``. The same command
+runs inside the project's images (``docker run ... --entrypoint python
+fibos-fl/app:cpu -m client.join ...``; README, "Adding a real client").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from common.config import DEVICES, ConfigError, parse_node_config
+
+
+def node_config(args: argparse.Namespace) -> str:
+    """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp does."""
+    capacity = '"auto"' if args.capacity == "auto" else args.capacity
+    text = (
+        f"partition-id={args.partition_id} num-partitions={args.num_partitions} capacity={capacity} "
+        f'client-id="{args.name}" device="{args.device}"'
+    )
+    raw = {
+        "partition-id": args.partition_id,
+        "num-partitions": args.num_partitions,
+        "capacity": args.capacity if args.capacity == "auto" else float(args.capacity),
+        "client-id": args.name,
+        "device": args.device,
+    }
+    parse_node_config(raw)  # fail here, before registering anything, on a bad value
+    return text
+
+
+def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:
+    """The ``flower-supernode`` command line this node runs."""
+    return [
+        shutil.which("flower-supernode") or "flower-supernode",
+        "--root-certificates",
+        str(args.root_certificates),
+        "--superlink",
+        args.superlink,
+        "--auth-supernode-private-key",
+        str(key),
+        "--port",
+        str(args.runtime_port),
+        "--node-config",
+        node_config(args),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``python -m client.join``)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", required=True, help="this client's name (key file, registration, client-id)")
+    ap.add_argument("--superlink", required=True, help="HOST:PORT of the Fleet API (the compose gateway: port 8000)")
+    ap.add_argument("--root-certificates", type=Path, required=True, help="the federation's CA certificate (ca.crt)")
+    ap.add_argument("--control-api", help="HOST:PORT of the SuperLink's Control API, to register the key")
+    ap.add_argument("--no-register", action="store_true", help="the operator registers the key; just start")
+    ap.add_argument("--partition-id", type=int, required=True, help="this node's data partition")
+    ap.add_argument("--num-partitions", type=int, required=True, help="partitions the data is split into")
+    ap.add_argument("--capacity", default="auto", help="share of the model in (0, 1], or auto (measure the device)")
+    ap.add_argument("--device", default="auto", choices=DEVICES, help="training device (auto: cuda, mps, cpu)")
+    ap.add_argument("--keys", type=Path, default=Path.home() / ".fibos-fl" / "keys", help="folder for key pairs")
+    ap.add_argument("--runtime-port", type=int, default=9094, help="the SuperNode's local ClientApp port")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    args = ap.parse_args(argv)
+
+    if not args.root_certificates.is_file():
+        ap.error(f"--root-certificates {args.root_certificates}: no such file")
+    if not (args.control_api or args.no_register):
+        ap.error("give --control-api HOST:PORT to register the key, or --no-register if the operator did")
+    try:
+        node_config(args)
+    except (ConfigError, ValueError) as err:
+        ap.error(str(err))
+
+    key = args.keys / args.name
+    pub = key.with_name(f"{args.name}.pub")
+    if pub.exists() and key.exists():
+        print(f"using the existing key pair {key}")
+    elif args.dry_run:
+        print(f"would make the key pair {key} / {pub}")
+    else:
+        from server.credentials import make_node_keys
+
+        make_node_keys(args.keys, args.name)
+        print(f"made the key pair {key} (public key: {pub})")
+
+    if args.no_register:
+        print(f"not registering: the operator runs `flwr supernode register {pub} <connection>`")
+    else:
+        register = [
+            sys.executable,
+            "-m",
+            "server.control",
+            "register",
+            "--superlink",
+            args.control_api,
+            "--root-certificates",
+            str(args.root_certificates),
+            str(pub),
+        ]
+        if args.dry_run:
+            print("$ " + shlex.join(register))
+        else:
+            done = subprocess.run(register)
+            if done.returncode != 0:
+                print("registration failed; nothing was started", file=sys.stderr)
+                return done.returncode
+
+    cmd = supernode_command(args, key)
+    print("$ " + shlex.join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached: execvp replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())
