@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from common.datasets import DATASETS
+from common.datasets import DATASETS, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
-from common.models import MODELS
+from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
 from common.width_masks import WIDTH_MODELS
 
@@ -190,9 +190,10 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         attr = key.replace("-", "_")
         values[attr] = check(raw[key]) if key in raw else defaults[attr]
     cfg = RunConfig(**values)
-    if cfg.dataset == "ag_news":
+    if (cfg.dataset in TEXT_DATASETS) != (cfg.model in TEXT_MODELS):
         raise ConfigError(
-            "dataset='ag_news' loads (token ids) but no text model exists yet; models: " + ", ".join(MODELS)
+            f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}: text datasets ({', '.join(TEXT_DATASETS)}) "
+            f"take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
         )
     if cfg.partitioner == "natural" and cfg.dataset != "femnist":
         raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")

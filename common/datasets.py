@@ -19,6 +19,7 @@ OFFLINE_DATASETS: tuple[str, ...] = ("digits", "mnist5k")
 # Through Hugging Face datasets (common.hf_datasets): hub or a local copy (run-config data-path).
 HUB_DATASET_NAMES: tuple[str, ...] = ("cifar10", "cifar100", "fashion_mnist", "femnist", "ag_news")
 DATASETS: tuple[str, ...] = OFFLINE_DATASETS + HUB_DATASET_NAMES
+TEXT_DATASETS: tuple[str, ...] = ("ag_news",)  # token ids, for the text models of common.models
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@
 * ``resnet18``: torchvision's ResNet-18 adapted to 32x32 inputs (3x3 stem, no
   max-pool) with static BatchNorm (no running statistics), as HeteroFL and
   FIARSE use for submodels, whose statistics differ per width.
+* ``fasttext``: a bag of hashed-token embeddings and a one-hidden-layer
+  classifier (fastText-style) for AG News token ids (``common.hf_datasets``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from torch import nn
 
 from common.layout import ParamLayout
 
-MODELS: tuple[str, ...] = ("cnn", "resnet18")
+MODELS: tuple[str, ...] = ("cnn", "resnet18", "fasttext")
+TEXT_MODELS: tuple[str, ...] = ("fasttext",)  # models whose input is token ids, not images
 
 
 class SmallCNN(nn.Module):
@@ -61,17 +64,42 @@ def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     return model
 
 
+class FastText(nn.Module):
+    """Mean of token embeddings (padding id 0 ignored), a hidden layer and the classifier.
+
+    Parameters
+    ----------
+    num_classes : int
+        Output classes.
+    vocab : int
+        Hashed vocabulary size (token ids are in ``[0, vocab)``, 0 = padding).
+    dim : int
+        Embedding width.
+    hidden : int
+        Hidden units between the embedding bag and the classifier.
+    """
+
+    def __init__(self, num_classes: int, vocab: int = 2**15, dim: int = 64, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(vocab, dim, mode="mean", padding_idx=0)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(self.embed(tokens))))
+
+
 def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.Module:
     """Instantiate a model with deterministic initial weights.
 
     Parameters
     ----------
-    name : {"cnn", "resnet18"}
+    name : {"cnn", "resnet18", "fasttext"}
         Architecture.
     num_classes : int
         Output classes.
     in_channels : int
-        Input channels.
+        Input channels (images); ignored by text models.
     seed : int
         Seed for the initial weights (the server's initial global model).
     """
@@ -81,6 +109,10 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
             return SmallCNN(num_classes, in_channels)
         if name == "resnet18":
             return resnet18_32x32(num_classes, in_channels)
+        if name == "fasttext":
+            from common.hf_datasets import TEXT_VOCAB  # the vocabulary the token ids were hashed into
+
+            return FastText(num_classes, TEXT_VOCAB)
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 
