@@ -155,3 +155,22 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
     assert big.all()
     small, _ = masks.mask("c", 3.0, 0.5, x, None)
     assert small.sum() == budget(0.5, layout.size)
+
+
+def test_sync_strategy_masks_grow_with_rounds():
+    from common.config import parse_run_config
+    from server.strategy import FisherSubmodelStrategy, NodeProfile
+
+    layout = _layout()
+    cfg = parse_run_config({"method": "fedgmr", "gmr-restore-rounds": 3, "gmr-start": 0.5})
+    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
+    strategy.x = np.random.default_rng(1).normal(size=layout.size).astype(np.float32)
+    for node_id, capacity in ((7, 0.5), (9, 1.0)):
+        masks = [strategy.mask_for(node_id, rnd, capacity)[0] for rnd in range(1, 6)]
+        sizes = [int(m.sum()) for m in masks]
+        assert all(np.all(b[a]) for a, b in zip(masks, masks[1:]))  # nested
+        assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+        assert sizes[3] == sizes[4] == budget(capacity, layout.size)  # ceiling reached at round 1 + 3
+    level, _ = strategy.mask_for(None, 1, 0.5)  # capacity level for central evaluation: not remembered
+    assert set(strategy.restoration.clients) == {"edge-7", "edge-9"} and level.sum() <= budget(0.5, layout.size)
