@@ -72,6 +72,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
     clients = [c for r in rounds for c in r["clients"]]
     ok = [c for c in clients if c["status"] == "ok"]
     local = next((r["local"] for r in reversed(rounds) if r.get("local")), None)
+    reach = time_to_target(*accuracy_curve(metrics["rounds"]), target_acc)
 
     def mean(key: str, items: list[dict[str, Any]]) -> float:
         vals = [c[key] for c in items if c.get(key) is not None]
@@ -94,7 +95,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         "client_fisher_s": mean("fisher_seconds", ok),
         "server_s_per_round": statistics.fmean(r["server_seconds"] for r in rounds),
         "wall_s": wall,
-        "s_to_target_acc": time_to_target(*accuracy_curve(metrics["rounds"]), target_acc) or float("nan"),
+        "s_to_target_acc": float("nan") if reach is None else reach,
     }
     for level, v in last.get("per_capacity", {}).items():
         row[f"acc_cap_{level}"] = v["accuracy"]
