@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 from common import protocol as P
 from common.async_aggregation import TooStale, apply_async_update
-from server.strategy import ClientRound, FisherSubmodelStrategy, exchange, progress_line, reply_parts
+from server.strategy import ClientRound, FisherSubmodelStrategy, ReplyParts, exchange, progress_line, reply_parts
 from server.validation import ReplyError, SentSubmodel, validate_train_reply
 
 # Seconds between checks of the SuperLink's node list (departed / new nodes).
@@ -153,9 +153,12 @@ class AsyncFedGMR:
 
     # ----------------------------------------------------------------- replies
     def handle(self, msg: Message, d: Dispatch) -> bool:
-        """Validate and apply one reply; returns whether it changed the global model."""
+        """Validate and apply one reply Message; returns whether it changed the global model."""
+        return self.apply_reply(reply_parts(msg, P.UPDATE, P.METRICS, P.META), d)
+
+    def apply_reply(self, parts: ReplyParts, d: Dispatch) -> bool:
+        """Validate and apply one reply's records; a rejected reply is logged and changes nothing."""
         t0 = time.perf_counter()
-        parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
         entry: dict[str, Any] = {"dispatch": d.sent.round, "sent_version": d.version}
         try:
             if parts.error:
