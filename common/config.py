@@ -219,6 +219,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         )
     if cfg.partitioner == "natural" and cfg.dataset != "femnist":
         raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
+    if cfg.method == "fedgmr" and cfg.gmr_mode == "async" and cfg.resume:
+        raise ConfigError("resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from")
     if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "

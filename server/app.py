@@ -66,8 +66,6 @@ def main(grid: Grid, context: Context) -> None:
     strategy.on_round = after_round
     log(INFO, "results -> %s", results)
     if cfg.method == "fedgmr" and cfg.gmr_mode == "async":
-        if done is not None:
-            raise ValueError("resume=true is not supported with gmr-mode='async' (no rounds to resume from)")
         async_run = AsyncFedGMR(strategy, grid, after_round)
         async_run.run(x0, cfg.num_rounds, cfg.round_timeout)
     else:

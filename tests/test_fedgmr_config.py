@@ -59,6 +59,12 @@ def test_bad_fedgmr_value_names_key(key, value):
         parse_run_config({"method": "fedgmr", key: value})
 
 
+def test_async_mode_cannot_resume():
+    with pytest.raises(ConfigError, match="resume"):
+        parse_run_config({"method": "fedgmr", "gmr-mode": "async", "resume": True})
+    assert parse_run_config({"method": "fedgmr", "gmr-mode": "sync", "resume": True}).resume
+
+
 def test_bench_delay_node_knob():
     base = {"partition-id": 0, "num-partitions": 2, "capacity": 0.5}
     assert parse_node_config(base).bench_delay_s == 0.0
