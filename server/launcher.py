@@ -480,7 +480,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3600.0,
         help="seconds before the run is stopped",
     )
+    parser.add_argument(
+        "--delays",
+        default="",
+        help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
+    )
     args = parser.parse_args(argv)
+    delays = [float(v) for v in args.delays.split(",") if v.strip()]
+    if delays and len(delays) != len(args.capacities):
+        parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
     overrides: dict[str, object] = {}
     for item in args.run_config:
         overrides.update(parse_overrides(item))
@@ -489,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _raise_interrupt)
     started = time.monotonic()
     try:
-        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout)
+        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout, delays=delays)
     except KeyboardInterrupt:
         print("interrupted; every process was stopped", file=sys.stderr)
         return 130
