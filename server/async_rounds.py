@@ -297,7 +297,9 @@ class AsyncFedGMR:
                         last = self.record(total_evals)
                 if self.version >= total_updates:
                     break
-                if d.node_id in self.s.nodes:
+                # An error reply (node crashed, or unreachable) waits for the next node refresh instead of
+                # being re-sent at once: re-sending to a dead node would spin on error replies.
+                if d.node_id in self.s.nodes and not msg.has_error():
                     self.dispatch([d.node_id])
             if self.expire(timeout):
                 next_refresh = time.monotonic()  # re-dispatch to the late nodes that are still connected
