@@ -12,10 +12,13 @@ at once sends that node the current model under its current restoration mask.
   update applied.
 * Every dispatch carries a unique number in the message's ``round`` field: a
   reply is matched to exactly the model and mask it was sent.
-* A node that does not answer within ``round-timeout`` seconds is given up on for
-  that message (logged) and, if still connected, sent a fresh one; departed
-  nodes are forgotten and new ones discovered every few seconds, so a vanished
-  node never stalls the loop.
+* A node holds at most one message. One silent for more than ``round-timeout``
+  seconds is reported (logged) but not sent more work, which would only queue
+  stale messages behind the one it is working on; the other nodes keep training.
+  A node that stops heartbeating gets an error reply from the SuperLink (then a
+  fresh message after the next node refresh, if still connected); departed nodes
+  and their messages are forgotten and new nodes discovered every few seconds, so
+  a vanished node never stalls the loop.
 * The run stops after ``num-rounds x nodes`` applied updates. Central evaluation
   runs every ``gmr-eval-updates`` applied updates (0 = once per number of nodes);
   each evaluation writes one metrics.json record (``round`` = evaluation number)
@@ -63,6 +66,8 @@ class Dispatch:
         ``time.monotonic()`` when it was pushed (seconds).
     info : ClientRound
         Bookkeeping written to metrics.json once the reply is handled.
+    warned : bool
+        Whether the node was already reported as late for this message.
     """
 
     node_id: int
@@ -70,6 +75,7 @@ class Dispatch:
     version: int
     sent_at: float
     info: ClientRound
+    warned: bool = False
 
 
 class AsyncFedGMR:
@@ -140,16 +146,32 @@ class AsyncFedGMR:
         busy = self.busy()
         return [nid for nid in self.s.participants() if nid not in busy]
 
-    def expire(self, timeout: float) -> bool:
-        """Give up on messages older than ``timeout`` s; returns whether any expired."""
+    def warn_late(self, timeout: float) -> None:
+        """Log (once per message) nodes silent for more than ``timeout`` s.
+
+        A late node is not sent a second message: a SuperNode works through its
+        queue one message at a time, so re-sending would only pile stale work on a
+        slow node. It is freed when it answers, when the SuperLink answers for it
+        (a node that stops heartbeating gets an error reply), or when it leaves.
+        """
         now = time.monotonic()
-        late = [mid for mid, d in self.in_flight.items() if now - d.sent_at > timeout]
-        for mid in late:
+        for d in self.in_flight.values():
+            if not d.warned and now - d.sent_at > timeout:
+                d.warned = True
+                log(
+                    WARNING,
+                    "node %d has not answered dispatch %d for %.0f s (round-timeout); the others keep training",
+                    d.node_id,
+                    d.sent.round,
+                    now - d.sent_at,
+                )
+
+    def drop_departed(self) -> None:
+        """Forget messages to nodes that left the federation (after :meth:`refresh_nodes`)."""
+        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.s.nodes]:
             d = self.in_flight.pop(mid)
-            log(WARNING, "node %d did not answer dispatch %d within %.0f s", d.node_id, d.sent.round, timeout)
-            d.info.status = "no reply"
-            self.window.append(asdict(d.info))
-        return bool(late)
+            d.info.status = "no reply: node left"
+            self.window.append({**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version})
 
     # ----------------------------------------------------------------- replies
     def handle(self, msg: Message, d: Dispatch) -> bool:
@@ -253,7 +275,8 @@ class AsyncFedGMR:
             Round equivalents: the run applies ``num_rounds`` times the number of nodes
             found at discovery replies, then stops.
         timeout : float
-            Seconds a node may take to answer one TRAIN message (``round-timeout``).
+            ``round-timeout``: seconds after which a silent node is reported, and the
+            time allowed for discovery and the final local evaluation.
         """
         self.s.summary()
         self.s.discover(self.grid, timeout)
@@ -278,6 +301,7 @@ class AsyncFedGMR:
         while self.version < total_updates:
             if time.monotonic() >= next_refresh or not self.in_flight:
                 self.s.refresh_nodes(self.grid, min(timeout, 60.0))
+                self.drop_departed()
                 self.dispatch(self.idle_participants())
                 next_refresh = time.monotonic() + REFRESH_SECONDS
                 if not self.in_flight:
@@ -301,8 +325,7 @@ class AsyncFedGMR:
                 # being re-sent at once: re-sending to a dead node would spin on error replies.
                 if d.node_id in self.s.nodes and not msg.has_error():
                     self.dispatch([d.node_id])
-            if self.expire(timeout):
-                next_refresh = time.monotonic()  # re-dispatch to the late nodes that are still connected
+            self.warn_late(timeout)
             if not replies:
                 time.sleep(self.cfg.poll_interval)
         return last

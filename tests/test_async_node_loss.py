@@ -37,8 +37,9 @@ def test_killed_node_does_not_stall_the_async_loop(tmp_path):
     small = [c for r in records for c in r["clients"] if c["capacity"] == 0.0625]
     applied = sorted((c for c in small if c["status"] == "ok"), key=lambda c: c["dispatch"])
     assert len({c["node_id"] for c in applied}) == 2, "the restarted node (a new node id) never trained again"
-    # the dead node's message was given up on after round-timeout (logged), not waited for forever
-    assert any(c["status"] == "no reply" for c in small)
+    # the dead node's message ended with the SuperLink's error reply or with the node leaving, not a hang
+    ended = ("no reply: node left", "rejected: node returned an error")
+    assert any(c["status"].startswith(ended) for c in small), [c["status"] for c in small]
     for node_id in {c["node_id"] for c in applied}:
         sizes = [c["selected"] for c in applied if c["node_id"] == node_id]
         assert sizes == sorted(sizes)  # restoration only adds
