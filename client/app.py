@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from flwr.app import (
     Array,
@@ -95,6 +97,7 @@ def train(msg: Message, context: Context) -> Message:
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
     )
     result = train_masked(model, layout, params, mask, data.train, tcfg, pick_device(node.device))
+    time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     delta = (result.params[mask] - params[mask]).astype(np.float32)
     arrays = {
         P.DELTA: delta,

@@ -15,9 +15,10 @@ from common.datasets import DATASETS, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
+from common.restoration import RESTORE_RULES, SCHEDULES
 from common.width_masks import WIDTH_MODELS
 
-METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop")
+METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop", "fedgmr")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
@@ -114,11 +115,24 @@ class RunConfig:
     min_replies: int = 1
     min_nodes: int = 1
     resume: bool = False
+    # FedGMR (method "fedgmr"): common/restoration.py, common/async_aggregation.py, server/async_rounds.py
+    gmr_schedule: str = "linear"
+    gmr_start: float = 0.25
+    gmr_ceiling: float = 1.0
+    gmr_restore_rounds: int = 10
+    gmr_step_factor: float = 2.0
+    gmr_selection: str = "random"
+    gmr_mode: str = "sync"
+    gmr_staleness_exponent: float = 0.5
+    gmr_max_staleness: int = 10
+    gmr_server_lr: float = 0.5
+    gmr_eval_updates: int = 0
 
     @property
     def upload_encoding(self) -> str:
         """Fisher encoding clients actually upload: ``none`` for methods that never read it."""
-        return self.fisher_encoding if self.method == "fedfibos" else "none"
+        reads_fisher = self.method == "fedfibos" or (self.method == "fedgmr" and self.gmr_selection == "fisher")
+        return self.fisher_encoding if reads_fisher else "none"
 
 
 _RUN_CHECKS: dict[str, Callable] = {
@@ -156,6 +170,17 @@ _RUN_CHECKS: dict[str, Callable] = {
     "resume": _flag("resume"),
     "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
     "capacity-mix": lambda v: (parse_capacity_list(v), v)[1],  # validated, kept as the text
+    "gmr-schedule": _choice("gmr-schedule", SCHEDULES),
+    "gmr-start": _num("gmr-start", 0, 1, lo_open=True),
+    "gmr-ceiling": _num("gmr-ceiling", 0, 1, lo_open=True),
+    "gmr-restore-rounds": _num("gmr-restore-rounds", 1, 1_000_000, integer=True),
+    "gmr-step-factor": _num("gmr-step-factor", 1, 1000, lo_open=True),
+    "gmr-selection": _choice("gmr-selection", RESTORE_RULES),
+    "gmr-mode": _choice("gmr-mode", ("sync", "async")),
+    "gmr-staleness-exponent": _num("gmr-staleness-exponent", 0, 10),
+    "gmr-max-staleness": _num("gmr-max-staleness", 0, 1_000_000, integer=True),
+    "gmr-server-lr": _num("gmr-server-lr", 0, 10, lo_open=True),
+    "gmr-eval-updates": _num("gmr-eval-updates", 0, 1_000_000, integer=True),
 }
 
 
@@ -197,6 +222,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         )
     if cfg.partitioner == "natural" and cfg.dataset != "femnist":
         raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
+    if cfg.method == "fedgmr" and cfg.gmr_mode == "async" and cfg.resume:
+        raise ConfigError("resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from")
     if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
@@ -224,6 +251,9 @@ class NodeConfig:
     client_id : str
         Stable name of this client; the server keys its Fisher state by it, so a
         restarted SuperNode (new node id) is recognised. Default: ``partition-<id>``.
+    bench_delay_s : float
+        TEST/BENCHMARK KNOB ONLY (``bench-delay-s``): extra seconds the node waits per
+        local epoch, to emulate a slower device in wall-clock comparisons. Default 0.
     """
 
     partition_id: int
@@ -231,6 +261,7 @@ class NodeConfig:
     capacity: float | None
     device: str = "auto"
     client_id: str = ""
+    bench_delay_s: float = 0.0
 
     @property
     def key(self) -> str:
@@ -267,4 +298,5 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
         capacity = mix[partition_id % len(mix)]
     device = _choice("device", DEVICES)(raw.get("device", "auto"))
     client_id = _text("client-id")(raw["client-id"]) if "client-id" in raw else ""
-    return NodeConfig(partition_id, num_partitions, capacity, device, client_id)
+    delay = _num("bench-delay-s", 0, 3600)(raw["bench-delay-s"]) if "bench-delay-s" in raw else 0.0
+    return NodeConfig(partition_id, num_partitions, capacity, device, client_id, delay)

@@ -15,6 +15,7 @@ from client.device import pick_device
 from common.config import parse_run_config
 from common.datasets import load_dataset
 from common.models import build_model, model_layout, trainable_arrays
+from server.async_rounds import AsyncFedGMR
 from server.evaluation import CentralEvaluator
 from server.fisher_state import FisherState
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
@@ -64,7 +65,11 @@ def main(grid: Grid, context: Context) -> None:
 
     strategy.on_round = after_round
     log(INFO, "results -> %s", results)
-    strategy.start(grid, strategy.to_arrays(x0), cfg.num_rounds, cfg.round_timeout)
+    if cfg.method == "fedgmr" and cfg.gmr_mode == "async":
+        async_run = AsyncFedGMR(strategy, grid, after_round)
+        async_run.run(x0, cfg.num_rounds, cfg.round_timeout)
+    else:
+        strategy.start(grid, strategy.to_arrays(x0), cfg.num_rounds, cfg.round_timeout)
     final = {n: torch.from_numpy(v.copy()) for n, v in layout.unflatten(strategy.x).items()}
     save_model(results / "model.pt", final)
     atomic_write(results / "fisher_state.npz", strategy.fisher.to_bytes())

@@ -29,6 +29,7 @@ from typing import Any
 
 from common.config import METHODS, parse_run_config
 from common.fisher_codec import FISHER_ENCODINGS
+from common.time_to_accuracy import accuracy_curve, time_to_target
 from server.launcher import parse_capacities, run_local_federation
 
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
@@ -63,14 +64,15 @@ class Partition:
         return {"partitioner": "iid"}
 
 
-def run_row(metrics: dict[str, Any], wall: float) -> dict[str, Any]:
-    """One results.csv row from a run's metrics.json."""
+def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> dict[str, Any]:
+    """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to ``target_acc``)."""
     run = metrics["run"]
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
     last = rounds[-1]["global"]
     clients = [c for r in rounds for c in r["clients"]]
     ok = [c for c in clients if c["status"] == "ok"]
     local = next((r["local"] for r in reversed(rounds) if r.get("local")), None)
+    reach = time_to_target(*accuracy_curve(metrics["rounds"]), target_acc)
 
     def mean(key: str, items: list[dict[str, Any]]) -> float:
         vals = [c[key] for c in items if c.get(key) is not None]
@@ -93,6 +95,7 @@ def run_row(metrics: dict[str, Any], wall: float) -> dict[str, Any]:
         "client_fisher_s": mean("fisher_seconds", ok),
         "server_s_per_round": statistics.fmean(r["server_seconds"] for r in rounds),
         "wall_s": wall,
+        "s_to_target_acc": float("nan") if reach is None else reach,
     }
     for level, v in last.get("per_capacity", {}).items():
         row[f"acc_cap_{level}"] = v["accuracy"]

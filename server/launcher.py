@@ -33,7 +33,7 @@ from server.report import summary_table, write_accuracy_plot
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
 APP_DIR = Path(__file__).resolve().parents[1]
-ROUND_LINE = re.compile(r"\[round \d+/\d+\].*")
+ROUND_LINE = re.compile(r"\[(?:round|update) \d+/\d+\].*")
 
 
 def free_port() -> int:
@@ -200,6 +200,9 @@ class LocalFederation:
         node's public key is registered with ``flwr supernode register``.
     unregistered : Sequence[int]
         With ``secure``, SuperNodes whose key is *not* registered (they must be refused).
+    delays : Sequence[float]
+        Test/benchmark knob: extra seconds per local epoch for SuperNode ``i``
+        (``bench-delay-s``), to emulate slower devices; empty = none.
     """
 
     def __init__(
@@ -210,11 +213,15 @@ class LocalFederation:
         echo=print,
         secure: bool = False,
         unregistered: Sequence[int] = (),
+        delays: Sequence[float] = (),
     ) -> None:
         if secure and simulation:
             raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
         self.secure = secure
         self.unregistered = set(unregistered)
+        if delays and (simulation or len(delays) != len(capacities)):
+            raise ValueError("delays need one entry per SuperNode process (not available in simulation)")
+        self.delays = list(delays)
         self.capacities = list(capacities)
         self.home = home.resolve()
         self.simulation = simulation
@@ -304,6 +311,8 @@ class LocalFederation:
         """Start SuperNode ``i`` (partition ``i``, capacity ``capacities[i]``); also restarts a stopped one."""
         gamma = self.capacities[i]
         node_config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={gamma!r}"
+        if self.delays and self.delays[i]:
+            node_config += f" bench-delay-s={float(self.delays[i])!r}"
         self.nodes[i] = self.group.start(
             [
                 _bin("flower-supernode"),
@@ -382,12 +391,14 @@ def run_local_federation(
     timeout: float = 3600.0,
     echo=print,
     simulation: bool = False,
+    delays: Sequence[float] = (),
 ) -> dict:
     """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
 
+    ``delays`` (test/benchmark knob): extra seconds per local epoch per SuperNode.
     Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
     """
-    with LocalFederation(capacities, results_dir, simulation, echo) as federation:
+    with LocalFederation(capacities, results_dir, simulation, echo, delays=delays) as federation:
         return federation.run(run_config, results_dir, app_dir, timeout)
 
 
@@ -469,7 +480,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3600.0,
         help="seconds before the run is stopped",
     )
+    parser.add_argument(
+        "--delays",
+        default="",
+        help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
+    )
     args = parser.parse_args(argv)
+    delays = [float(v) for v in args.delays.split(",") if v.strip()]
+    if delays and len(delays) != len(args.capacities):
+        parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
     overrides: dict[str, object] = {}
     for item in args.run_config:
         overrides.update(parse_overrides(item))
@@ -478,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _raise_interrupt)
     started = time.monotonic()
     try:
-        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout)
+        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout, delays=delays)
     except KeyboardInterrupt:
         print("interrupted; every process was stopped", file=sys.stderr)
         return 130

@@ -36,6 +36,7 @@ from common.protocol import encode_submodel
 from common.selection import select_mask
 from common.width_masks import channel_graph, width_mask, width_ratio
 from server.fisher_state import FisherState, fisher_capacity
+from server.restoration_state import RestorationMasks
 from server.validation import (
     ReplyError,
     SentSubmodel,
@@ -172,6 +173,10 @@ class FisherSubmodelStrategy(Strategy):
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.first_round = 1  # > 1 when resuming from a checkpoint
         self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex") else None
+        self.restoration = RestorationMasks.from_config(cfg, layout) if cfg.method == "fedgmr" else None
+        # FedGMR's restoration clock (rounds since the start) for a round / dispatch number;
+        # server.async_rounds replaces it with applied updates per node.
+        self.restoration_clock: Callable[[int], float] = lambda server_round: max(0.0, server_round - 1.0)
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
@@ -204,9 +209,20 @@ class FisherSubmodelStrategy(Strategy):
         * ``fiarse``: ``magnitude`` (top-k of ``|x|``);
         * ``heterofl`` / ``fedrolex``: ``width`` (first channels / window rolled by
           the round, width ratio ``sqrt(gamma)``);
-        * ``fedavg`` / ``fedavg-drop``: ``full``.
+        * ``fedavg`` / ``fedavg-drop``: ``full``;
+        * ``fedgmr``: the client's growing restoration mask (``random`` / ``fisher`` /
+          ``magnitude`` when positions were added, ``kept`` otherwise).
         """
         method = self.cfg.method
+        if method == "fedgmr":
+            t = self.restoration_clock(server_round)
+            key = None if node_id is None else self.nodes[node_id].key
+            fisher = None
+            if self.cfg.gmr_selection == "fisher":
+                fisher_round = int(t) + 1
+                known = key is not None and key in self.fisher.clients
+                fisher = self.fisher.estimate(key, fisher_round) if known else self.fisher.global_prior()
+            return self.restoration.mask(key, t, gamma, self.x, fisher)
         if method in ("fedavg", "fedavg-drop"):
             return np.ones(self.layout.size, dtype=bool), "full"
         if method in ("heterofl", "fedrolex"):

@@ -1,0 +1,158 @@
+"""FedGMR gradual model restoration: how large each client's submodel is over time, and what it adds.
+
+A client of capacity ``c`` (the fraction of the global model it reported it can
+hold) starts small and its submodel *grows* toward ``min(ceiling, c)``; it never
+shrinks and never exceeds ``c``. Semantics chosen here (FedGMR, seed 002, gives
+the idea but no formula):
+
+* start density ``g0 = min(g_end, max(MIN_DENSITY, start * c))``, end density
+  ``g_end = min(ceiling, c)``;
+* the clock ``t >= 0`` counts rounds since the start (sync: ``round - 1``;
+  async: applied updates divided by the number of nodes, a fractional
+  "round equivalent");
+* ``linear``: ``g(t) = g0 + (g_end - g0) * min(1, t / T)`` with ``T`` =
+  ``restore_rounds``;
+* ``step``: the density is multiplied by ``factor`` at ``n`` evenly spaced
+  moments, ``n = ceil(log(g_end / g0) / log(factor))`` steps spread over ``T``
+  rounds: ``g(t) = min(g_end, g0 * factor ** floor(n * min(t, T) / T))``.
+
+Both reach ``g_end`` exactly at ``t = T`` and stay there.
+
+Which parameters are restored next is a *rule* over a per-position score; the
+new mask always contains the previous one (restoration only adds):
+
+* ``random``: a fixed, seeded random priority per (run seed, client) -- the
+  paper's random un-masking, deterministic so a restarted server re-derives it;
+* ``fisher``: ``F_j^2 x_j^2`` as in :mod:`common.selection` (FedFIbOS ranking),
+  using the server's current Fisher estimate for that client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.selection import topk_mask
+
+Schedule = Literal["linear", "step"]
+SCHEDULES: tuple[str, ...] = ("linear", "step")
+RESTORE_RULES: tuple[str, ...] = ("random", "fisher")
+
+# Smallest start density: below ~1 % a CNN submodel cannot learn anything useful, and every
+# client must hold at least a sliver of the model from the first round.
+MIN_DENSITY = 0.01
+
+
+def restoration_budget(
+    schedule: Schedule,
+    t: float,
+    capacity: float,
+    start: float,
+    ceiling: float,
+    restore_rounds: int,
+    factor: float = 2.0,
+) -> float:
+    """Density (fraction of ``d``) a client holds at time ``t``.
+
+    Parameters
+    ----------
+    schedule : {"linear", "step"}
+        Growth shape (see the module docstring).
+    t : float
+        Rounds elapsed since the start of training, ``>= 0`` (may be fractional).
+    capacity : float
+        Fraction of the global model the client can hold, in (0, 1]; a hard upper bound.
+    start : float
+        Start density as a fraction of ``capacity``, in (0, 1].
+    ceiling : float
+        Density the schedule grows toward, in (0, 1] (clipped to ``capacity``).
+    restore_rounds : int
+        Rounds ``T`` (>= 1) after which the end density is reached.
+    factor : float
+        ``step`` only: growth factor per step, > 1.
+
+    Returns
+    -------
+    float
+        Density in ``(0, min(ceiling, capacity)]``, non-decreasing in ``t``.
+    """
+    if not 0 < capacity <= 1 or not 0 < start <= 1 or not 0 < ceiling <= 1:
+        raise ValueError(f"capacity, start and ceiling must be in (0, 1], got {capacity}, {start}, {ceiling}")
+    if restore_rounds < 1:
+        raise ValueError(f"restore_rounds must be >= 1, got {restore_rounds}")
+    if not t >= 0:
+        raise ValueError(f"t must be >= 0, got {t}")
+    end = min(ceiling, capacity)
+    g0 = min(end, max(MIN_DENSITY, start * capacity))
+    progress = min(1.0, t / restore_rounds)
+    if schedule == "linear":
+        # Exactly ``end`` once restored: g0 + (end - g0) * 1.0 can round a hair off it.
+        return end if progress >= 1.0 else min(end, g0 + (end - g0) * progress)
+    if schedule == "step":
+        if not factor > 1:
+            raise ValueError(f"step factor must be > 1, got {factor}")
+        if g0 >= end:
+            return end
+        steps = math.ceil(math.log(end / g0) / math.log(factor) - 1e-12)
+        # A tiny epsilon keeps t = T (progress 1.0) at the last step despite float error.
+        done = math.floor(steps * progress + 1e-9)
+        return end if done >= steps else min(end, g0 * factor**done)
+    raise ValueError(f"unknown schedule {schedule!r}; expected one of {SCHEDULES}")
+
+
+def random_priority(d: int, seed: int, client_key: str) -> NDArray[np.float64]:
+    """Fixed random restoration order of one client: a score per position, higher restores first.
+
+    Deterministic in ``(seed, client_key)`` (a stable hash, not Python's salted
+    ``hash``), so every process and a restarted server derive the same order.
+
+    Parameters
+    ----------
+    d : int
+        Number of positions.
+    seed : int
+        Run seed.
+    client_key : str
+        The client's stable identity.
+    """
+    digest = hashlib.sha256(f"{seed}:{client_key}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return rng.random(d)
+
+
+def restore_mask(
+    previous: NDArray[np.bool_] | None,
+    k: int,
+    scores: NDArray,
+    forced: NDArray[np.bool_] | None = None,
+) -> NDArray[np.bool_]:
+    """Grow ``previous`` to ``k`` positions by adding the highest-scoring positions it lacks.
+
+    The result contains ``previous`` and ``forced`` and has exactly
+    ``max(k, |previous | forced|)`` positions (restoration never drops a
+    position, so a smaller ``k`` than already held keeps the held set).
+
+    Parameters
+    ----------
+    previous : NDArray[bool] or None
+        The client's last mask (``None`` the first time), length ``d``.
+    k : int
+        Target number of positions, ``0 <= k <= d``.
+    scores : NDArray
+        Finite score per position (higher = restored earlier), length ``d``.
+    forced : NDArray[bool], optional
+        Positions held regardless (e.g. biases and the per-row guard).
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    d = scores.shape[0]
+    keep = np.zeros(d, dtype=bool)
+    for extra in (previous, forced):
+        if extra is not None:
+            if extra.shape != (d,):
+                raise ValueError(f"mask has shape {extra.shape}, expected ({d},)")
+            keep |= extra
+    return topk_mask(scores, max(k, int(keep.sum())), keep)

@@ -1,0 +1,363 @@
+"""FedGMR's asynchronous loop: no global rounds, every node kept busy, each reply applied on arrival.
+
+The loop pushes a TRAIN message to every idle node (``Grid.push_messages``),
+polls ``Grid.pull_messages`` every ``poll-interval`` seconds, validates each reply
+(:mod:`server.validation`, the same checks as the synchronous rounds), folds it
+into the global model with :func:`common.async_aggregation.apply_async_update`
+(staleness- and overlap-weighted, or dropped beyond ``gmr-max-staleness``) and
+at once sends that node the current model under its current restoration mask.
+
+* Restoration clock: ``t = applied updates / number of nodes`` (a fractional
+  round equivalent), so submodels grow at the same pace as in sync mode per
+  update applied.
+* Every dispatch carries a unique number in the message's ``round`` field: a
+  reply is matched to exactly the model and mask it was sent.
+* A node holds at most one message. One silent for more than ``round-timeout``
+  seconds is reported (logged) but not sent more work, which would only queue
+  stale messages behind the one it is working on; the other nodes keep training.
+  A node that stops heartbeating gets an error reply from the SuperLink (then a
+  fresh message after the next node refresh, if still connected); departed nodes
+  and their messages are forgotten and new nodes discovered every few seconds, so
+  a vanished node never stalls the loop.
+* The run stops after ``num-rounds x nodes`` applied updates. Central evaluation
+  runs every ``gmr-eval-updates`` applied updates (0 = once per number of nodes);
+  each evaluation writes one metrics.json record (``round`` = evaluation number)
+  with ``updates`` (applied so far) and ``wall_seconds`` (since training started),
+  plus the per-update details (staleness, overlap, weight) since the last record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Message, MessageType
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from numpy.typing import NDArray
+
+from common import protocol as P
+from common.async_aggregation import TooStale, apply_async_update
+from server.strategy import (
+    ClientRound,
+    FisherSubmodelStrategy,
+    ReplyParts,
+    exchange,
+    progress_line,
+    reply_parts,
+    wait_for_nodes,
+)
+from server.validation import ReplyError, SentSubmodel, validate_train_reply
+
+# Seconds between checks of the SuperLink's node list (departed / new nodes).
+REFRESH_SECONDS = 5.0
+
+
+@dataclass
+class Dispatch:
+    """One TRAIN message in flight.
+
+    Parameters
+    ----------
+    node_id : int
+        Destination node.
+    sent : SentSubmodel
+        What was sent (``sent.round`` is the unique dispatch number).
+    version : int
+        Global model version (updates applied) the message carried.
+    sent_at : float
+        ``time.monotonic()`` when it was pushed (seconds).
+    info : ClientRound
+        Bookkeeping written to metrics.json once the reply is handled.
+    warned : bool
+        Whether the node was already reported as late for this message.
+    """
+
+    node_id: int
+    sent: SentSubmodel
+    version: int
+    sent_at: float
+    info: ClientRound
+    warned: bool = False
+
+
+class AsyncFedGMR:
+    """State of one asynchronous FedGMR run (see the module docstring).
+
+    Parameters
+    ----------
+    strategy : FisherSubmodelStrategy
+        Holds the global vector, node profiles, Fisher and restoration state,
+        message building and central evaluation.
+    grid : Grid
+        The ServerApp's grid.
+    on_record : Callable, optional
+        Called with each evaluation record (a JSON-ready dict).
+    """
+
+    def __init__(
+        self,
+        strategy: FisherSubmodelStrategy,
+        grid: Grid,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.s = strategy
+        self.cfg = strategy.cfg
+        self.grid = grid
+        self.on_record = on_record
+        self.version = 0
+        self.last_changed = np.zeros(strategy.layout.size, dtype=np.int64)
+        self.in_flight: dict[str, Dispatch] = {}
+        self.next_dispatch = 1
+        self.window: list[dict[str, Any]] = []  # handled replies since the last record
+        self.server_seconds = 0.0
+        self.t_start = 0.0
+        self.evals = 0
+        self.last_record_at = 0.0
+        self.nodes_at_start = 1
+        strategy.restoration_clock = lambda _dispatch: self.version / max(1, self.nodes_at_start)
+
+    # --------------------------------------------------------------- dispatch
+    def busy(self) -> set[int]:
+        """Nodes with a message in flight."""
+        return {d.node_id for d in self.in_flight.values()}
+
+    def dispatch(self, node_ids: list[int]) -> None:
+        """Push the current model, under each node's current mask, to ``node_ids``."""
+        t0 = time.perf_counter()
+        msgs, pending = [], []
+        for node_id in node_ids:
+            seq = self.next_dispatch
+            self.next_dispatch += 1
+            msg, info = self.s._submodel_message(node_id, seq, MessageType.TRAIN, self.s.sent)
+            msgs.append(msg)
+            pending.append((node_id, self.s.sent[node_id], info))
+        self.server_seconds += time.perf_counter() - t0
+        if not msgs:
+            return
+        try:
+            ids = list(self.grid.push_messages(msgs))
+        except Exception as err:  # a node that vanished between refresh and push must not end the run
+            log(WARNING, "push to nodes %s failed (%s); retried after the next node refresh", node_ids, err)
+            return
+        now = time.monotonic()
+        for msg_id, (node_id, sent, info) in zip(ids, pending):
+            self.in_flight[msg_id] = Dispatch(node_id, sent, self.version, now, info)
+
+    def idle_participants(self) -> list[int]:
+        """Connected, usable nodes without a message in flight."""
+        busy = self.busy()
+        return [nid for nid in self.s.participants() if nid not in busy]
+
+    def warn_late(self, timeout: float) -> None:
+        """Log (once per message) nodes silent for more than ``timeout`` s.
+
+        A late node is not sent a second message: a SuperNode works through its
+        queue one message at a time, so re-sending would only pile stale work on a
+        slow node. It is freed when it answers, when the SuperLink answers for it
+        (a node that stops heartbeating gets an error reply), or when it leaves.
+        """
+        now = time.monotonic()
+        for d in self.in_flight.values():
+            if not d.warned and now - d.sent_at > timeout:
+                d.warned = True
+                log(
+                    WARNING,
+                    "node %d has not answered dispatch %d for %.0f s (round-timeout); the others keep training",
+                    d.node_id,
+                    d.sent.round,
+                    now - d.sent_at,
+                )
+
+    def drop_departed(self) -> None:
+        """Forget messages to nodes that left the federation (after :meth:`refresh_nodes`)."""
+        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.s.nodes]:
+            d = self.in_flight.pop(mid)
+            d.info.status = "no reply: node left"
+            self.window.append({**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version})
+
+    # ----------------------------------------------------------------- replies
+    def handle(self, msg: Message, d: Dispatch) -> bool:
+        """Validate and apply one reply Message; returns whether it changed the global model."""
+        return self.apply_reply(reply_parts(msg, P.UPDATE, P.METRICS, P.META), d)
+
+    def apply_reply(self, parts: ReplyParts, d: Dispatch) -> bool:
+        """Validate and apply one reply's records; a rejected reply is logged and changes nothing."""
+        t0 = time.perf_counter()
+        entry: dict[str, Any] = {"dispatch": d.sent.round, "sent_version": d.version}
+        try:
+            if parts.error:
+                raise ReplyError(parts.error)
+            if parts.node_id != d.node_id:
+                raise ReplyError(f"reply comes from node {parts.node_id}, the message went to node {d.node_id}")
+            reply = validate_train_reply(
+                parts.arrays, parts.metrics, parts.meta, d.sent, self.s.layout, self.cfg.upload_encoding
+            )
+            step = apply_async_update(
+                self.s.x,
+                self.last_changed,
+                self.version,
+                reply.update,
+                d.version,
+                self.cfg.gmr_server_lr,
+                self.cfg.gmr_staleness_exponent,
+                self.cfg.gmr_max_staleness,
+            )
+        except (ReplyError, TooStale) as err:
+            log(WARNING, "update from node %d (dispatch %d) rejected: %s", d.node_id, d.sent.round, err)
+            d.info.status = f"rejected: {err}"
+            self.window.append({**asdict(d.info), **entry})
+            self.server_seconds += time.perf_counter() - t0
+            return False
+        self.s.x, self.last_changed, self.version = step.x, step.last_changed, step.version
+        key = self.s.nodes[d.node_id].key if d.node_id in self.s.nodes else None
+        if key is not None and reply.fisher is not None:
+            self.s.fisher.update(key, reply.fisher, reply.update.weight, int(self.s.restoration_clock(0)) + 1)
+        info = d.info
+        info.status = "ok"
+        info.bytes_up = parts.nbytes
+        info.train_loss = reply.metrics["train-loss"]
+        info.train_seconds = reply.metrics["train-seconds"]
+        info.fisher_seconds = reply.metrics["fisher-seconds"]
+        info.num_examples = int(reply.metrics["num-examples"])
+        entry.update(staleness=step.staleness, overlap=step.overlap, weight=step.weight, version=step.version)
+        self.window.append({**asdict(info), **entry})
+        self.server_seconds += time.perf_counter() - t0
+        return True
+
+    def record(
+        self, total_evals: int, local: dict[str, float] | None = None, now: float | None = None
+    ) -> dict[str, Any]:
+        """Evaluate centrally and emit one metrics.json record.
+
+        Parameters
+        ----------
+        total_evals : int
+            Evaluations the run will make (for the progress line).
+        local : dict, optional
+            Local (client-side) accuracy and loss, measured at the end of the run.
+        now : float, optional
+            ``time.perf_counter()`` the record is stamped with (default: after the central evaluation).
+        """
+        t0 = time.perf_counter()
+        central = self.s.central_evaluation(self.version)
+        self.server_seconds += time.perf_counter() - t0
+        now = time.perf_counter() if now is None else now
+        applied = [c for c in self.window if c["status"] == "ok"]
+        record = {
+            "round": self.evals,
+            "mode": "async",
+            "updates": self.version,
+            "wall_seconds": now - self.t_start if self.evals else 0.0,
+            "global": central,
+            "local": local,
+            "replies": len(applied),
+            "sent": len(self.window),
+            "clients": self.window,
+            "staleness_max": max((c["staleness"] for c in applied), default=0),
+            "staleness_mean": float(np.mean([c["staleness"] for c in applied])) if applied else 0.0,
+            "server_seconds": self.server_seconds,
+            "round_seconds": now - self.last_record_at if self.evals else 0.0,
+        }
+        log(INFO, "%s", progress_line(record, total_evals) + f" | {record['updates']} updates")
+        if self.on_record:
+            self.on_record(record)
+        self.window, self.server_seconds, self.last_record_at = [], 0.0, now
+        self.evals += 1
+        return record
+
+    # -------------------------------------------------------------------- loop
+    def run(self, x0: NDArray[np.float32], num_rounds: int, timeout: float) -> dict[str, Any]:
+        """Discovery, then apply ``num_rounds x nodes`` replies; returns the last record.
+
+        Parameters
+        ----------
+        x0 : NDArray[float32]
+            Initial global vector.
+        num_rounds : int
+            Round equivalents: the run applies ``num_rounds`` times the number of nodes
+            found at discovery replies, then stops.
+        timeout : float
+            ``round-timeout``: seconds after which a silent node is reported, and the
+            time allowed for discovery and the final local evaluation.
+        """
+        self.s.summary()
+        wait_for_nodes(self.grid, self.s.cfg.min_nodes, timeout, self.s.cfg.poll_interval)
+        self.s.discover(self.grid, timeout)
+        if not self.s.participants():
+            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+        self.s.x = x0.copy()
+        self.nodes_at_start = len(self.s.participants())
+        total_updates = num_rounds * self.nodes_at_start
+        eval_every = self.cfg.gmr_eval_updates or self.nodes_at_start
+        total_evals = math.ceil(total_updates / eval_every)
+        log(
+            INFO,
+            "async FedGMR: %d nodes, %d updates, evaluation every %d",
+            self.nodes_at_start,
+            total_updates,
+            eval_every,
+        )
+        last = self.record(total_evals)
+        self.t_start = self.last_record_at = time.perf_counter()
+        self.dispatch(self.idle_participants())
+        next_refresh = time.monotonic() + REFRESH_SECONDS
+        while self.version < total_updates:
+            if time.monotonic() >= next_refresh or not self.in_flight:
+                self.s.refresh_nodes(self.grid, min(timeout, 60.0))
+                self.drop_departed()
+                self.dispatch(self.idle_participants())
+                next_refresh = time.monotonic() + REFRESH_SECONDS
+                if not self.in_flight:
+                    raise RuntimeError("no node is left to train: every node departed or failed")
+            replies = list(self.grid.pull_messages(list(self.in_flight)))
+            for msg in replies:
+                d = self.in_flight.pop(msg.metadata.reply_to_message_id, None)
+                if d is None:
+                    continue
+                if self.handle(msg, d):
+                    log(INFO, "%s", update_line(self.window[-1], self.version, total_updates, self.elapsed()))
+                    if self.version >= total_updates:
+                        t_end = time.perf_counter()  # before the local evaluation, which is not training time
+                        local = self.local_evaluation(timeout) if self.cfg.eval_every else None
+                        last = self.record(total_evals, local, t_end)
+                    elif self.version % eval_every == 0:
+                        last = self.record(total_evals)
+                if self.version >= total_updates:
+                    break
+                # An error reply (node crashed, or unreachable) waits for the next node refresh instead of
+                # being re-sent at once: re-sending to a dead node would spin on error replies.
+                if d.node_id in self.s.nodes and not msg.has_error():
+                    self.dispatch([d.node_id])
+            self.warn_late(timeout)
+            if not replies:
+                time.sleep(self.cfg.poll_interval)
+        return last
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds since training started."""
+        return time.perf_counter() - self.t_start
+
+    def local_evaluation(self, timeout: float) -> dict[str, float] | None:
+        """Each node evaluates its current submodel on its local test split (after training ends)."""
+        msgs = list(self.s.configure_evaluate(self.evals, self.s.to_arrays(self.s.x), None, self.grid))
+        metrics = self.s.aggregate_evaluate(self.evals, exchange(self.grid, msgs, timeout, self.cfg.poll_interval))
+        if metrics is None:
+            return None
+        local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
+        log(INFO, "async FedGMR: local accuracy %.4f", local["accuracy"])
+        return local
+
+
+def update_line(entry: dict[str, Any], applied: int, total: int, seconds: float) -> str:
+    """One progress line per applied update."""
+    return (
+        f"[update {applied}/{total}] node {entry['node_id']} capacity {entry['capacity']:g} "
+        f"density {entry['density']:.3f} staleness {entry['staleness']} overlap {entry['overlap']:.2f} "
+        f"weight {entry['weight']:.3f} | {seconds:.1f} s"
+    )

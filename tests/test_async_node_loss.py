@@ -1,0 +1,46 @@
+"""Async FedGMR with a SuperNode killed mid-run and restarted: the loop does not hang, the node trains again."""
+
+from __future__ import annotations
+
+import threading
+
+from server.launcher import LocalFederation
+from tests.federation_progress import wait_for_round
+
+ROUNDS = 4
+CAPACITIES = (1.0, 0.25, 0.0625)
+
+
+def test_killed_node_does_not_stall_the_async_loop(tmp_path):
+    out = tmp_path / "run"
+    result: dict = {}
+    with LocalFederation(CAPACITIES, tmp_path / "federation", echo=lambda line: None) as fed:
+        config = {
+            "method": "fedgmr",
+            "gmr-mode": "async",
+            "num-rounds": ROUNDS,
+            "gmr-restore-rounds": 2,
+            "eval-every": 0,
+            "local-epochs": 1,
+            "round-timeout": 20.0,
+        }
+        thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
+        thread.start()
+        wait_for_round(out, 1)
+        fed.kill_node(2)
+        wait_for_round(out, 2)
+        fed.start_node(2)
+        thread.join(timeout=900)
+    assert result, "the run did not finish"
+    records = result["rounds"]
+    assert records[-1]["updates"] == ROUNDS * len(CAPACITIES)
+    small = [c for r in records for c in r["clients"] if c["capacity"] == 0.0625]
+    applied = sorted((c for c in small if c["status"] == "ok"), key=lambda c: c["dispatch"])
+    assert len({c["node_id"] for c in applied}) == 2, "the restarted node (a new node id) never trained again"
+    # the dead node's message ended with the SuperLink's error reply or with the node leaving, not a hang
+    ended = ("no reply: node left", "rejected: node returned an error")
+    assert any(c["status"].startswith(ended) for c in small), [c["status"] for c in small]
+    for node_id in {c["node_id"] for c in applied}:
+        sizes = [c["selected"] for c in applied if c["node_id"] == node_id]
+        assert sizes == sorted(sizes)  # restoration only adds
+    assert all(r["global"]["accuracy"] > 0 for r in records)

@@ -1,0 +1,74 @@
+"""FedGMR run-config keys and the bench-delay-s node knob: defaults, validation naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.config import METHODS, ConfigError, parse_node_config, parse_run_config
+
+
+def test_fedgmr_is_a_method_with_validated_keys():
+    assert "fedgmr" in METHODS
+    cfg = parse_run_config(
+        {
+            "method": "fedgmr",
+            "gmr-schedule": "step",
+            "gmr-start": 0.1,
+            "gmr-ceiling": 0.8,
+            "gmr-restore-rounds": 6,
+            "gmr-step-factor": 3,
+            "gmr-selection": "fisher",
+            "gmr-mode": "async",
+            "gmr-staleness-exponent": 1,
+            "gmr-max-staleness": 4,
+            "gmr-server-lr": 0.7,
+            "gmr-eval-updates": 5,
+        }
+    )
+    assert (cfg.gmr_schedule, cfg.gmr_mode, cfg.gmr_selection, cfg.gmr_max_staleness) == ("step", "async", "fisher", 4)
+    assert cfg.gmr_step_factor == 3.0 and cfg.gmr_server_lr == 0.7
+
+
+def test_clients_upload_fisher_only_when_a_rule_reads_it():
+    assert parse_run_config({"method": "fedgmr"}).upload_encoding == "none"
+    assert parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"}).upload_encoding == "masked"
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("gmr-schedule", "cosine"),
+        ("gmr-start", 0),
+        ("gmr-start", 1.5),
+        ("gmr-ceiling", 0),
+        ("gmr-ceiling", 2),
+        ("gmr-restore-rounds", 0),
+        ("gmr-restore-rounds", 2.5),
+        ("gmr-step-factor", 1.0),
+        ("gmr-selection", "magnitude"),
+        ("gmr-mode", "semi"),
+        ("gmr-staleness-exponent", -0.5),
+        ("gmr-max-staleness", -1),
+        ("gmr-max-staleness", 1.5),
+        ("gmr-server-lr", 0),
+        ("gmr-eval-updates", -1),
+    ],
+)
+def test_bad_fedgmr_value_names_key(key, value):
+    with pytest.raises(ConfigError, match=key):
+        parse_run_config({"method": "fedgmr", key: value})
+
+
+def test_async_mode_cannot_resume():
+    with pytest.raises(ConfigError, match="resume"):
+        parse_run_config({"method": "fedgmr", "gmr-mode": "async", "resume": True})
+    assert parse_run_config({"method": "fedgmr", "gmr-mode": "sync", "resume": True}).resume
+
+
+def test_bench_delay_node_knob():
+    base = {"partition-id": 0, "num-partitions": 2, "capacity": 0.5}
+    assert parse_node_config(base).bench_delay_s == 0.0
+    assert parse_node_config({**base, "bench-delay-s": 2.5}).bench_delay_s == 2.5
+    for bad in (-1, "slow", float("inf")):
+        with pytest.raises(ConfigError, match="bench-delay-s"):
+            parse_node_config({**base, "bench-delay-s": bad})
