@@ -17,7 +17,7 @@ from common.models import MODELS
 from common.partitioning import PARTITIONERS
 from common.width_masks import WIDTH_MODELS
 
-METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop")
+METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop", "cahfp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
@@ -194,7 +194,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         )
     if cfg.partitioner == "natural" and cfg.dataset != "femnist":
         raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
-    if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
+    if cfg.method in ("heterofl", "fedrolex", "cahfp") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
             f"{', '.join(WIDTH_MODELS)}"
