@@ -7,6 +7,7 @@ received arrays (:mod:`common.structured_models`). Wire format: :mod:`common.pro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,16 +18,16 @@ from torch import nn
 
 from client.device import pick_device
 from client.local_data import LocalData
-from client.structured_training import train_small
+from client.structured_training import StructuredTrainResult, train_small
 from client.training import TrainConfig, evaluate
 from common import protocol as P
-from common.channel_scores import ChannelSelection, channel_sums, curvature_scores
+from common.channel_scores import ChannelSelection, channel_scores
 from common.channel_slicing import check_small_arrays, sliced_shapes
 from common.config import NodeConfig, RunConfig
 from common.layout import ParamLayout, TensorSpec
 from common.models import build_model
 from common.structured_models import build_structured_model, skeleton_layout
-from common.width_masks import channel_graph, group_sizes
+from common.width_masks import TensorChannels, channel_graph, group_sizes
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class ReceivedSmallModel:
 
     model: nn.Module
     small_layout: ParamLayout
-    graph: dict
+    graph: Mapping[str, TensorChannels]
     selection: ChannelSelection
     arrays: dict[str, NDArray[np.float32]]
     round: int
@@ -63,6 +64,31 @@ def receive_small_model(msg: Message, run: RunConfig, data: LocalData) -> Receiv
     return ReceivedSmallModel(model, small_layout, graph, selection, arrays, int(cfg["round"]), str(cfg["mask-digest"]))
 
 
+def reply_arrays(
+    small_layout: ParamLayout,
+    graph: Mapping[str, TensorChannels],
+    received: Mapping[str, NDArray[np.float32]],
+    result: StructuredTrainResult,
+) -> dict[str, NDArray[np.float32]]:
+    """The TRAIN reply's arrays: trained small tensors and each held channel's curvature score.
+
+    Parameters
+    ----------
+    small_layout : ParamLayout
+        Layout of the small model (full-model names, small shapes).
+    graph : Mapping[str, TensorChannels]
+        The architecture's channel graph.
+    received : Mapping[str, NDArray[float32]]
+        The small weights received, where the score's Taylor expansion is taken.
+    result : StructuredTrainResult
+        Outcome of :func:`client.structured_training.train_small`.
+    """
+    g = small_layout.flatten(result.grad_mean)
+    h = small_layout.flatten(result.fisher)
+    sums = channel_scores(small_layout, graph, g, h, small_layout.flatten(received))
+    return {**result.params, **{P.score_name(group): s.astype(np.float32) for group, s in sums.items()}}
+
+
 def train_structured(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData) -> Message:
     """Train the received small model; reply with its trained tensors and per-channel curvature scores."""
     got = receive_small_model(msg, run, data)
@@ -77,10 +103,7 @@ def train_structured(msg: Message, run: RunConfig, node: NodeConfig, data: Local
         seed=run.seed * 100_003 + got.round * 1009 + node.partition_id,  # the masked clients' minibatch order
     )
     result = train_small(got.model, data.train, tcfg, pick_device(node.device))
-    flat = {key: got.small_layout.flatten(named) for key, named in (("g", result.grad_mean), ("h", result.fisher))}
-    weights = got.small_layout.flatten(got.arrays)
-    sums = channel_sums(got.small_layout, got.graph, curvature_scores(flat["g"], flat["h"], weights))
-    arrays = {**result.params, **{P.score_name(g): s.astype(np.float32) for g, s in sums.items()}}
+    arrays = reply_arrays(got.small_layout, got.graph, got.arrays, result)
     content = RecordDict(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from common.channel_scores import (
     ChannelReport,
     ChannelScoreState,
+    channel_scores,
     channel_sums,
-    curvature_scores,
     kept_count,
     top_channels,
 )
@@ -81,15 +81,34 @@ def test_channel_sums_equal_brute_force_on_the_real_graphs(name, in_channels):
             assert sums[group][c] == pytest.approx(_dropped_sum(layout, graph, values, group, c), rel=1e-9, abs=1e-9)
 
 
-def test_curvature_score_is_g_w_plus_h_w_squared():
-    g = np.array([1.0, -2.0, 0.0, 0.5])
-    h = np.array([0.0, 1.0, 4.0, 2.0])
-    w = np.array([3.0, 0.5, -1.0, -2.0])
-    assert curvature_scores(g, h, w).tolist() == [3.0, -0.75, 4.0, 7.0]
+@pytest.mark.parametrize("name,in_channels", [("cnn", 1), ("resnet18", 3)])
+def test_channel_score_is_abs_first_order_sum_plus_curvature_sum(name, in_channels):
+    layout = model_layout(build_model(name, 10, in_channels, 0))
+    graph = channel_graph(name, layout)
+    rng = np.random.default_rng(2)
+    g, w = rng.normal(size=(2, layout.size))
+    h = rng.exponential(size=layout.size)
+    scores = channel_scores(layout, graph, g, h, w)
+    for group, n in group_sizes(layout, graph).items():
+        assert np.all(scores[group] >= 0)
+        for c in rng.choice(n, size=2, replace=False):
+            brute = abs(_dropped_sum(layout, graph, g * w, group, c)) + _dropped_sum(layout, graph, h * w * w, group, c)
+            assert scores[group][c] == pytest.approx(brute, rel=1e-9)
+
+
+def test_channel_score_examples_and_bad_input():
+    layout, graph = _toy(2, 1, 1, 1)  # l1 (2 channels), a self map, l2 reading both, fc reading l2
+    g = np.zeros(layout.size)
+    h = np.zeros(layout.size)
+    w = np.ones(layout.size)
+    g[0] = -3.0  # l1.weight[0, 0]: only in channel A0
+    h[1] = 2.0  # l1.weight[0, 1]
+    scores = channel_scores(layout, graph, g, h, w)
+    assert scores["A"].tolist() == [3.0 + 2.0, 0.0] and scores["B"].tolist() == [0.0]
     with pytest.raises(ValueError, match="non-negative"):
-        curvature_scores(g, -h, w)
+        channel_scores(layout, graph, g, -np.ones(layout.size), w)
     with pytest.raises(ValueError, match="shape"):
-        curvature_scores(g, h[:3], w)
+        channel_scores(layout, graph, g[:-1], h, w)
 
 
 @settings(max_examples=60, deadline=None)
