@@ -11,13 +11,17 @@ For each model and budget ``gamma`` it measures, on the client's training path
   the mask multiplications of the masked path are left out in its favour);
 * ``fwd GFLOPs/sample``: the same for one forward pass (inference);
 * ``train MiB``: peak memory of local training above what the process held just
-  before it. On CPU it is the growth of the process's peak resident set size
-  (``ru_maxrss``) over one local epoch, measured in a fresh subprocess per
-  configuration that holds only what a client holds (the received arrays, the
-  model, the data): tracemalloc does not see PyTorch's allocations. It is a lower
-  bound (memory the allocator reuses is not counted twice). On CUDA it is
-  ``torch.cuda.max_memory_allocated`` over the epoch;
-* ``s/epoch``: wall-clock seconds of one local epoch after a warm-up epoch.
+  before it. On CPU: the peak resident set size is reset (Linux ``clear_refs``
+  = 5) right before one local epoch, and ``VmHWM - VmRSS(before)`` is read after
+  it, in a fresh subprocess per configuration that holds only what a client holds
+  (the received arrays, the model, the data). This is what the operating system
+  had to provide (activations, gradients, optimiser and Fisher buffers, allocator
+  slack); tracemalloc would not see PyTorch's allocations. On CUDA:
+  ``torch.cuda.max_memory_allocated`` over the epoch minus the memory allocated
+  before it;
+* ``s/epoch``: wall-clock seconds of one local epoch, the best of ``--repeats``
+  epochs after the measured one (the minimum filters out interference from other
+  processes on a shared machine).
 
 SmallCNN trains on the digits training pool (8x8, 1 channel); ResNet-18 on random
 32x32 RGB images (its cost does not depend on the pixel values). Channels of the
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import subprocess
 import sys
@@ -86,13 +91,21 @@ def prepare(model: str, gamma: float, variant: str, seed: int, folder: Path) -> 
     return path
 
 
-def _peak_rss_mib() -> float:
-    import resource
+def _status_mib(field: str) -> float:
+    """A memory line of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"/proc/self/status has no {field} line")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
 
 
-def measure(model: str, variant: str, payload: Path, examples: int, batch_size: int, seed: int) -> dict[str, Any]:
+def measure(
+    model: str, variant: str, payload: Path, examples: int, batch_size: int, seed: int, repeats: int
+) -> dict[str, Any]:
     """Cost of local training in this process (run it in a fresh one per configuration)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -131,18 +144,23 @@ def measure(model: str, variant: str, payload: Path, examples: int, batch_size: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-    rss_before = _peak_rss_mib()
+    else:
+        gc.collect()
+        rss_before = _status_mib("VmRSS")
+        _reset_peak_rss()
     epoch()
     if device.type == "cuda":
         torch.cuda.synchronize()
         train_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
     else:
-        train_mib = _peak_rss_mib() - rss_before
-    t0 = time.perf_counter()
-    epoch()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+        train_mib = _status_mib("VmHWM") - rss_before
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        epoch()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
     batch = as_input(torch.from_numpy(data.x[:batch_size]).to(device))
     target = torch.from_numpy(data.y[:batch_size]).to(device)
     with FlopCounterMode(display=False) as fwd:
@@ -156,8 +174,9 @@ def measure(model: str, variant: str, payload: Path, examples: int, batch_size: 
         "train_gflops_per_sample": step.get_total_flops() / len(batch) / 1e9,
         "fwd_gflops_per_sample": fwd.get_total_flops() / len(batch) / 1e9,
         "train_mib": train_mib,
-        "peak_rss_mib": _peak_rss_mib(),
-        "s_per_epoch": seconds,
+        "rss_before_mib": rss_before if device.type == "cpu" else float("nan"),
+        "s_per_epoch": min(times),
+        "s_per_epoch_median": float(np.median(times)),
         "examples": len(data),
         "device": device.type,
         "threads": torch.get_num_threads(),
@@ -251,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--resnet-examples", type=int, default=128, help="random images per local epoch (ResNet-18)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per measurement")
+    ap.add_argument("--repeats", type=int, default=3, help="timed epochs per configuration (the best is reported)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/structured"))
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "PAYLOAD"), help=argparse.SUPPRESS)
@@ -262,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         model, variant, payload = args.one
         examples = args.cnn_examples if model == "cnn" else args.resnet_examples
-        print(json.dumps(measure(model, variant, Path(payload), examples, args.batch_size, args.seed)))
+        print(json.dumps(measure(model, variant, Path(payload), examples, args.batch_size, args.seed, args.repeats)))
         return 0
 
     models = [m for m in args.models.split(",") if m]
@@ -296,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 str(args.batch_size),
                 "--threads",
                 str(args.threads),
+                "--repeats",
+                str(args.repeats),
                 "--seed",
                 str(args.seed),
             ]
