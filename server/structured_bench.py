@@ -11,12 +11,15 @@ For each model and budget ``gamma`` it measures, on the client's training path
   the mask multiplications of the masked path are left out in its favour);
 * ``fwd GFLOPs/sample``: the same for one forward pass (inference);
 * ``train MiB``: peak memory of local training above what the process held just
-  before it. On CPU: the peak resident set size is reset (Linux ``clear_refs``
-  = 5) right before one local epoch, and ``VmHWM - VmRSS(before)`` is read after
-  it, in a fresh subprocess per configuration that holds only what a client holds
-  (the received arrays, the model, the data). This is what the operating system
-  had to provide (activations, gradients, optimiser and Fisher buffers, allocator
-  slack); tracemalloc would not see PyTorch's allocations. On CUDA:
+  before it, over one local epoch after a warm-up epoch (the warm-up pays the
+  one-time costs: shared-library pages, kernel selection). On CPU: freed heap
+  memory is returned to the OS (glibc ``malloc_trim``), the peak resident set
+  size is reset (Linux ``clear_refs`` = 5) right before the epoch, and
+  ``VmHWM - VmRSS(before)`` is read after it, in a fresh subprocess per
+  configuration that holds only what a client holds (the received arrays, the
+  model, the data). This is what the operating system had to provide
+  (activations, gradients, optimiser and Fisher buffers, allocator slack);
+  tracemalloc would not see PyTorch's allocations. Linux with glibc only. On CUDA:
   ``torch.cuda.max_memory_allocated`` over the epoch minus the memory allocated
   before it;
 * ``s/epoch``: wall-clock seconds of one local epoch, the best of ``--repeats``
@@ -43,6 +46,7 @@ import argparse
 import csv
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -99,8 +103,19 @@ def _status_mib(field: str) -> float:
     raise RuntimeError(f"/proc/self/status has no {field} line")
 
 
-def _reset_peak_rss() -> None:
+def _release_and_reset_peak() -> float:
+    """Return freed heap memory to the OS, reset the peak RSS; the resident MiB now.
+
+    Without the trim, memory the warm-up epoch freed stays resident in the C
+    allocator's free lists and the measured epoch reuses it without growing RSS.
+    """
+    import ctypes
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    rss = _status_mib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    return rss
 
 
 def measure(
@@ -140,14 +155,13 @@ def measure(
 
         flop_net = build_model(model, 10, data.in_channels, seed).to(device)
         attach_masks(flop_net, layout, mask)
+    epoch()  # warm-up: one-time costs (library pages, kernel selection) are not a round's cost
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        gc.collect()
-        rss_before = _status_mib("VmRSS")
-        _reset_peak_rss()
+        rss_before = _release_and_reset_peak()
     epoch()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -178,6 +192,7 @@ def measure(
         "s_per_epoch": min(times),
         "s_per_epoch_median": float(np.median(times)),
         "examples": len(data),
+        "load_avg_1min": os.getloadavg()[0],  # other processes on the machine slow the timings
         "device": device.type,
         "threads": torch.get_num_threads(),
     }
@@ -267,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: cnn, resnet18")
     ap.add_argument("--gammas", default=",".join(GAMMAS), help="comma-separated budgets, fractions allowed")
     ap.add_argument("--cnn-examples", type=int, default=1437, help="digits examples per local epoch (SmallCNN)")
-    ap.add_argument("--resnet-examples", type=int, default=128, help="random images per local epoch (ResNet-18)")
+    ap.add_argument("--resnet-examples", type=int, default=64, help="random images per local epoch (ResNet-18)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per measurement")
     ap.add_argument("--repeats", type=int, default=3, help="timed epochs per configuration (the best is reported)")
