@@ -24,7 +24,10 @@ For each model and budget ``gamma`` it measures, on the client's training path
   before it;
 * ``s/epoch``: wall-clock seconds of one local epoch, the best of ``--repeats``
   epochs after the measured one (the minimum filters out interference from other
-  processes on a shared machine).
+  processes on a shared machine), and ``CPU s/epoch``, the process's CPU time for
+  the same epoch: with one torch thread it is the compute itself and barely
+  depends on how busy the machine is (the wall-clock time does, a lot, on a
+  shared machine; ``load_avg_1min`` is recorded with every measurement).
 
 SmallCNN trains on the digits training pool (8x8, 1 channel); ResNet-18 on random
 32x32 RGB images (its cost does not depend on the pixel values). Channels of the
@@ -168,13 +171,14 @@ def measure(
         train_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
     else:
         train_mib = _status_mib("VmHWM") - rss_before
-    times = []
+    times, cpu_times = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         epoch()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
     batch = as_input(torch.from_numpy(data.x[:batch_size]).to(device))
     target = torch.from_numpy(data.y[:batch_size]).to(device)
     with FlopCounterMode(display=False) as fwd:
@@ -191,6 +195,7 @@ def measure(
         "rss_before_mib": rss_before if device.type == "cpu" else float("nan"),
         "s_per_epoch": min(times),
         "s_per_epoch_median": float(np.median(times)),
+        "cpu_s_per_epoch": min(cpu_times),
         "examples": len(data),
         "load_avg_1min": os.getloadavg()[0],  # other processes on the machine slow the timings
         "device": device.type,
@@ -209,7 +214,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "fwd GFLOPs/sample (S / M)",
         "train MiB (S / M)",
         "s/epoch (S / M)",
-        "speed-up",
+        "CPU s/epoch (S / M)",
+        "CPU speed-up",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by = {(r["model"], r["gamma"], r["variant"]): r for r in rows}
@@ -234,7 +240,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                         pair("fwd_gflops_per_sample", ".4f"),
                         pair("train_mib", ".1f"),
                         pair("s_per_epoch", ".3f"),
-                        f"{m['s_per_epoch'] / s['s_per_epoch']:.2f}x",
+                        pair("cpu_s_per_epoch", ".3f"),
+                        f"{m['cpu_s_per_epoch'] / s['cpu_s_per_epoch']:.2f}x",
                     ]
                 )
                 + " |"
@@ -252,7 +259,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     metrics = (
         ("train_gflops_per_sample", "train GFLOPs / sample"),
         ("train_mib", "training memory (MiB)"),
-        ("s_per_epoch", "seconds / local epoch"),
+        ("cpu_s_per_epoch", "CPU seconds / local epoch"),
     )
     models = [m for m in MODELS if any(r["model"] == m for r in rows)]
     fig, axes = plt.subplots(len(models), len(metrics), figsize=(13, 3.4 * len(models)), squeeze=False)
@@ -346,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"[{i}/{len(plan)}] {model} gamma={g} {variant}: {row['params_held']:,} params, "
                 f"{row['train_gflops_per_sample']:.4f} GFLOPs/sample, {row['train_mib']:.1f} MiB, "
-                f"{row['s_per_epoch']:.3f} s/epoch (elapsed {time.monotonic() - started:.0f} s)",
+                f"{row['s_per_epoch']:.3f} s/epoch ({row['cpu_s_per_epoch']:.3f} CPU s, "
+                f"load {row['load_avg_1min']:.1f}) (elapsed {time.monotonic() - started:.0f} s)",
                 flush=True,
             )
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
