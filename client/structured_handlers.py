@@ -22,9 +22,9 @@ from client.structured_training import StructuredTrainResult, train_small
 from client.training import TrainConfig, evaluate
 from common import protocol as P
 from common.channel_scores import ChannelSelection, channel_scores
-from common.channel_slicing import check_small_arrays, sliced_shapes
+from common.channel_slicing import check_small_arrays, sliced_layout
 from common.config import NodeConfig, RunConfig
-from common.layout import ParamLayout, TensorSpec
+from common.layout import ParamLayout
 from common.models import build_model
 from common.structured_models import build_structured_model, skeleton_layout
 from common.width_masks import TensorChannels, channel_graph, group_sizes
@@ -58,8 +58,7 @@ def receive_small_model(msg: Message, run: RunConfig, data: LocalData) -> Receiv
     selection = P.decode_channels(channels, group_sizes(layout, graph))
     arrays = {n: a.numpy() for n, a in msg.content.array_records[P.SUBMODEL].items()}
     check_small_arrays(layout, graph, selection, arrays)
-    shapes = sliced_shapes(layout, graph, selection)
-    small_layout = ParamLayout(tuple(TensorSpec(n, s) for n, s in shapes.items()))
+    small_layout = sliced_layout(layout, graph, selection)
     model = build_structured_model(skeleton, arrays)
     return ReceivedSmallModel(model, small_layout, graph, selection, arrays, int(cfg["round"]), str(cfg["mask-digest"]))
 

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.channel_scores import ChannelSelection
-from common.layout import ParamLayout
+from common.layout import ParamLayout, TensorSpec
 from common.width_masks import TensorChannels, channel_mask, group_sizes
 
 
@@ -99,6 +99,11 @@ def sliced_shapes(
         rows, cols = _indices(graph[t.name], selection, t.shape)
         out[t.name] = (rows.size,) if len(t.shape) == 1 else (rows.size, cols.size, *t.shape[2:])
     return out
+
+
+def sliced_layout(layout: ParamLayout, graph: Mapping[str, TensorChannels], selection: ChannelSelection) -> ParamLayout:
+    """Flat layout of the small model (full-model tensor names, small shapes, same order)."""
+    return ParamLayout(tuple(TensorSpec(n, s) for n, s in sliced_shapes(layout, graph, selection).items()))
 
 
 def slice_arrays(

@@ -15,6 +15,7 @@ from common.channel_slicing import (
     selection_mask,
     selection_of_mask,
     slice_arrays,
+    sliced_layout,
     sliced_shapes,
 )
 from common.models import build_model, load_flat, model_layout, trainable_arrays
@@ -80,8 +81,10 @@ def test_slicing_lists_the_held_positions_in_order_and_reconstruction_round_trip
     small = slice_arrays(layout, graph, selection, layout.unflatten(x))
     shapes = sliced_shapes(layout, graph, selection)
     assert {n: a.shape for n, a in small.items()} == shapes
+    assert sliced_layout(layout, graph, selection).names == layout.names
     mask = selection_mask(layout, graph, selection)
     assert np.array_equal(np.concatenate([a.reshape(-1) for a in small.values()]), x[mask])
+    assert sliced_layout(layout, graph, selection).size == int(mask.sum())
     other = np.random.default_rng(6).normal(size=layout.size).astype(np.float32)  # a "current global model"
     rebuilt, held = reconstruct(layout, graph, selection, small, other)
     assert np.array_equal(held, mask)

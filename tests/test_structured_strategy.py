@@ -13,10 +13,9 @@ from client.structured_training import train_small
 from client.training import TrainConfig
 from common import protocol as P
 from common.channel_scores import kept_count
-from common.channel_slicing import selection_of_mask, sliced_shapes
+from common.channel_slicing import selection_of_mask, sliced_layout
 from common.config import ConfigError, parse_run_config
 from common.datasets import load_dataset
-from common.layout import ParamLayout, TensorSpec
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.structured_models import build_structured_model
@@ -47,9 +46,7 @@ def _setup():
         strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
         strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
         selection = selection_of_mask(layout, strategy.graph, mask)
-        small_layout = ParamLayout(
-            tuple(TensorSpec(n, s) for n, s in sliced_shapes(layout, strategy.graph, selection).items())
-        )
+        small_layout = sliced_layout(layout, strategy.graph, selection)
         small = build_structured_model(model, payload.arrays)
         result = train_small(small, data, TrainConfig(1, 32, 0.05, 0.9, seed=part), torch.device("cpu"))
         replies[node_id] = ReplyParts(
