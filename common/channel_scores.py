@@ -2,6 +2,7 @@
 
 The paper scores a weight by ``s_j = g_j * w_j + h_j * w_j^2``, a second-order
 Taylor estimate of how much removing it perturbs the loss, where
+
 * ``g_j``: mean minibatch gradient over the client's local training steps;
 * ``h_j``: the diagonal empirical Fisher (mean squared minibatch gradient) over the
   same steps, the curvature proxy: it is the Gauss-Newton approximation of the
@@ -22,8 +23,9 @@ training is growing (the loss wants them larger), so keeping the highest signed
 sum drops exactly the channels the model relies on: in a 4-round, 3-client digits
 simulation the capacity-1/16 submodel stayed at chance (0.10 accuracy) with the
 signed sum and reached 0.97 with the magnitude (0.97 too with the signed Taylor
-change ``-sum g w + 1/2 sum h w^2``). A group
-(see :mod:`common.width_masks`) is a set of channels that must be kept or dropped
+change ``-sum g w + 1/2 sum h w^2``; docs/STRUCTURED.md has the set-up).
+
+A group (see :mod:`common.width_masks`) is a set of channels that must be kept or dropped
 together across tensors (a ResNet residual sum and its shortcut); a client of
 capacity ``gamma`` keeps in every group the ``ceil(sqrt(gamma) * size)`` channels
 of highest score (:func:`top_channels`), the width ratio HeteroFL and FedRolex use,
@@ -33,8 +35,8 @@ Who measures what (a structured client cannot see the channels it does not hold)
 
 1. The client trains its physically smaller model, accumulates ``g`` and ``h`` of
    the parameters it holds from the training steps (no extra passes), and uploads
-   one float per held channel: the channel's score summed over its weights in the
-   small model (:func:`channel_sums` on the small layout). The upload is tiny
+   one float per held channel: its score ``S_c`` over its weights in the small
+   model (:func:`channel_scores` on the small layout). The upload is tiny
    (hundreds of floats against the submodel's ``gamma * d``).
 2. The server keeps one score per channel (:class:`ChannelScoreState`). After a
    round, every channel held by at least one accepted client takes the example-
@@ -42,8 +44,8 @@ Who measures what (a structured client cannot see the channels it does not hold)
    value.
 3. Selection ranks channels that have never been measured first (ordered by the
    squared L2 norm of their weights), then the measured ones by score. In the first
-   round nothing is measured, so the rule is the classic filter-norm criterion (the
-   curvature score with ``g = 0`` and ``h = 1``); afterwards a channel that no client
+   round nothing is measured, so the rule is the classic filter-norm criterion
+   (``S_c`` with ``g = 0`` and ``h = 1``); afterwards a channel that no client
    has held yet is handed to the next clients so that it gets measured once, instead
    of being dropped forever on the strength of a weight norm that is not comparable
    with curvature scores. With a capacity-1 client every channel is measured in
