@@ -20,6 +20,7 @@ from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.structured_models import build_structured_model
 from common.width_masks import group_sizes
+from server.evaluation import CentralEvaluator
 from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
 from server.validation import SentSubmodel
 
@@ -173,3 +174,49 @@ def test_cahfp_needs_a_channel_graph(monkeypatch):
     monkeypatch.setattr(common.config, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="cahfp"):
         parse_run_config({"method": "cahfp", "model": "resnet18"})
+
+
+def test_curvature_selected_small_submodels_learn_in_process():
+    """Two in-process rounds (IID digits, capacities 1, 1/4, 1/16): the 1/16 small model is far above chance.
+
+    Guards the score's sign: ranking by the signed sum ``sum g w + sum h w^2`` keeps the channels training
+    shrinks and leaves the 1/16 submodel at chance (0.10) after two rounds; ``|sum g w| + sum h w^2`` reaches
+    about 0.85.
+    """
+    split = load_dataset("digits", 0.2, 42)
+    model = build_model("cnn", 10, 1, 42)
+    layout = model_layout(model)
+    s = FisherSubmodelStrategy(parse_run_config({"method": "cahfp"}), layout)
+    s.x = layout.flatten(trainable_arrays(model))
+    capacities = (1.0, 0.25, 0.0625)
+    datas = [split.train.subset(partition_indices(split.train.y, "iid", 3, i, 42)) for i in range(3)]
+    for i, gamma in enumerate(capacities):
+        s.nodes[i] = NodeProfile(gamma, "cpu", len(datas[i]), 1, f"p{i}")
+    for rnd in (1, 2):
+        s.sent, s.clients, replies = {}, {}, []
+        for i, gamma in enumerate(capacities):
+            mask, source = s.mask_for(i, rnd, gamma)
+            payload = s.structured.encode(s.x, mask)
+            s.sent[i] = SentSubmodel(i, rnd, mask, payload.digest, len(datas[i]))
+            s.clients[i] = ClientRound(i, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
+            small_layout = sliced_layout(layout, s.graph, selection_of_mask(layout, s.graph, mask))
+            result = train_small(
+                build_structured_model(model, payload.arrays),
+                datas[i],
+                TrainConfig(2, 32, 0.1, 0.9, seed=rnd * 10 + i),
+                torch.device("cpu"),
+            )
+            metrics = {"num-examples": len(datas[i]), "train-loss": result.loss, "train-seconds": 0.1}
+            replies.append(
+                ReplyParts(
+                    i,
+                    reply_arrays(small_layout, s.graph, payload.arrays, result),
+                    {**metrics, "fisher-seconds": 0.0},
+                    {"round": rnd, "mask-digest": payload.digest, "fisher-encoding": "none"},
+                )
+            )
+        assert len(s.apply_train_replies(rnd, replies)) == 3
+    mask, source = s.mask_for(None, 3, 1 / 16)
+    assert source == "curvature"
+    evaluator = CentralEvaluator(build_model("cnn", 10, 1, 42), layout, split.test, torch.device("cpu"))
+    assert evaluator(s.x, mask)[1] > 0.5
