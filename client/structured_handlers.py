@@ -21,7 +21,7 @@ from client.local_data import LocalData
 from client.structured_training import StructuredTrainResult, train_small
 from client.training import TrainConfig, evaluate
 from common import protocol as P
-from common.channel_scores import ChannelSelection, channel_scores
+from common.channel_scores import channel_scores
 from common.channel_slicing import check_small_arrays, sliced_layout
 from common.config import NodeConfig, RunConfig
 from common.layout import ParamLayout
@@ -37,7 +37,6 @@ class ReceivedSmallModel:
     model: nn.Module
     small_layout: ParamLayout
     graph: Mapping[str, TensorChannels]
-    selection: ChannelSelection
     arrays: dict[str, NDArray[np.float32]]
     round: int
     digest: str
@@ -60,7 +59,7 @@ def receive_small_model(msg: Message, run: RunConfig, data: LocalData) -> Receiv
     check_small_arrays(layout, graph, selection, arrays)
     small_layout = sliced_layout(layout, graph, selection)
     model = build_structured_model(skeleton, arrays)
-    return ReceivedSmallModel(model, small_layout, graph, selection, arrays, int(cfg["round"]), str(cfg["mask-digest"]))
+    return ReceivedSmallModel(model, small_layout, graph, arrays, int(cfg["round"]), str(cfg["mask-digest"]))
 
 
 def reply_arrays(

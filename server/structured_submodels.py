@@ -34,7 +34,7 @@ from server.validation import ReplyError, SentSubmodel, TrainReply, check_meta, 
 class StructuredReply(TrainReply):
     """A validated CA-HFP reply: the reconstructed update plus the client's channel scores."""
 
-    report: ChannelReport | None = None
+    report: ChannelReport
 
 
 @dataclass(frozen=True)
@@ -152,4 +152,4 @@ class StructuredSubmodels:
 
     def record_scores(self, replies: Sequence[TrainReply]) -> None:
         """Fold the channel scores of the replies that were aggregated into the state."""
-        self.state.update([r.report for r in replies if isinstance(r, StructuredReply) and r.report is not None])
+        self.state.update([r.report for r in replies if isinstance(r, StructuredReply)])
