@@ -64,7 +64,8 @@ def train_small(model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: 
         Local training split.
     cfg : TrainConfig
         Hyper-parameters; ``fisher_batches`` limits the steps whose gradients enter
-        the statistics (0 = every step; at least one step is always counted).
+        the statistics (``<= 0``: every step; the score always needs them, so unlike
+        masked training there is no "none").
     device : torch.device
         Where to train.
     """
