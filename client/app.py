@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 from client.capacity_probe import cached_probe
 from client.device import pick_device
 from client.local_data import LocalData, cache_dir, load_local_data
+from client.structured_handlers import evaluate_structured, train_structured
 from client.training import TrainConfig, evaluate, train_masked
 from common import protocol as P
 from common.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
@@ -83,6 +84,8 @@ def query(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     """Train the received submodel; reply with the update, the Fisher payload and metrics."""
     run, node, data = _setup(context)
+    if run.method == "cahfp":
+        return train_structured(msg, run, node, data)
     model, layout = _model(run, data)
     params, mask, cfg = _submodel(msg, layout)
     server_round = int(cfg["round"])
@@ -130,6 +133,8 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate_submodel(msg: Message, context: Context) -> Message:
     """Evaluate the received submodel on the local test split."""
     run, node, data = _setup(context)
+    if run.method == "cahfp":
+        return evaluate_structured(msg, run, node, data)
     model, layout = _model(run, data)
     params, _, cfg = _submodel(msg, layout)
     load_flat(model, layout, params)

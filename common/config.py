@@ -18,7 +18,7 @@ from common.partitioning import PARTITIONERS
 from common.restoration import RESTORE_RULES, SCHEDULES
 from common.width_masks import WIDTH_MODELS
 
-METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop", "fedgmr")
+METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop", "fedgmr", "cahfp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
@@ -224,7 +224,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
     if cfg.method == "fedgmr" and cfg.gmr_mode == "async" and cfg.resume:
         raise ConfigError("resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from")
-    if cfg.method in ("heterofl", "fedrolex") and cfg.model not in WIDTH_MODELS:
+    if cfg.method in ("heterofl", "fedrolex", "cahfp") and cfg.model not in WIDTH_MODELS:
         raise ConfigError(
             f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
             f"{', '.join(WIDTH_MODELS)}"

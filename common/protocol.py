@@ -13,6 +13,18 @@ Client -> server (TRAIN)::
     metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds
     config "meta":      round, mask-digest, fisher-encoding
 
+CA-HFP (``method = "cahfp"``) sends a physically smaller model instead (TRAIN and EVALUATE)::
+
+    arrays "submodel":           <tensor name>  float32[small shape]   one per trainable tensor
+    arrays "submodel-channels":  <group>        uint{8,16,32}[k_g]     kept channels, increasing
+    config "submodel-config":    mask-kind = "channels", mask-digest, d, round
+
+and its TRAIN reply carries the trained small model and the channel scores::
+
+    arrays "update":    <tensor name>   float32[small shape]   trained values (not a delta)
+                        score.<group>   float32[k_g]           curvature score of each kept channel
+    metrics, config "meta" as above (fisher-encoding "none")
+
 Client -> server (EVALUATE)::
 
     metrics "metrics":  num-examples, eval-loss, eval-acc
@@ -26,12 +38,15 @@ Client -> server (QUERY)::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.mask_codec import decode_mask, encode_mask, mask_digest
+from common.channel_scores import ChannelSelection
+from common.channel_slicing import check_selection
+from common.mask_codec import decode_mask, encode_mask, index_dtype, mask_digest
 
 SUBMODEL = "submodel"
 SUBMODEL_CONFIG = "submodel-config"
@@ -42,6 +57,9 @@ PROFILE = "profile"
 DELTA = "delta"
 VALUES = "values"
 MASK = "mask"
+CHANNELS = "submodel-channels"
+CHANNELS_KIND = "channels"  # the "mask-kind" of a channel-sliced submodel
+SCORE_PREFIX = "score."
 
 
 @dataclass(frozen=True)
@@ -90,3 +108,30 @@ def decode_submodel(
     dense = np.zeros(d, dtype=np.float32)
     dense[mask] = values
     return dense, mask
+
+
+def encode_channels(selection: ChannelSelection, sizes: Mapping[str, int]) -> dict[str, NDArray]:
+    """Kept channels per group in the narrowest unsigned dtype for the group's size."""
+    selection = check_selection(selection, sizes)
+    return {g: selection[g].astype(index_dtype(n)) for g, n in sizes.items()}
+
+
+def decode_channels(arrays: Mapping[str, NDArray], sizes: Mapping[str, int]) -> ChannelSelection:
+    """Inverse of :func:`encode_channels`; raises ``ValueError`` naming the bad group."""
+    for g, a in arrays.items():
+        if g in sizes and np.asarray(a).dtype != index_dtype(sizes[g]):
+            raise ValueError(f"group {g!r}: channel indices must be {index_dtype(sizes[g])}, got {np.asarray(a).dtype}")
+    return check_selection(arrays, sizes)
+
+
+def channels_digest(channels: Mapping[str, NDArray]) -> str:
+    """Digest of encoded kept channels (group names and indices); a reply echoes it."""
+    data = b"".join(
+        f"{g}:{np.asarray(a).dtype.str}:".encode() + np.ascontiguousarray(a).tobytes() for g, a in channels.items()
+    )
+    return mask_digest(CHANNELS_KIND, np.frombuffer(data, dtype=np.uint8))
+
+
+def score_name(group: str) -> str:
+    """Array name of a group's channel scores in a CA-HFP reply."""
+    return SCORE_PREFIX + group

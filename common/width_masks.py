@@ -129,6 +129,23 @@ def width_mask(
     keep = {g: np.zeros(n, dtype=bool) for g, n in sizes.items()}
     for g, n in sizes.items():
         keep[g][kept_channels(n, ratio, roll % n)] = True
+    return channel_mask(layout, graph, keep)
+
+
+def channel_mask(
+    layout: ParamLayout, graph: Mapping[str, TensorChannels], keep: Mapping[str, NDArray[np.bool_]]
+) -> NDArray[np.bool_]:
+    """Flat mask of the submodel that keeps, in every group, the channels flagged in ``keep``.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        Flat layout of the full model.
+    graph : Mapping[str, TensorChannels]
+        Channel graph of the model.
+    keep : Mapping[str, NDArray[bool]]
+        Per group, one flag per channel (``True`` = kept).
+    """
     parts = []
     for t in layout.tensors:
         spec = graph[t.name]

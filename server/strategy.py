@@ -37,6 +37,7 @@ from common.selection import select_mask
 from common.width_masks import channel_graph, width_mask, width_ratio
 from server.fisher_state import FisherState, fisher_capacity
 from server.restoration_state import RestorationMasks
+from server.structured_submodels import StructuredSubmodels
 from server.validation import (
     ReplyError,
     SentSubmodel,
@@ -172,7 +173,8 @@ class FisherSubmodelStrategy(Strategy):
         self.clients: dict[int, ClientRound] = {}
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.first_round = 1  # > 1 when resuming from a checkpoint
-        self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex") else None
+        self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex", "cahfp") else None
+        self.structured = StructuredSubmodels(layout, self.graph) if cfg.method == "cahfp" else None
         self.restoration = RestorationMasks.from_config(cfg, layout) if cfg.method == "fedgmr" else None
         # FedGMR's restoration clock (rounds since the start) for a round / dispatch number;
         # server.async_rounds replaces it with applied updates per node.
@@ -211,9 +213,13 @@ class FisherSubmodelStrategy(Strategy):
           the round, width ratio ``sqrt(gamma)``);
         * ``fedavg`` / ``fedavg-drop``: ``full``;
         * ``fedgmr``: the client's growing restoration mask (``random`` / ``fisher`` /
-          ``magnitude`` when positions were added, ``kept`` otherwise).
+          ``magnitude`` when positions were added, ``kept`` otherwise);
+        * ``cahfp``: ``curvature`` (top channels per group by curvature score), or
+          ``norm`` before any score exists (:mod:`server.structured_submodels`).
         """
         method = self.cfg.method
+        if self.structured is not None:
+            return self.structured.mask_for(self.x, gamma)
         if method == "fedgmr":
             t = self.restoration_clock(server_round)
             key = None if node_id is None else self.nodes[node_id].key
@@ -253,11 +259,18 @@ class FisherSubmodelStrategy(Strategy):
     ) -> tuple[Message, ClientRound]:
         prof = self.nodes[node_id]
         mask, source = self.mask_for(node_id, server_round, prof.capacity)
-        payload = encode_submodel(self.x, mask)
-        arrays = ArrayRecord({P.VALUES: Array(payload.values), P.MASK: Array(payload.mask_data)})
+        if self.structured is None:
+            payload = encode_submodel(self.x, mask)
+            arrays = ArrayRecord({P.VALUES: Array(payload.values), P.MASK: Array(payload.mask_data)})
+            records = {P.SUBMODEL: arrays}
+            kind, values_bytes, mask_bytes = payload.mask_kind, payload.values.nbytes, payload.mask_data.nbytes
+        else:
+            payload = self.structured.encode(self.x, mask)
+            records = {P.SUBMODEL: _array_record(payload.arrays), P.CHANNELS: _array_record(payload.channels)}
+            kind, values_bytes, mask_bytes = P.CHANNELS_KIND, payload.values_bytes, payload.channels_bytes
         cfg = ConfigRecord(
             {
-                "mask-kind": payload.mask_kind,
+                "mask-kind": kind,
                 "mask-digest": payload.digest,
                 "d": self.layout.size,
                 "round": server_round,
@@ -272,14 +285,14 @@ class FisherSubmodelStrategy(Strategy):
             mask_source=source,
             selected=k,
             density=k / self.layout.size,
-            bytes_down=arrays.count_bytes(),
-            values_bytes=int(payload.values.nbytes),
-            mask_bytes=int(payload.mask_data.nbytes),
-            mask_kind=payload.mask_kind,
+            bytes_down=sum(r.count_bytes() for r in records.values()),
+            values_bytes=int(values_bytes),
+            mask_bytes=int(mask_bytes),
+            mask_kind=kind,
             capacity_source=prof.capacity_source,
         )
         msg = Message(
-            content=RecordDict({P.SUBMODEL: arrays, P.SUBMODEL_CONFIG: cfg}),
+            content=RecordDict({**records, P.SUBMODEL_CONFIG: cfg}),
             dst_node_id=node_id,
             message_type=message_type,
         )
@@ -380,14 +393,19 @@ class FisherSubmodelStrategy(Strategy):
             info = self.clients.get(p.node_id)
             try:
                 sent = expected_sent(p, self.sent, accepted)
-                reply = validate_train_reply(
-                    p.arrays,
-                    p.metrics,
-                    p.meta,
-                    sent,
-                    self.layout,
-                    self.cfg.upload_encoding,
-                )
+                if self.structured is not None:
+                    reply = self.structured.validate_reply(
+                        p.arrays, p.metrics, p.meta, sent, self.x, self.cfg.upload_encoding
+                    )
+                else:
+                    reply = validate_train_reply(
+                        p.arrays,
+                        p.metrics,
+                        p.meta,
+                        sent,
+                        self.layout,
+                        self.cfg.upload_encoding,
+                    )
             except ReplyError as err:
                 log(
                     WARNING,
@@ -417,6 +435,8 @@ class FisherSubmodelStrategy(Strategy):
             # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
             ordered = sorted(accepted.items())
             self.x = aggregate_masked(self.x, [r.update for _, r in ordered], self.cfg.server_lr)
+            if self.structured is not None:
+                self.structured.record_scores([r for _, r in ordered])
             for node_id, r in ordered:
                 key = self.nodes[node_id].key
                 if r.fisher is not None and not self.fisher.update(key, r.fisher, r.update.weight, server_round):
@@ -565,6 +585,10 @@ class FisherSubmodelStrategy(Strategy):
             if self.on_round:
                 self.on_round(record)
         return result
+
+
+def _array_record(arrays: dict[str, NDArray]) -> ArrayRecord:
+    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
 
 
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:

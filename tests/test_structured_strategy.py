@@ -1,0 +1,222 @@
+"""CA-HFP in the strategy: channel masks, small-model downloads, reply checks, reconstruction, score state."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from client.structured_handlers import reply_arrays
+from client.structured_training import train_small
+from client.training import TrainConfig
+from common import protocol as P
+from common.channel_scores import kept_count
+from common.channel_slicing import selection_of_mask, sliced_layout
+from common.config import ConfigError, parse_run_config
+from common.datasets import load_dataset
+from common.models import build_model, model_layout, trainable_arrays
+from common.partitioning import partition_indices
+from common.structured_models import build_structured_model
+from common.width_masks import group_sizes
+from server.evaluation import CentralEvaluator
+from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
+from server.validation import SentSubmodel
+
+ROUND = 2
+SMALL, LARGE = 11, 12
+GAMMA = {SMALL: 0.25, LARGE: 1.0}
+
+
+def _setup():
+    cfg = parse_run_config({"method": "cahfp"})
+    pool = load_dataset("digits", 0.2, 0).train
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy.x = layout.flatten(trainable_arrays(model))
+    replies = {}
+    for part, node_id in enumerate((SMALL, LARGE)):
+        data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
+        gamma = GAMMA[node_id]
+        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
+        mask, source = strategy.mask_for(node_id, ROUND, gamma)
+        assert source == "norm"  # nothing measured yet
+        payload = strategy.structured.encode(strategy.x, mask)
+        strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
+        strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
+        selection = selection_of_mask(layout, strategy.graph, mask)
+        small_layout = sliced_layout(layout, strategy.graph, selection)
+        small = build_structured_model(model, payload.arrays)
+        result = train_small(small, data, TrainConfig(1, 32, 0.05, 0.9, seed=part), torch.device("cpu"))
+        replies[node_id] = ReplyParts(
+            node_id=node_id,
+            arrays=reply_arrays(small_layout, strategy.graph, payload.arrays, result),
+            metrics={"num-examples": len(data), "train-loss": result.loss, "train-seconds": 0.5, "fisher-seconds": 0.0},
+            meta={"round": ROUND, "mask-digest": payload.digest, "fisher-encoding": "none"},
+        )
+    return strategy, replies
+
+
+@pytest.fixture(scope="module")
+def base():
+    return _setup()
+
+
+def _run(base, replies):
+    s = copy.deepcopy(base[0])
+    return s, s.apply_train_replies(ROUND, replies)
+
+
+def test_channel_masks_keep_the_width_rule_count_in_every_group(base):
+    strategy, _ = base
+    sizes = group_sizes(strategy.layout, strategy.graph)
+    for gamma in (1.0, 0.25, 1 / 16):
+        mask, _ = strategy.mask_for(None, ROUND, gamma)
+        selection = selection_of_mask(strategy.layout, strategy.graph, mask)
+        assert {g: idx.size for g, idx in selection.items()} == {g: kept_count(n, gamma) for g, n in sizes.items()}
+        assert gamma * 0.7 <= mask.mean() <= gamma * 1.3
+
+
+def test_first_round_keeps_the_channels_of_largest_weight_norm(base):
+    strategy, _ = base
+    mask, _ = strategy.mask_for(None, ROUND, 0.25)
+    conv1 = strategy.layout.unflatten(strategy.x)["conv1.weight"]
+    norms = np.square(conv1.astype(np.float64)).reshape(32, -1).sum(1)
+    norms += np.square(strategy.layout.unflatten(strategy.x)["conv1.bias"].astype(np.float64))
+    norms += np.square(strategy.layout.unflatten(strategy.x)["conv2.weight"].astype(np.float64)).sum(axis=(0, 2, 3))
+    kept = selection_of_mask(strategy.layout, strategy.graph, mask)["conv1"]
+    assert kept.tolist() == sorted(np.argsort(-norms, kind="stable")[: kept.size].tolist())
+
+
+def test_valid_replies_are_reconstructed_and_aggregated_mask_aware(base):
+    strategy, replies = base
+    s, accepted = _run(base, list(replies.values()))
+    assert len(accepted) == 2
+    weights = {n: replies[n].metrics["num-examples"] for n in replies}
+    num = np.zeros(strategy.layout.size)
+    den = np.zeros(strategy.layout.size)
+    for node_id, r in replies.items():
+        mask = strategy.sent[node_id].mask
+        small = {n: a for n, a in r.arrays.items() if not n.startswith(P.SCORE_PREFIX)}
+        trained = np.concatenate([small[n].reshape(-1) for n in strategy.layout.names])
+        num[mask] += weights[node_id] * (trained - strategy.x[mask])
+        den[mask] += weights[node_id]
+    expected = strategy.x + np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+    np.testing.assert_allclose(s.x, expected, rtol=1e-5, atol=1e-6)
+    # the capacity-1 client held everything, so every channel now has a curvature score
+    assert all(m.all() for m in s.structured.state.measured.values())
+    assert s.mask_for(SMALL, ROUND + 1, 0.25)[1] == "curvature"
+
+
+def test_channels_held_by_nobody_keep_global_values_and_scores(base):
+    strategy, replies = base
+    s, accepted = _run(base, [replies[SMALL]])
+    mask = strategy.sent[SMALL].mask
+    assert len(accepted) == 1
+    assert np.array_equal(s.x[~mask], strategy.x[~mask]) and not np.array_equal(s.x[mask], strategy.x[mask])
+    selection = selection_of_mask(strategy.layout, strategy.graph, mask)
+    for g, idx in selection.items():
+        measured = s.structured.state.measured[g]
+        assert measured[idx].all() and measured.sum() == idx.size
+        expected = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        np.testing.assert_array_equal(s.structured.state.score[g][idx], expected)
+
+
+def _tensor_name(r):
+    return next(n for n in r.arrays if not n.startswith(P.SCORE_PREFIX))
+
+
+def _with(fn):
+    def apply(r):
+        r.arrays = dict(r.arrays)
+        fn(r.arrays, _tensor_name(r))
+        return r
+
+    return apply
+
+
+BAD = {
+    "small tensor shape": _with(lambda a, n: a.update({n: a[n][:-1]})),
+    "small tensor full shape": _with(lambda a, n: a.update({n: np.zeros((32, 1, 3, 3), np.float32)})),
+    "small tensor dtype": _with(lambda a, n: a.update({n: a[n].astype(np.float64)})),
+    "small tensor NaN": _with(lambda a, n: a.update({n: np.full_like(a[n], np.nan)})),
+    "small tensor missing": _with(lambda a, n: a.pop(n)),
+    "extra array": _with(lambda a, n: a.update({"extra": np.zeros(2, np.float32)})),
+    "score group missing": _with(lambda a, n: a.pop(P.score_name("conv2"))),
+    "score length": _with(lambda a, n: a.update({P.score_name("fc1"): a[P.score_name("fc1")][:-1]})),
+    "score NaN": _with(lambda a, n: a.update({P.score_name("conv1"): np.full_like(a[P.score_name("conv1")], np.nan)})),
+    "score dtype": _with(lambda a, n: a.update({P.score_name("conv1"): a[P.score_name("conv1")].astype(np.float64)})),
+    "no arrays": lambda r: (setattr(r, "arrays", None), r)[1],
+    "wrong round": lambda r: (r.meta.update({"round": ROUND + 1}), r)[1],
+    "wrong digest": lambda r: (r.meta.update({"mask-digest": "0" * 16}), r)[1],
+    "fisher payload claimed": lambda r: (r.meta.update({"fisher-encoding": "masked"}), r)[1],
+    "zero examples": lambda r: (r.metrics.update({"num-examples": 0}), r)[1],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD))
+def test_bad_replies_are_rejected_and_change_nothing(base, kind):
+    strategy, replies = base
+    clean, _ = _run(base, [replies[LARGE]])
+    dirty, accepted = _run(base, [replies[LARGE], BAD[kind](copy.deepcopy(replies[SMALL]))])
+    assert len(accepted) == 1
+    assert dirty.x.tobytes() == clean.x.tobytes()
+    for g in clean.structured.state.score:
+        assert np.array_equal(dirty.structured.state.score[g], clean.structured.state.score[g])
+    assert dirty.clients[SMALL].status.startswith("rejected")
+
+
+def test_cahfp_needs_a_channel_graph(monkeypatch):
+    import common.config
+
+    monkeypatch.setattr(common.config, "WIDTH_MODELS", ("cnn",))
+    with pytest.raises(ConfigError, match="cahfp"):
+        parse_run_config({"method": "cahfp", "model": "resnet18"})
+
+
+def test_curvature_selected_small_submodels_learn_in_process():
+    """Two in-process rounds (IID digits, capacities 1, 1/4, 1/16): the 1/16 small model is far above chance.
+
+    Guards the score's sign: ranking by the signed sum ``sum g w + sum h w^2`` keeps the channels training
+    shrinks and leaves the 1/16 submodel at chance (0.10) after two rounds; ``|sum g w| + sum h w^2`` reaches
+    about 0.85.
+    """
+    split = load_dataset("digits", 0.2, 42)
+    model = build_model("cnn", 10, 1, 42)
+    layout = model_layout(model)
+    s = FisherSubmodelStrategy(parse_run_config({"method": "cahfp"}), layout)
+    s.x = layout.flatten(trainable_arrays(model))
+    capacities = (1.0, 0.25, 0.0625)
+    datas = [split.train.subset(partition_indices(split.train.y, "iid", 3, i, 42)) for i in range(3)]
+    for i, gamma in enumerate(capacities):
+        s.nodes[i] = NodeProfile(gamma, "cpu", len(datas[i]), 1, f"p{i}")
+    for rnd in (1, 2):
+        s.sent, s.clients, replies = {}, {}, []
+        for i, gamma in enumerate(capacities):
+            mask, source = s.mask_for(i, rnd, gamma)
+            payload = s.structured.encode(s.x, mask)
+            s.sent[i] = SentSubmodel(i, rnd, mask, payload.digest, len(datas[i]))
+            s.clients[i] = ClientRound(i, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
+            small_layout = sliced_layout(layout, s.graph, selection_of_mask(layout, s.graph, mask))
+            result = train_small(
+                build_structured_model(model, payload.arrays),
+                datas[i],
+                TrainConfig(2, 32, 0.1, 0.9, seed=rnd * 10 + i),
+                torch.device("cpu"),
+            )
+            metrics = {"num-examples": len(datas[i]), "train-loss": result.loss, "train-seconds": 0.1}
+            replies.append(
+                ReplyParts(
+                    i,
+                    reply_arrays(small_layout, s.graph, payload.arrays, result),
+                    {**metrics, "fisher-seconds": 0.0},
+                    {"round": rnd, "mask-digest": payload.digest, "fisher-encoding": "none"},
+                )
+            )
+        assert len(s.apply_train_replies(rnd, replies)) == 3
+    mask, source = s.mask_for(None, 3, 1 / 16)
+    assert source == "curvature"
+    evaluator = CentralEvaluator(build_model("cnn", 10, 1, 42), layout, split.test, torch.device("cpu"))
+    assert evaluator(s.x, mask)[1] > 0.5
