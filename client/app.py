@@ -20,7 +20,7 @@ from client.capacity_probe import cached_probe
 from client.device import pick_device
 from client.local_data import LocalData, cache_dir, load_local_data
 from client.structured_handlers import evaluate_structured, train_structured
-from client.training import TrainConfig, evaluate, train_masked
+from client.training import evaluate, round_train_config, train_masked
 from common import protocol as P
 from common.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
 from common.fisher_codec import encode_fisher
@@ -89,16 +89,8 @@ def train(msg: Message, context: Context) -> Message:
     model, layout = _model(run, data)
     params, mask, cfg = _submodel(msg, layout)
     server_round = int(cfg["round"])
-    tcfg = TrainConfig(
-        epochs=run.local_epochs,
-        batch_size=run.batch_size,
-        lr=run.lr,
-        momentum=run.momentum,
-        weight_decay=run.weight_decay,
-        proximal_mu=run.proximal_mu,
-        fisher_batches=run.fisher_batches if run.upload_encoding != "none" else -1,
-        seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
-    )
+    fisher_batches = run.fisher_batches if run.upload_encoding != "none" else -1
+    tcfg = round_train_config(run, node, server_round, fisher_batches)
     result = train_masked(model, layout, params, mask, data.train, tcfg, pick_device(node.device))
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     delta = (result.params[mask] - params[mask]).astype(np.float32)

@@ -19,7 +19,7 @@ from torch import nn
 from client.device import pick_device
 from client.local_data import LocalData
 from client.structured_training import StructuredTrainResult, train_small
-from client.training import TrainConfig, evaluate
+from client.training import evaluate, round_train_config
 from common import protocol as P
 from common.channel_scores import channel_scores
 from common.channel_slicing import check_small_arrays, sliced_layout
@@ -90,16 +90,7 @@ def reply_arrays(
 def train_structured(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData) -> Message:
     """Train the received small model; reply with its trained tensors and per-channel curvature scores."""
     got = receive_small_model(msg, run, data)
-    tcfg = TrainConfig(
-        epochs=run.local_epochs,
-        batch_size=run.batch_size,
-        lr=run.lr,
-        momentum=run.momentum,
-        weight_decay=run.weight_decay,
-        proximal_mu=run.proximal_mu,
-        fisher_batches=run.fisher_batches,
-        seed=run.seed * 100_003 + got.round * 1009 + node.partition_id,  # the masked clients' minibatch order
-    )
+    tcfg = round_train_config(run, node, got.round, run.fisher_batches)
     result = train_small(got.model, data.train, tcfg, pick_device(node.device))
     arrays = reply_arrays(got.small_layout, got.graph, got.arrays, result)
     content = RecordDict(

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn.utils import prune
 
+from common.config import NodeConfig, RunConfig
 from common.datasets import ArrayDataset
 from common.layout import ParamLayout
 from common.models import load_flat
@@ -56,6 +57,24 @@ class TrainConfig:
     proximal_mu: float = 0.0
     fisher_batches: int = 0
     seed: int = 0
+
+
+def round_train_config(run: RunConfig, node: NodeConfig, server_round: int, fisher_batches: int) -> TrainConfig:
+    """A round's local training settings: the run's optimiser keys and a minibatch-order seed.
+
+    The seed depends on the run's seed, the round and the node's partition only, so every method
+    (masked or structured) sees the same minibatch order and a resumed run repeats it exactly.
+    """
+    return TrainConfig(
+        epochs=run.local_epochs,
+        batch_size=run.batch_size,
+        lr=run.lr,
+        momentum=run.momentum,
+        weight_decay=run.weight_decay,
+        proximal_mu=run.proximal_mu,
+        fisher_batches=fisher_batches,
+        seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
+    )
 
 
 @dataclass(frozen=True)
