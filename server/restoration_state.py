@@ -93,6 +93,15 @@ class RestorationMasks:
             return fisher_scores(fisher, x), "fisher"
         return magnitude_scores(x), "magnitude"  # no Fisher yet (first round): documented fallback
 
+    def held_mask(self, capacity: float) -> NDArray[np.bool_] | None:
+        """The current mask of a client of ``capacity`` (the smallest key, for determinism), if any.
+
+        Central evaluation of a capacity level uses it: with per-client random
+        priorities a fresh mask would be one no client ever trained.
+        """
+        keys = sorted(k for k, c in self.clients.items() if c.capacity == capacity)
+        return self.clients[keys[0]].mask if keys else None
+
     def mask(
         self, key: str | None, t: float, capacity: float, x: NDArray, fisher: NDArray | None
     ) -> tuple[NDArray[np.bool_], str]:

@@ -221,6 +221,9 @@ class FisherSubmodelStrategy(Strategy):
         if self.structured is not None:
             return self.structured.mask_for(self.x, gamma)
         if method == "fedgmr":
+            held = self.restoration.held_mask(gamma) if node_id is None else None
+            if held is not None:  # central evaluation: a submodel a client of this capacity trains
+                return held, "held"
             t = self.restoration_clock(server_round)
             key = None if node_id is None else self.nodes[node_id].key
             fisher = None

@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import threading
+import time
+from pathlib import Path
 
 from server.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
 
 ROUNDS = 4
 CAPACITIES = (1.0, 0.25, 0.0625)
+SLOW = 15.0  # bench-delay-s of the node that is killed
+
+
+def _wait_until_training(log: Path, timeout: float = 300.0) -> None:
+    """Return a few seconds after the SuperNode received a train message it has not answered yet."""
+    start = log.read_text().count("Receiving: train")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if text.count("Receiving: train") > start and text.rfind("Receiving: train") > text.rfind("Sending: train"):
+            time.sleep(3.0)  # inside the handler now; it holds the message at least SLOW seconds
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"node 2 received no new train message within {timeout:.0f} s")
 
 
 def test_killed_node_does_not_stall_the_async_loop(tmp_path):
     out = tmp_path / "run"
     result: dict = {}
-    with LocalFederation(CAPACITIES, tmp_path / "federation", echo=lambda line: None) as fed:
+    # node 2 holds each message for at least SLOW seconds, so it can be killed with one in flight
+    with LocalFederation(CAPACITIES, tmp_path / "federation", echo=lambda line: None, delays=(0, 0, SLOW)) as fed:
         config = {
             "method": "fedgmr",
             "gmr-mode": "async",
@@ -22,11 +39,12 @@ def test_killed_node_does_not_stall_the_async_loop(tmp_path):
             "gmr-restore-rounds": 2,
             "eval-every": 0,
             "local-epochs": 1,
-            "round-timeout": 20.0,
+            "round-timeout": 90.0,
         }
         thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
         thread.start()
         wait_for_round(out, 1)
+        _wait_until_training(fed.logs / "supernode-2.log")
         fed.kill_node(2)
         wait_for_round(out, 2)
         fed.start_node(2)

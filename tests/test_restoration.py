@@ -172,5 +172,9 @@ def test_sync_strategy_masks_grow_with_rounds():
         assert all(np.all(b[a]) for a, b in zip(masks, masks[1:]))  # nested
         assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
         assert sizes[3] == sizes[4] == budget(capacity, layout.size)  # ceiling reached at round 1 + 3
-    level, _ = strategy.mask_for(None, 1, 0.5)  # capacity level for central evaluation: not remembered
-    assert set(strategy.restoration.clients) == {"edge-7", "edge-9"} and level.sum() <= budget(0.5, layout.size)
+    # central evaluation of a capacity level: the submodel a client of that capacity holds, not a fresh one
+    level, source = strategy.mask_for(None, 6, 0.5)
+    assert source == "held" and np.array_equal(level, strategy.restoration.clients["edge-7"].mask)
+    assert set(strategy.restoration.clients) == {"edge-7", "edge-9"}
+    fresh, _ = strategy.mask_for(None, 1, 0.25)  # no client of that capacity: a fresh, unremembered mask
+    assert fresh.sum() <= budget(0.25, layout.size) and set(strategy.restoration.clients) == {"edge-7", "edge-9"}

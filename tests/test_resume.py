@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -30,6 +31,13 @@ def _serverapp_pids(flwr_home: Path) -> list[int]:
     return pids
 
 
+def _checkpointed_round(out: Path) -> int:
+    try:
+        return load_checkpoint(out / CHECKPOINT)[0]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
     with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lambda line: None) as fed:
         reference = fed.run(CONFIG, tmp_path / "reference", timeout=600)
@@ -45,6 +53,10 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
         thread = threading.Thread(target=first_attempt)
         thread.start()
         wait_for_round(out, 2)
+        # metrics.json is written just before the checkpoint: kill once the checkpoint holds round 2 too
+        deadline = time.monotonic() + 120
+        while _checkpointed_round(out) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         pids = _serverapp_pids(fed.flwr_home)
         assert pids, "no ServerApp process to kill"
         for pid in pids:
