@@ -6,8 +6,6 @@ import time
 
 import numpy as np
 from flwr.app import (
-    Array,
-    ArrayRecord,
     ConfigRecord,
     Context,
     Message,
@@ -19,6 +17,7 @@ from flwr.clientapp import ClientApp
 from client.capacity_probe import cached_probe
 from client.device import pick_device
 from client.local_data import LocalData, cache_dir, load_local_data
+from client.replies import train_reply
 from client.structured_handlers import evaluate_structured, train_structured
 from client.training import evaluate, round_train_config, train_masked
 from common import protocol as P
@@ -98,27 +97,17 @@ def train(msg: Message, context: Context) -> Message:
         P.DELTA: delta,
         **encode_fisher(result.fisher, mask, layout, run.upload_encoding),
     }
-    content = RecordDict(
-        {
-            P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
-            P.METRICS: MetricRecord(
-                {
-                    "num-examples": result.num_examples,
-                    "train-loss": result.loss,
-                    "train-seconds": result.train_seconds,
-                    "fisher-seconds": result.fisher_seconds,
-                }
-            ),
-            P.META: ConfigRecord(
-                {
-                    "round": server_round,
-                    "mask-digest": str(cfg["mask-digest"]),
-                    "fisher-encoding": run.upload_encoding,
-                }
-            ),
-        }
+    return train_reply(
+        msg,
+        arrays,
+        result.num_examples,
+        result.loss,
+        result.train_seconds,
+        result.fisher_seconds,
+        server_round,
+        str(cfg["mask-digest"]),
+        run.upload_encoding,
     )
-    return Message(content, reply_to=msg)
 
 
 @app.evaluate()

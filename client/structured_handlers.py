@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from numpy.typing import NDArray
 from torch import nn
 
 from client.device import pick_device
 from client.local_data import LocalData
+from client.replies import train_reply
 from client.structured_training import StructuredTrainResult, train_small
 from client.training import evaluate, round_train_config
 from common import protocol as P
@@ -93,23 +94,17 @@ def train_structured(msg: Message, run: RunConfig, node: NodeConfig, data: Local
     tcfg = round_train_config(run, node, got.round, run.fisher_batches)
     result = train_small(got.model, data.train, tcfg, pick_device(node.device))
     arrays = reply_arrays(got.small_layout, got.graph, got.arrays, result)
-    content = RecordDict(
-        {
-            P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
-            P.METRICS: MetricRecord(
-                {
-                    "num-examples": result.num_examples,
-                    "train-loss": result.loss,
-                    "train-seconds": result.train_seconds,
-                    "fisher-seconds": result.stats_seconds,
-                }
-            ),
-            P.META: ConfigRecord(
-                {"round": got.round, "mask-digest": got.digest, "fisher-encoding": run.upload_encoding}
-            ),
-        }
+    return train_reply(
+        msg,
+        arrays,
+        result.num_examples,
+        result.loss,
+        result.train_seconds,
+        result.stats_seconds,
+        got.round,
+        got.digest,
+        run.upload_encoding,
     )
-    return Message(content, reply_to=msg)
 
 
 def evaluate_structured(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData) -> Message:
