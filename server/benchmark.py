@@ -198,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--fisher-encodings", default="masked", help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}"
     )
-    ap.add_argument("--run-config", "-c", default="", help="extra run-config overrides for every run")
+    ap.add_argument(
+        "--run-config", "-c", action="append", default=[], help="extra run-config overrides for every run (repeatable)"
+    )
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
     ap.add_argument(
@@ -216,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     partitions = [Partition.parse(p) for p in args.partitions.split(",") if p]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     capacities = parse_capacities(args.capacities) * args.clients_per_capacity
-    extra = parse_overrides(args.run_config) if args.run_config else {}
+    extra = {k: v for item in args.run_config for k, v in parse_overrides(item).items()}
     plan = []
     for dataset in args.datasets.split(","):
         for part in partitions:

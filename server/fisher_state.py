@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from common.prior_influence import trim_count, trimmed_mean_bounds
+
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
 PRIOR_BLOCK = 1 << 20  # positions per block when computing the trimmed prior
 ClientKey = int | str  # a stable client identity (the strategy uses the client key it reports)
@@ -164,9 +166,9 @@ class FisherState:
         if not self.clients or self._weight <= 0:
             return None
         n = len(self.clients)
-        if self.trim > 0 and n >= 3:
+        k = trim_count(self.trim, n)
+        if k > 0:
             if self._trimmed is None:
-                k = max(1, int(self.trim * n))
                 prior = np.empty(self.d, dtype=np.float32)
                 stored = [c.fisher for c in self.clients.values()]
                 for lo in range(0, self.d, PRIOR_BLOCK):  # bounded peak memory: one block of positions at a time
@@ -175,6 +177,47 @@ class FisherState:
                 self._trimmed = prior
             return self._trimmed
         return np.maximum(self._sum / self._weight, 0).astype(np.float32)
+
+    def prior_interval(self) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
+        """Per-position range of the prior over every upload any one stored client could have made.
+
+        ``None`` when the prior is not a trimmed mean (``trim = 0`` or fewer than three
+        clients): a weighted mean has no such bound, one client can move it without limit.
+        See :mod:`common.prior_influence`.
+        """
+        k = trim_count(self.trim, len(self.clients))
+        if k == 0:
+            return None
+        lo = np.empty(self.d, dtype=np.float32)
+        hi = np.empty(self.d, dtype=np.float32)
+        stored = [c.fisher for c in self.clients.values()]
+        for start in range(0, self.d, PRIOR_BLOCK):
+            block = np.stack([f[start : start + PRIOR_BLOCK] for f in stored])
+            _, lo[start : start + PRIOR_BLOCK], hi[start : start + PRIOR_BLOCK] = trimmed_mean_bounds(block, k)
+        return lo, hi
+
+    def estimate_interval(
+        self, client: ClientKey | None, round: int
+    ) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
+        """Range of :meth:`estimate` (``client=None``: of the prior) over any one *other* client's upload.
+
+        A client ranked by its own fresh estimate is out of any other client's reach
+        (``lo == hi``); a stale one is reached through its blend with the prior.
+        """
+        interval = self.prior_interval()
+        own = None if client is None else self.clients.get(client)
+        if own is None:
+            return interval
+        mine = own.fisher.astype(np.float32)
+        trust = self.staleness_decay ** max(round - own.round - 1, 0)
+        if trust >= 1.0:
+            return mine, mine.copy()
+        if interval is None:
+            return None
+        lo, hi = interval
+        return (trust * mine + (1 - trust) * lo).astype(np.float32), (trust * mine + (1 - trust) * hi).astype(
+            np.float32
+        )
 
     def estimate(self, client: ClientKey, round: int) -> NDArray[np.float32] | None:
         """Fisher to rank positions for ``client`` at ``round`` (``None``: nothing known yet)."""

@@ -1,7 +1,7 @@
-"""Benchmark: how far one poisoning client in ten moves the other clients' masks, per Fisher prior.
+"""Benchmark: how far one poisoning client among n (default ten) moves the other clients' masks, per Fisher prior.
 
 The world of ``tests/test_poisoned_fisher.py``: the small CNN's parameter
-vector, ten clients with heavy-tailed Fisher uploads sharing a structure
+vector, n clients with heavy-tailed Fisher uploads sharing a structure
 (lognormal base x per-client lognormal noise). Client 9 attacks with a
 *shaped* upload: all its mass on the ``fraction`` of positions ranked just
 below the selection threshold of the honest prior (an attacker that knows the
@@ -10,7 +10,9 @@ the largest share of mask entries that differ from the same federation with
 client 9 honest, over a new client (prior only) and a stale client (own
 estimate blended with the prior), and the same figure when client 9 merely
 uploads an uninformative (flat) Fisher, the floor any defence that keeps the
-attacker's honest contribution out of reach must pay.
+attacker's honest contribution out of reach must pay, and the certified bound
+(:mod:`common.prior_influence`): the share of positions one client can reach
+at all, whatever it uploads (none for the plain mean).
 
 Usage::
 
@@ -28,6 +30,7 @@ from numpy.typing import NDArray
 
 from common.layout import ParamLayout
 from common.models import build_model, model_layout, trainable_arrays
+from common.prior_influence import contested_positions
 from common.selection import fisher_scores, select_mask
 from server.fisher_state import FisherState
 
@@ -55,12 +58,24 @@ def mask_change(
     return worst
 
 
+def certified_share(layout: ParamLayout, x: NDArray, gamma: float, honest: FisherState, stale: int) -> float | None:
+    """Share of contested positions (worst of a new and a stale client); ``None`` for an unbounded prior."""
+    worst = 0.0
+    for client, rnd in ((None, 2), (stale, STALE_ROUND)):
+        interval = honest.estimate_interval(client, rnd)
+        if interval is None:
+            return None
+        worst = max(worst, float(contested_positions(layout, x, gamma, *interval).mean()))
+    return worst
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``python -m server.poisoning_bench``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gamma", type=float, default=0.25, help="capacity whose masks are compared")
     ap.add_argument("--trims", default="0,0.1,0.2,0.45", help="fisher-trim values (priors) to compare")
     ap.add_argument("--fractions", default="0.02,0.05,0.1,0.2", help="shares of positions the attacker targets")
+    ap.add_argument("--clients", type=int, default=10, help="clients in the federation, the last one attacks")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     model = build_model("cnn", 10, 1, 0)
@@ -68,10 +83,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     x = layout.flatten(trainable_arrays(model))
     rng = np.random.default_rng(args.seed)
     base = rng.lognormal(0, 2, layout.size)
-    clients = [base * rng.lognormal(0, 0.5, layout.size) for _ in range(10)]
+    if args.clients < 3:
+        ap.error("--clients must be at least 3 (a trimmed prior needs three)")
+    clients = [base * rng.lognormal(0, 0.5, layout.size) for _ in range(args.clients)]
     fractions = [float(f) for f in args.fractions.split(",")]
-    head = ["fisher-trim", *[f"shaped {f:.0%}" for f in fractions], "flat upload (floor)"]
-    print(f"mask entries changed at gamma={args.gamma:g}, one attacker in ten (worst of a new and a stale client)")
+    head = ["fisher-trim", *[f"shaped {f:.0%}" for f in fractions], "flat upload (floor)", "certified bound"]
+    print(
+        f"mask entries changed at gamma={args.gamma:g}, one attacker in {args.clients}"
+        " (worst of a new and a stale client)"
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for trim in (float(t) for t in args.trims.split(",")):
@@ -84,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fraction in fractions:
             attack = np.full(layout.size, 1e-12)
             attack[ranked[: int(layout.size * fraction)]] = 1.0
-            cells.append(mask_change(layout, x, args.gamma, _state([*clients[:9], attack], trim), honest, 3))
-        flat = mask_change(layout, x, args.gamma, _state([*clients[:9], np.ones(layout.size)], trim), honest, 3)
-        print(f"| {trim:g} | " + " | ".join(f"{c:.2%}" for c in [*cells, flat]) + " |", flush=True)
+            cells.append(mask_change(layout, x, args.gamma, _state([*clients[:-1], attack], trim), honest, 3))
+        flat = mask_change(layout, x, args.gamma, _state([*clients[:-1], np.ones(layout.size)], trim), honest, 3)
+        bound = certified_share(layout, x, args.gamma, honest, 3)
+        cert = "unbounded" if bound is None else f"{bound:.2%}"
+        print(f"| {trim:g} | " + " | ".join(f"{c:.2%}" for c in [*cells, flat]) + f" | {cert} |", flush=True)
     return 0
 
 

@@ -32,6 +32,7 @@ from common import protocol as P
 from common.aggregation import aggregate_masked
 from common.config import RunConfig
 from common.layout import ParamLayout
+from common.prior_influence import contested_positions
 from common.protocol import encode_submodel
 from common.selection import select_mask
 from common.width_masks import channel_graph, width_mask, width_ratio
@@ -510,6 +511,26 @@ class FisherSubmodelStrategy(Strategy):
             }
         return {"accuracy": acc, "loss": loss, "per_capacity": levels}
 
+    def prior_influence(self) -> dict[str, float] | None:
+        """Certified share of a prior-ranked mask that one client, whatever it uploads, could flip.
+
+        Per capacity level present (below 1), for a client ranked by the global
+        prior (a new or evicted one) against the current model. ``None`` unless
+        the method ranks by Fisher and the prior is a trimmed mean with at least
+        three clients (a plain mean gives no bound). See :mod:`common.prior_influence`.
+        """
+        if self.cfg.method != "fedfibos":
+            return None
+        interval = self.fisher.prior_interval()
+        if interval is None:
+            return None
+        lo, hi = interval
+        levels = sorted({p.capacity for p in self.nodes.values() if p.capacity < 1.0}, reverse=True)
+        return {
+            f"{gamma:g}": float(contested_positions(self.layout, self.x, gamma, lo, hi, self.cfg.min_per_row).mean())
+            for gamma in levels
+        }
+
     # -------------------------------------------------------------------- loop
     def start(
         self,
@@ -583,6 +604,7 @@ class FisherSubmodelStrategy(Strategy):
                 "clients": [asdict(c) for c in self.clients.values()],
                 "server_seconds": server_seconds,
                 "round_seconds": time.perf_counter() - t_round,
+                "prior_influence": self.prior_influence(),
             }
             log(INFO, "%s", progress_line(record, num_rounds))
             if self.on_round:

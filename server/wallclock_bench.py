@@ -100,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds (async: round equivalents = updates / nodes)")
     ap.add_argument("--target-acc", default="0.6,0.7,0.8", help="comma-separated target accuracies")
     ap.add_argument("--tabulate", action="store_true", help="only re-tabulate the finished runs in --out/runs")
-    ap.add_argument("--run-config", "-c", default="", help="run-config overrides for every variant")
+    ap.add_argument(
+        "--run-config", "-c", action="append", default=[], help="run-config overrides for every variant (repeatable)"
+    )
     ap.add_argument("--out", type=Path, default=Path("results/wallclock"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")
     args = ap.parse_args(argv)
@@ -108,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     delays = [float(v) for v in args.delays.split(",") if v]
     if len(delays) != len(args.capacities):
         ap.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
-    extra = parse_overrides(args.run_config) if args.run_config else {}
+    extra = {k: v for item in args.run_config for k, v in parse_overrides(item).items()}
     plan = []
     for variant in (v for v in args.variants.split(",") if v):
         cfg = {"eval-every": 0, **extra, **variant_config(variant), "num-rounds": args.rounds}

@@ -69,3 +69,12 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     assert main(args + ["-c", "local-epochs=1", "--reuse", "--existing-only"]) == 0
     again = list(csv.DictReader(open(out / "results.csv")))
     assert [r["global_acc"] for r in again] == [r["global_acc"] for r in rows]
+
+
+def test_every_run_config_flag_counts(tmp_path):
+    """``-c`` repeats like ``flwr run -c``: an earlier override is not dropped by a later one."""
+    from common.config import ConfigError
+
+    args = ["--methods", "fedfibos", "--datasets", "digits", "--out", str(tmp_path), "--existing-only", "--reuse"]
+    with pytest.raises(ConfigError, match="fisher-trim"):
+        main(args + ["-c", "fisher-trim=0.9", "-c", "local-epochs=1"])

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from common.layout import ParamLayout
 from common.mask_codec import encode_mask
+from common.prior_influence import contested_positions
+from server.fisher_state import FisherState
 from server.launcher import run_local_federation
 from server.report import summary_table, write_accuracy_plot
 
@@ -94,3 +97,19 @@ def test_outputs_exist_and_load(federation):
 def test_no_process_left_behind(federation):
     results, _, _ = federation
     assert _processes_with_env(f"FLWR_HOME={results.resolve() / '.flwr'}") == []
+
+
+def test_prior_influence_is_recorded_and_recomputable(federation):
+    """Each round records the certified share one client could flip; it follows from the saved state."""
+    results, metrics, _ = federation
+    for r in metrics["rounds"][1:]:
+        assert set(r["prior_influence"]) == {"0.25", "0.0625"}
+        assert all(0.0 < v < 1.0 for v in r["prior_influence"].values()), r["prior_influence"]
+    state = FisherState.from_bytes((results / "fisher_state.npz").read_bytes())
+    model = {k: v.numpy() for k, v in torch.load(results / "model.pt").items()}
+    layout = ParamLayout.from_arrays(model)
+    lo, hi = state.prior_interval()
+    last = metrics["rounds"][-1]["prior_influence"]
+    for gamma in (0.25, 0.0625):
+        share = float(contested_positions(layout, layout.flatten(model), gamma, lo, hi).mean())
+        assert share == pytest.approx(last[f"{gamma:g}"], abs=1e-12)

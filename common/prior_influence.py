@@ -1,0 +1,174 @@
+"""How far one client, whatever it uploads, can move a mask ranked by the trimmed Fisher prior.
+
+The global prior is the per-position trimmed mean of the ``n`` clients' Fisher
+estimates (``k >= 1`` values cut at each end). A trimmed mean is
+non-decreasing in every input, so replacing any one client's value by anything
+moves a position no lower than replacing the *largest* value by ``0`` and no
+higher than replacing the *smallest* value by ``+inf``. Those two extremes are
+the window ``sorted[k-1 : n-k-1]`` and ``sorted[k+1 : n-k+1]``: an interval
+``[lo, hi]`` per position that holds for every possible upload of any one
+client, honest or not, and is attained by an attacker that knows the others.
+
+From the score interval ``[lo, hi] * |x|`` follows which positions of a
+capacity-``gamma`` mask (:func:`common.selection.select_mask`) are decided no
+matter what that client sends: certainly kept when even the lowest score beats
+the highest possible selection threshold, certainly dropped when even the
+highest score loses to the lowest possible threshold and to the row guard.
+Every other position is *contested*. Two masks built from priors that differ
+in one client's upload can only differ on contested positions, so the share of
+contested positions is a certified bound on the share of entries one poisoning
+client can flip, over all attacks (no attack has to be imagined to use it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.layout import ParamLayout
+from common.selection import budget
+
+
+def trim_count(trim: float, n: int) -> int:
+    """Values cut at each end of ``n`` by the prior with ``fisher-trim = trim`` (0 below three clients)."""
+    if trim <= 0 or n < 3:
+        return 0
+    return max(1, int(trim * n))
+
+
+def trimmed_mean_bounds(
+    values: NDArray, k: int
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+    """Trimmed mean per column and the interval any one row's replacement can move it to.
+
+    Parameters
+    ----------
+    values : NDArray
+        Shape ``(n, m)``: one non-negative Fisher estimate per row (client), ``m`` positions.
+    k : int
+        Rows cut at each end per column, ``1 <= k`` and ``2k < n``.
+
+    Returns
+    -------
+    mean, lo, hi : NDArray[float32]
+        The trimmed mean (as :class:`server.fisher_state.FisherState` computes it)
+        and, per column, its smallest and largest value over every replacement
+        of one row by any non-negative values.
+    """
+    values = np.asarray(values)
+    if values.ndim != 2:
+        raise ValueError(f"values must be 2-D (clients x positions), got shape {values.shape}")
+    n = values.shape[0]
+    if not (k >= 1 and 2 * k < n):
+        raise ValueError(f"need 1 <= k and 2k < n, got k={k}, n={n}")
+    s = np.sort(values, axis=0)
+    mean = s[k : n - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+    lo = s[k - 1 : n - k - 1].mean(axis=0, dtype=np.float64).astype(np.float32)
+    hi = s[k + 1 : n - k + 1].mean(axis=0, dtype=np.float64).astype(np.float32)
+    return mean, lo, hi
+
+
+def contested_positions(
+    layout: ParamLayout,
+    x: NDArray,
+    gamma: float,
+    lo: NDArray,
+    hi: NDArray,
+    min_per_row: int = 1,
+) -> NDArray[np.bool_]:
+    """Positions whose membership in the Fisher-ranked mask depends on one client's upload.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's flat layout.
+    x : NDArray
+        Global parameters, flat, length ``d``.
+    gamma : float
+        Capacity of the mask, in (0, 1].
+    lo, hi : NDArray
+        Per-position bounds of the Fisher estimate the mask is ranked by (``lo <= hi``).
+    min_per_row : int
+        The selection's row guard (positions kept per output unit).
+
+    Returns
+    -------
+    NDArray[bool]
+        ``True`` where the mask may differ between two estimates inside ``[lo, hi]``;
+        outside these positions every such mask agrees.
+    """
+    absx = np.abs(np.asarray(x, dtype=np.float64))
+    s_lo = np.asarray(lo, dtype=np.float64) * absx
+    s_hi = np.asarray(hi, dtype=np.float64) * absx
+    if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
+        raise ValueError(f"lo and hi must have shape ({layout.size},)")
+    if np.any(s_lo > s_hi):
+        raise ValueError("lo must not exceed hi")
+    eligible = ~layout.always_kept
+    contested = np.zeros(layout.size, dtype=bool)
+    n_eligible = int(eligible.sum())
+    if n_eligible == 0:
+        return contested
+    # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
+    rows = layout.row_ids[eligible]
+    guard = int(np.minimum(np.bincount(rows), max(min_per_row, 0)).sum())
+    k = budget(gamma, layout.size)
+    need = k - (layout.size - n_eligible) - guard  # positions chosen by score beyond always-kept and guard
+    if need >= n_eligible - guard:
+        return contested  # every eligible position is kept whatever the scores
+    lo_e, hi_e = s_lo[eligible], s_hi[eligible]
+    if min_per_row > 0:
+        not_guard, in_guard = _row_guard_bounds(rows, lo_e, hi_e, min_per_row)
+    else:
+        not_guard, in_guard = np.ones(n_eligible, dtype=bool), np.zeros(n_eligible, dtype=bool)
+    if need > 0:
+        # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
+        # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
+        # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
+        rest_lo, rest_hi = lo_e[~in_guard], hi_e[~in_guard]
+        unsure = guard - int(in_guard.sum())
+        t_hi = np.partition(rest_hi, rest_hi.size - need)[rest_hi.size - need]
+        t_lo = np.partition(rest_lo, rest_lo.size - need - unsure)[rest_lo.size - need - unsure]
+        surely_in = in_guard | (lo_e > t_hi)
+    else:
+        t_lo = np.inf  # only the guard is kept beyond the always-kept positions
+        surely_in = in_guard
+    surely_out = not_guard & (hi_e < t_lo)
+    contested[np.flatnonzero(eligible)] = ~(surely_in | surely_out)
+    return contested
+
+
+def _row_guard_bounds(
+    rows: NDArray[np.int64], lo: NDArray[np.float64], hi: NDArray[np.float64], m: int
+) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
+    """Positions surely outside and surely inside the row guard (top ``m`` scores of each row).
+
+    Outside for sure: ``m`` other positions of the row score higher whatever happens
+    (``hi`` below the row's ``m``-th largest ``lo``; a position among those ``m``
+    has ``hi >= lo >=`` that value, so it is never wrongly excluded). Inside for sure:
+    fewer than ``m`` others can reach its lowest score (``lo`` above the ``m``-th
+    largest ``hi`` among the *other* positions), or the row has at most ``m`` positions.
+    """
+
+    def kth_by_row(values: NDArray[np.float64]) -> tuple[NDArray[np.intp], ...]:
+        order = np.lexsort((-values, rows))  # by row, then descending value
+        sorted_rows = rows[order]
+        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
+        counts = np.diff(np.r_[starts, sorted_rows.size])
+        first = np.zeros(int(rows.max()) + 1, dtype=np.intp)
+        size = np.zeros_like(first)
+        first[sorted_rows[starts]], size[sorted_rows[starts]] = starts, counts
+        rank = np.empty(rows.size, dtype=np.intp)
+        rank[order] = np.arange(rows.size) - np.repeat(starts, counts)
+        return order, first, size, rank
+
+    order_lo, first, size, _ = kth_by_row(lo)
+    small = size[rows] <= m  # the whole row is guard
+    mth_lo = lo[order_lo[np.minimum(first[rows] + m - 1, rows.size - 1)]]
+    not_guard = ~small & (hi < mth_lo)
+    order_hi, first, _, rank_hi = kth_by_row(hi)
+    # m-th largest hi among the others: skip this position's own place when it is among the top m.
+    idx = first[rows] + np.where(rank_hi < m, m, m - 1)
+    others_mth_hi = hi[order_hi[np.minimum(idx, rows.size - 1)]]
+    in_guard = small | (lo > others_mth_hi)
+    return not_guard, in_guard

@@ -1,0 +1,151 @@
+"""The certified reach of one client over the trimmed Fisher prior and the masks ranked by it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.layout import ParamLayout
+from common.prior_influence import contested_positions, trim_count, trimmed_mean_bounds
+from common.selection import select_mask
+from server.fisher_state import FisherState
+
+
+def _trimmed(values: np.ndarray, k: int) -> np.ndarray:
+    s = np.sort(values, axis=0)
+    return s[k : len(values) - k].mean(axis=0, dtype=np.float64).astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(3, 9), m=st.integers(1, 6), seed=st.integers(0, 2**31 - 1), trim=st.sampled_from([0.1, 0.2, 0.45]))
+def test_interval_contains_every_single_replacement_and_is_attained(n, m, seed, trim):
+    rng = np.random.default_rng(seed)
+    values = rng.lognormal(0, 1.5, (n, m)).astype(np.float32)
+    k = trim_count(trim, n)
+    mean, lo, hi = trimmed_mean_bounds(values, k)
+    np.testing.assert_array_equal(mean, _trimmed(values, k))
+    for i in range(n):  # brute force: each client replaced by extremes and by random values
+        for repl in (np.zeros(m), np.full(m, 1e30), rng.lognormal(0, 3, m), values[i] * 5, values[i] / 5):
+            moved = values.copy()
+            moved[i] = repl
+            t = _trimmed(moved, k)
+            assert np.all(lo <= t) and np.all(t <= hi)
+    cols = np.arange(m)
+    low, high = values.copy(), values.copy()
+    low[values.argmax(axis=0), cols] = 0.0  # the largest value withdrawn: the lowest reachable prior
+    high[values.argmin(axis=0), cols] = 1e30
+    np.testing.assert_array_equal(lo, _trimmed(low, k))
+    np.testing.assert_array_equal(hi, _trimmed(high, k))
+
+
+def test_bounds_reject_what_they_cannot_bound():
+    with pytest.raises(ValueError, match="k"):
+        trimmed_mean_bounds(np.ones((4, 3)), 0)  # a plain mean has no bound
+    with pytest.raises(ValueError, match="k"):
+        trimmed_mean_bounds(np.ones((4, 3)), 2)
+    with pytest.raises(ValueError, match="2-D"):
+        trimmed_mean_bounds(np.ones(4), 1)
+    assert trim_count(0.0, 10) == 0 and trim_count(0.1, 2) == 0 and trim_count(0.1, 3) == 1
+    assert trim_count(0.45, 10) == 4
+
+
+def _layout(rows: int, cols: int) -> ParamLayout:
+    return ParamLayout.from_arrays(
+        {"w": np.zeros((rows, cols), np.float32), "b": np.zeros(rows, np.float32), "v": np.zeros((2, rows), np.float32)}
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    cols=st.integers(1, 8),
+    gamma=st.sampled_from([0.05, 0.2, 0.5, 0.9]),
+    min_per_row=st.integers(0, 2),
+    width=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_masks_in_the_interval_agree_outside_contested_positions(rows, cols, gamma, min_per_row, width, seed):
+    layout = _layout(rows, cols)
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, layout.size)
+    centre = rng.lognormal(0, 1, layout.size)
+    lo = (centre * (1 - width * rng.random(layout.size))).astype(np.float32)
+    hi = (centre * (1 + width * rng.random(layout.size))).astype(np.float32)
+    contested = contested_positions(layout, x, gamma, lo, hi, min_per_row)
+    corners = [lo, hi] + [np.where(rng.random(layout.size) < 0.5, lo, hi) for _ in range(8)]
+    inside = [(lo + rng.random(layout.size) * (hi - lo)).astype(np.float32) for _ in range(8)]
+    reference = select_mask(layout, x, gamma, "fisher", lo, min_per_row)
+    for f in corners + inside:
+        mask = select_mask(layout, x, gamma, "fisher", f, min_per_row)
+        assert not np.any((mask != reference) & ~contested)
+    if width == 0.0:
+        assert contested.sum() <= 1  # a point interval decides every position but the one at the threshold
+
+
+def test_contested_share_grows_with_the_interval():
+    layout = _layout(64, 64)
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, layout.size)
+    centre = rng.lognormal(0, 2, layout.size)
+    shares = [
+        contested_positions(layout, x, 0.25, centre / (1 + w), centre * (1 + w)).mean() for w in (0.0, 0.1, 0.5, 2.0)
+    ]
+    assert shares[0] * layout.size <= 1  # only the position at the threshold itself is left open
+    assert shares == sorted(shares) and shares[1] > shares[0] and shares[-1] > 0.2
+
+
+def test_fisher_state_interval_covers_a_shaped_attack_and_a_stale_client():
+    """In the poisoning world: the measured flips of a strong attack stay inside the certified set."""
+    layout = _layout(128, 64)
+    rng = np.random.default_rng(1)
+    x = rng.normal(0, 1, layout.size)
+    base = rng.lognormal(0, 2, layout.size)
+    clients = [base * rng.lognormal(0, 0.5, layout.size) for _ in range(10)]
+
+    def state(uploads):
+        s = FisherState(layout.size, staleness_decay=0.7, trim=0.1)
+        for i, f in enumerate(uploads):
+            s.update(i, f, 100, 1)
+        return s
+
+    honest = state(clients)
+    prior = honest.global_prior()
+    kept = select_mask(layout, x, 0.25, "fisher", prior)
+    below = np.flatnonzero(~kept & ~layout.always_kept)
+    target = below[np.argsort(-(prior * np.abs(x))[below])][: layout.size // 10]
+    attack = np.full(layout.size, 1e-12)
+    attack[target] = 1.0
+    poisoned = state([*clients[:9], attack])
+    for client, rnd in ((None, 2), (3, 5), (0, 2)):
+        lo, hi = honest.estimate_interval(client, rnd)
+        contested = contested_positions(layout, x, 0.25, lo, hi)
+        ranked = [s.global_prior() if client is None else s.estimate(client, rnd) for s in (poisoned, honest)]
+        flipped = select_mask(layout, x, 0.25, "fisher", ranked[0]) != select_mask(layout, x, 0.25, "fisher", ranked[1])
+        assert flipped.any() or client == 0
+        assert not np.any(flipped & ~contested)
+        if client == 0:  # fresh: ranked by its own estimate, out of every other client's reach
+            assert contested.sum() <= 1  # only the position at the threshold itself
+    plain = FisherState(layout.size, trim=0.0)
+    for i, f in enumerate(clients):
+        plain.update(i, f, 100, 1)
+    assert plain.prior_interval() is None  # a weighted mean has no bound
+
+
+def test_prior_interval_matches_the_prior_in_fp16_and_across_blocks(monkeypatch):
+    import server.fisher_state as fs
+
+    monkeypatch.setattr(fs, "PRIOR_BLOCK", 7)  # several blocks of positions
+    rng = np.random.default_rng(2)
+    uploads = rng.lognormal(0, 1, (5, 50))
+    s = FisherState(50, trim=0.2, precision="fp16")
+    for i, f in enumerate(uploads):
+        s.update(i, f, 10, 1)
+    lo, hi = s.prior_interval()
+    stored = np.stack([c.fisher for c in s.clients.values()])
+    mean, lo_ref, hi_ref = trimmed_mean_bounds(stored, 1)
+    np.testing.assert_array_equal(s.global_prior(), mean)
+    np.testing.assert_array_equal(lo, lo_ref)
+    np.testing.assert_array_equal(hi, hi_ref)
+    assert np.all(lo <= mean) and np.all(mean <= hi)
