@@ -37,7 +37,28 @@ from server.fisher_state import FisherState
 STALE_ROUND = 5  # the stale client last reported in round 1: trust 0.7^3 in its own estimate
 
 
-def _state(uploads: Sequence[NDArray], trim: float) -> FisherState:
+def fisher_world(clients: int, seed: int = 0) -> tuple[ParamLayout, NDArray, list[NDArray]]:
+    """The small CNN's layout and parameters, and ``clients`` heavy-tailed Fisher uploads sharing a structure."""
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    x = layout.flatten(trainable_arrays(model))
+    rng = np.random.default_rng(seed)
+    base = rng.lognormal(0, 2, layout.size)
+    return layout, x, [base * rng.lognormal(0, 0.5, layout.size) for _ in range(clients)]
+
+
+def shaped_attack(layout: ParamLayout, x: NDArray, gamma: float, prior: NDArray, fraction: float) -> NDArray:
+    """An upload with all its mass on the ``fraction`` of positions ranked just below the prior's threshold."""
+    kept = select_mask(layout, x, gamma, "fisher", prior)
+    below = np.flatnonzero(~kept & ~layout.always_kept)
+    ranked = below[np.argsort(-fisher_scores(prior, x)[below])]
+    attack = np.full(layout.size, 1e-12)
+    attack[ranked[: int(layout.size * fraction)]] = 1.0
+    return attack
+
+
+def federation_state(uploads: Sequence[NDArray], trim: float) -> FisherState:
+    """The server's Fisher state after every client uploaded once (round 1, equal weights)."""
     state = FisherState(len(uploads[0]), staleness_decay=0.7, trim=trim)
     for i, upload in enumerate(uploads):
         state.update(i, upload, 100, 1)
@@ -78,14 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=10, help="clients in the federation, the last one attacks")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    model = build_model("cnn", 10, 1, 0)
-    layout = model_layout(model)
-    x = layout.flatten(trainable_arrays(model))
-    rng = np.random.default_rng(args.seed)
-    base = rng.lognormal(0, 2, layout.size)
     if args.clients < 3:
         ap.error("--clients must be at least 3 (a trimmed prior needs three)")
-    clients = [base * rng.lognormal(0, 0.5, layout.size) for _ in range(args.clients)]
+    layout, x, clients = fisher_world(args.clients, args.seed)
     fractions = [float(f) for f in args.fractions.split(",")]
     head = ["fisher-trim", *[f"shaped {f:.0%}" for f in fractions], "flat upload (floor)", "certified bound"]
     print(
@@ -95,17 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for trim in (float(t) for t in args.trims.split(",")):
-        honest = _state(clients, trim)
-        prior = honest.global_prior()
-        kept = select_mask(layout, x, args.gamma, "fisher", prior)
-        below = np.flatnonzero(~kept & ~layout.always_kept)
-        ranked = below[np.argsort(-fisher_scores(prior, x)[below])]
+        honest = federation_state(clients, trim)
         cells = []
         for fraction in fractions:
-            attack = np.full(layout.size, 1e-12)
-            attack[ranked[: int(layout.size * fraction)]] = 1.0
-            cells.append(mask_change(layout, x, args.gamma, _state([*clients[:-1], attack], trim), honest, 3))
-        flat = mask_change(layout, x, args.gamma, _state([*clients[:-1], np.ones(layout.size)], trim), honest, 3)
+            attack = shaped_attack(layout, x, args.gamma, honest.global_prior(), fraction)
+            cells.append(mask_change(layout, x, args.gamma, federation_state([*clients[:-1], attack], trim), honest, 3))
+        flat_state = federation_state([*clients[:-1], np.ones(layout.size)], trim)
+        flat = mask_change(layout, x, args.gamma, flat_state, honest, 3)
         bound = certified_share(layout, x, args.gamma, honest, 3)
         cert = "unbounded" if bound is None else f"{bound:.2%}"
         print(f"| {trim:g} | " + " | ".join(f"{c:.2%}" for c in [*cells, flat]) + f" | {cert} |", flush=True)
