@@ -110,15 +110,14 @@ def contested_positions(
     if n_eligible == 0:
         return contested
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
-    rows = layout.row_ids[eligible]
-    guard = int(np.minimum(np.bincount(rows), max(min_per_row, 0)).sum())
+    guard = sum(t.rows * min(t.size // t.rows, max(min_per_row, 0)) for t in layout.tensors if len(t.shape) >= 2)
     k = budget(gamma, layout.size)
     need = k - (layout.size - n_eligible) - guard  # positions chosen by score beyond always-kept and guard
     if need >= n_eligible - guard:
         return contested  # every eligible position is kept whatever the scores
     lo_e, hi_e = s_lo[eligible], s_hi[eligible]
     if min_per_row > 0:
-        not_guard, in_guard = _row_guard_bounds(rows, lo_e, hi_e, min_per_row)
+        not_guard, in_guard = (a[eligible] for a in _row_guard_bounds(layout, s_lo, s_hi, min_per_row))
     else:
         not_guard, in_guard = np.ones(n_eligible, dtype=bool), np.zeros(n_eligible, dtype=bool)
     if need > 0:
@@ -139,36 +138,33 @@ def contested_positions(
 
 
 def _row_guard_bounds(
-    rows: NDArray[np.int64], lo: NDArray[np.float64], hi: NDArray[np.float64], m: int
+    layout: ParamLayout, lo: NDArray[np.float64], hi: NDArray[np.float64], m: int
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """Positions surely outside and surely inside the row guard (top ``m`` scores of each row).
+    """Positions surely outside and surely inside the row guard (top ``m`` scores of each row), length ``d``.
 
     Outside for sure: ``m`` other positions of the row score higher whatever happens
     (``hi`` below the row's ``m``-th largest ``lo``; a position among those ``m``
     has ``hi >= lo >=`` that value, so it is never wrongly excluded). Inside for sure:
     fewer than ``m`` others can reach its lowest score (``lo`` above the ``m``-th
     largest ``hi`` among the *other* positions), or the row has at most ``m`` positions.
+    Rows are contiguous runs of the flat vector, so each tensor is one ``(rows, per_row)`` block.
     """
-
-    def kth_by_row(values: NDArray[np.float64]) -> tuple[NDArray[np.intp], ...]:
-        order = np.lexsort((-values, rows))  # by row, then descending value
-        sorted_rows = rows[order]
-        starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-        counts = np.diff(np.r_[starts, sorted_rows.size])
-        first = np.zeros(int(rows.max()) + 1, dtype=np.intp)
-        size = np.zeros_like(first)
-        first[sorted_rows[starts]], size[sorted_rows[starts]] = starts, counts
-        rank = np.empty(rows.size, dtype=np.intp)
-        rank[order] = np.arange(rows.size) - np.repeat(starts, counts)
-        return order, first, size, rank
-
-    order_lo, first, size, _ = kth_by_row(lo)
-    small = size[rows] <= m  # the whole row is guard
-    mth_lo = lo[order_lo[np.minimum(first[rows] + m - 1, rows.size - 1)]]
-    not_guard = ~small & (hi < mth_lo)
-    order_hi, first, _, rank_hi = kth_by_row(hi)
-    # m-th largest hi among the others: skip this position's own place when it is among the top m.
-    idx = first[rows] + np.where(rank_hi < m, m, m - 1)
-    others_mth_hi = hi[order_hi[np.minimum(idx, rows.size - 1)]]
-    in_guard = small | (lo > others_mth_hi)
+    not_guard = np.zeros(layout.size, dtype=bool)
+    in_guard = np.zeros(layout.size, dtype=bool)
+    for t, start in zip(layout.tensors, layout.offsets[:-1]):
+        if len(t.shape) < 2:
+            continue
+        per_row = t.size // t.rows
+        block = slice(int(start), int(start) + t.size)
+        if per_row <= m:
+            in_guard[block] = True
+            continue
+        lo_b, hi_b = lo[block].reshape(t.rows, per_row), hi[block].reshape(t.rows, per_row)
+        mth_lo = np.partition(lo_b, per_row - m, axis=1)[:, per_row - m]
+        top = np.partition(hi_b, (per_row - m - 1, per_row - m), axis=1)
+        mth_hi, next_hi = top[:, per_row - m], top[:, per_row - m - 1]
+        # Without this position the others' m-th largest hi is the next one when it is itself among the top m.
+        others_mth_hi = np.where(hi_b >= mth_hi[:, None], next_hi[:, None], mth_hi[:, None])
+        not_guard[block] = (hi_b < mth_lo[:, None]).ravel()
+        in_guard[block] = (lo_b > others_mth_hi).ravel()
     return not_guard, in_guard
