@@ -185,6 +185,17 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
     return paths
 
 
+def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
+    """The planned run-config keys whose value differs from a stored run's settings (``""`` when none)."""
+    planned = parse_run_config(cfg)
+    diffs = []
+    for key in sorted(cfg):
+        attr = key.replace("-", "_")
+        if stored.get(attr) != getattr(planned, attr):
+            diffs.append(f"{key}: {stored.get(attr)!r} stored, {getattr(planned, attr)!r} planned")
+    return "; ".join(diffs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``make bench`` / ``python -m server.benchmark``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -247,9 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder = args.out / "runs" / name
         if args.reuse and (folder / "model.pt").exists():
             metrics = json.loads((folder / "metrics.json").read_text())
-            runs.append((run_row(metrics, float("nan")), metrics))
-            print(f"[run {i}/{len(plan)}] {name}: reused", flush=True)
-            continue
+            differs = settings_differ(cfg, metrics["run"])
+            if not differs:
+                runs.append((run_row(metrics, float("nan")), metrics))
+                print(f"[run {i}/{len(plan)}] {name}: reused", flush=True)
+                continue
+            print(f"[run {i}/{len(plan)}] {name}: stored run has other settings ({differs}), not reused", flush=True)
         if args.existing_only:
             print(f"[run {i}/{len(plan)}] {name}: not run (--existing-only)", flush=True)
             continue

@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from server.benchmark import Partition, main, summarise
+from server.benchmark import Partition, main, settings_differ, summarise
 
 
 def test_partition_specs():
@@ -78,3 +78,10 @@ def test_every_run_config_flag_counts(tmp_path):
     args = ["--methods", "fedfibos", "--datasets", "digits", "--out", str(tmp_path), "--existing-only", "--reuse"]
     with pytest.raises(ConfigError, match="fisher-trim"):
         main(args + ["-c", "fisher-trim=0.9", "-c", "local-epochs=1"])
+
+
+def test_reuse_only_takes_runs_with_the_same_settings():
+    stored = {"method": "fedfibos", "local_epochs": 1, "lr": 0.1, "fisher_trim": 0.1, "seed": 0}
+    assert settings_differ({"method": "fedfibos", "local-epochs": 1, "seed": 0}, stored) == ""
+    diff = settings_differ({"method": "fedfibos", "local-epochs": 3, "fisher-trim": 0.45}, stored)
+    assert "local-epochs: 1 stored, 3 planned" in diff and "fisher-trim" in diff and "method" not in diff
