@@ -253,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan.json").write_text(json.dumps([n for n, _ in plan], indent=1))
     runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    failed: list[str] = []
     started = time.monotonic()
     for i, (name, cfg) in enumerate(plan, 1):
         folder = args.out / "runs" / name
@@ -269,14 +270,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"[run {i}/{len(plan)}] {name}", flush=True)
         t0 = time.monotonic()
-        metrics = run_local_federation(
-            capacities,
-            folder,
-            cfg,
-            timeout=args.timeout,
-            echo=lambda line: print("    " + line, flush=True) if line.startswith("[round") else None,
-            simulation=True,
-        )
+        try:
+            metrics = run_local_federation(
+                capacities,
+                folder,
+                cfg,
+                timeout=args.timeout,
+                echo=lambda line: print("    " + line, flush=True) if line.startswith("[round") else None,
+                simulation=True,
+            )
+        except (RuntimeError, TimeoutError) as err:  # one broken run must not cost the rest of the matrix
+            failed.append(name)
+            print(f"[run {i}/{len(plan)}] {name}: FAILED ({err}); going on with the next run", flush=True)
+            continue
         row = run_row(metrics, time.monotonic() - t0)
         runs.append((row, metrics))
         write_results(
@@ -298,13 +304,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         len(seeds),
         f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), {args.rounds} rounds",
     )
-    paths = plot(runs, args.out)
+    paths = plot(runs, args.out) if runs else []  # nothing finished: a table of no rows, no plot
     print()
     print(table)
     print(
         f"\n{len(plan)} runs in {time.monotonic() - started:.0f} s -> {args.out / 'results.csv'}, "
         + ", ".join(str(p) for p in paths)
     )
+    if failed:
+        print(f"{len(failed)} run(s) failed and are not in the table (rerun with --reuse): {', '.join(failed)}")
+        return 1
     return 0
 
 

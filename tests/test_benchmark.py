@@ -85,3 +85,20 @@ def test_reuse_only_takes_runs_with_the_same_settings():
     assert settings_differ({"method": "fedfibos", "local-epochs": 1, "seed": 0}, stored) == ""
     diff = settings_differ({"method": "fedfibos", "local-epochs": 3, "fisher-trim": 0.45}, stored)
     assert "local-epochs: 1 stored, 3 planned" in diff and "fisher-trim" in diff and "method" not in diff
+
+
+def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):
+    import server.benchmark as bench
+
+    started = []
+
+    def broken(capacities, folder, cfg, **kwargs):
+        started.append(cfg["method"])
+        raise RuntimeError("the run did not finish (no model.pt)")
+
+    monkeypatch.setattr(bench, "run_local_federation", broken)
+    args = ["--methods", "fedfibos,fiarse", "--datasets", "digits", "--partitions", "iid", "--seeds", "0"]
+    assert main(args + ["--out", str(tmp_path)]) == 1
+    assert started == ["fedfibos", "fiarse"]  # the second run still ran
+    out = capsys.readouterr().out
+    assert out.count("FAILED") == 2 and "2 run(s) failed" in out
