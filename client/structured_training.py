@@ -18,7 +18,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from client.training import TrainConfig, as_input
+from client.training import TrainConfig, as_input, local_logits
 from common.datasets import ArrayDataset
 
 
@@ -88,7 +88,7 @@ def train_small(model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: 
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(as_input(x[batch])), y[batch])
+            loss = loss_fn(local_logits(model(as_input(x[batch])), y, cfg.label_mask), y[batch])
             loss.backward()
             if cfg.fisher_batches <= 0 or counted < cfg.fisher_batches:
                 t0 = time.perf_counter()

@@ -42,6 +42,8 @@ class TrainConfig:
         SGD settings.
     proximal_mu : float
         FedProx coefficient of ``mu/2 * ||w - w_received||^2`` (0 = off).
+    label_mask : bool
+        Set the logits of classes absent from the local data to 0 before the loss.
     fisher_batches : int
         Training steps whose gradients enter the Fisher estimate (0 = all, -1 = none: for methods
         that never read it, so none is measured).
@@ -55,6 +57,7 @@ class TrainConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     proximal_mu: float = 0.0
+    label_mask: bool = False
     fisher_batches: int = 0
     seed: int = 0
 
@@ -72,6 +75,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int, fish
         momentum=run.momentum,
         weight_decay=run.weight_decay,
         proximal_mu=run.proximal_mu,
+        label_mask=run.label_mask,
         fisher_batches=fisher_batches,
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
     )
@@ -138,6 +142,29 @@ def _effective(model: nn.Module, layout: ParamLayout) -> list[torch.Tensor]:
     return out
 
 
+def local_logits(out: torch.Tensor, labels: torch.Tensor, enabled: bool) -> torch.Tensor:
+    """Logits the local loss sees: with label masking, those of classes absent from ``labels`` are 0.
+
+    Without it, cross-entropy on a client that holds two classes pushes every other class's
+    output down, and a class that only small submodels hold is trained toward "no" by every
+    larger client that holds its classifier row. HeteroFL's and FedRolex's published code mask
+    the same way (fill with 0, so absent classes get no gradient).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        Logits, shape ``(batch, classes)``.
+    labels : torch.Tensor
+        All local training labels (the client's label set is taken from them).
+    enabled : bool
+        Whether to mask (``label-mask``).
+    """
+    if not enabled:
+        return out
+    present = torch.bincount(labels, minlength=out.shape[1])[: out.shape[1]] > 0
+    return out.masked_fill(~present, 0.0)
+
+
 def train_masked(
     model: nn.Module,
     layout: ParamLayout,
@@ -192,7 +219,7 @@ def train_masked(
                 for t in effective:
                     if not t.is_leaf:
                         t.retain_grad()
-            loss = loss_fn(out, y[batch])
+            loss = loss_fn(local_logits(out, y, cfg.label_mask), y[batch])
             loss.backward()
             if measure:
                 t0 = time.perf_counter()

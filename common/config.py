@@ -97,6 +97,7 @@ class RunConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     proximal_mu: float = 0.0
+    label_mask: bool = False
     server_lr: float = 1.0
     fisher_encoding: str = "masked"
     fisher_batches: int = 0
@@ -152,6 +153,7 @@ _RUN_CHECKS: dict[str, Callable] = {
     "momentum": _num("momentum", 0, 0.999),
     "weight-decay": _num("weight-decay", 0, 1),
     "proximal-mu": _num("proximal-mu", 0, 100),
+    "label-mask": _flag("label-mask"),
     "server-lr": _num("server-lr", 0, 10, lo_open=True),
     "fisher-encoding": _choice("fisher-encoding", FISHER_ENCODINGS),
     "fisher-batches": _num("fisher-batches", 0, 1_000_000, integer=True),
