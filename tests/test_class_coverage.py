@@ -1,0 +1,47 @@
+"""The per-class report that explains where label-skewed federations lose classes."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+from common.config import parse_run_config
+from common.models import build_model
+from server.class_coverage import ClassCoverage, class_coverage, coverage_lines, main, run_coverage
+
+
+def test_recall_and_largest_holder_per_class():
+    pred = np.array([0, 0, 1, 2, 2, 0])
+    y = np.array([0, 0, 1, 1, 2, 2])
+    clients = [np.array([0, 1]), np.array([1]), np.array([0, 0])]
+    rows = class_coverage(pred, y, clients, [0.25, 1.0, 0.0625], 4)
+    assert rows[:3] == [
+        ClassCoverage(0, 1.0, 0.25, 2),
+        ClassCoverage(1, 0.5, 1.0, 2),
+        ClassCoverage(2, 0.5, 0.0, 0),
+    ]
+    assert rows[3].label == 3 and math.isnan(rows[3].recall) and rows[3].holders == 0
+    lines = coverage_lines("run", 0.5, rows)
+    assert lines[0] == "run: global acc 0.500"
+    assert "classes [1] (largest holder at capacity 1): recall 0.50" in lines[1]
+    assert "held by no client" in lines[-1]
+    with pytest.raises(ValueError, match="capacities"):
+        class_coverage(pred, y, clients, [1.0], 4)
+
+
+def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
+    run = asdict(parse_run_config({"dataset": "digits", "partitioner": "pathological", "seed": 3}))
+    run["capacity_mix"] = "1.0,0.25,0.0625"
+    (tmp_path / "metrics.json").write_text(json.dumps({"run": run, "rounds": []}))
+    torch.save(build_model("cnn", 10, 1, 0).state_dict(), tmp_path / "model.pt")
+    accuracy, rows = run_coverage(tmp_path)
+    assert len(rows) == 10 and 0.0 <= accuracy <= 1.0
+    assert sum(r.holders for r in rows) == 6  # three clients, two classes each
+    assert {r.top_capacity for r in rows if r.holders} <= {0.0625, 0.25, 1.0}
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path.name}: global acc {accuracy:.3f}")
