@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo bench test lint system-deps clean
+.PHONY: install demo bench bench-docs test lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ demo: $(VENV)/.installed
 # Side-by-side benchmark on the Simulation Engine; override e.g. BENCH_ARGS="--datasets digits --seeds 0".
 bench: $(VENV)/.installed
 	$(PY) -m server.benchmark --out results/bench $(BENCH_ARGS)
+
+# Every benchmark command in docs/BENCHMARKS.md, in order; --reuse keeps finished runs, so it resumes.
+bench-docs: $(VENV)/.installed
+	grep -E '^    python -m server\.benchmark ' docs/BENCHMARKS.md | sed 's|^ *python|$(PY)|' | \
+		while read -r cmd; do echo "$$cmd --reuse"; eval "$$cmd --reuse" || exit 1; done
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

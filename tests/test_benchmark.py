@@ -102,3 +102,21 @@ def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):
     assert started == ["fedfibos", "fiarse"]  # the second run still ran
     out = capsys.readouterr().out
     assert out.count("FAILED") == 2 and "2 run(s) failed" in out
+
+
+def test_every_documented_benchmark_command_is_valid(tmp_path):
+    """The commands `make bench-docs` runs parse and plan (configs validated) without starting a run."""
+    import shlex
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
+    commands = [
+        line.split() for line in doc.read_text().splitlines() if line.startswith("    python -m server.benchmark ")
+    ]
+    assert len(commands) >= 6
+    for i, words in enumerate(commands):
+        args = shlex.split(" ".join(words[3:]))
+        out = args.index("--out")
+        args[out + 1] = str(tmp_path / f"c{i}")  # plan into a scratch folder, run nothing
+        assert main(args + ["--reuse", "--existing-only"]) == 0, words
+        assert (tmp_path / f"c{i}" / "plan.json").exists()
