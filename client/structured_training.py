@@ -18,7 +18,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from client.training import TrainConfig, as_input, local_logits
+from client.training import TrainConfig, as_input, local_classes, local_logits
 from common.datasets import ArrayDataset
 
 
@@ -84,11 +84,12 @@ def train_small(model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: 
     h_sum = [torch.zeros_like(p) for p in params]
     counted, steps, loss_sum, stats_seconds = 0, 0, 0.0, 0.0
     loss_fn = nn.CrossEntropyLoss()
+    present = local_classes(y, data.num_classes, cfg.label_mask)
     for _ in range(cfg.epochs):
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(local_logits(model(as_input(x[batch])), y, cfg.label_mask), y[batch])
+            loss = loss_fn(local_logits(model(as_input(x[batch])), present), y[batch])
             loss.backward()
             if cfg.fisher_batches <= 0 or counted < cfg.fisher_batches:
                 t0 = time.perf_counter()

@@ -142,8 +142,25 @@ def _effective(model: nn.Module, layout: ParamLayout) -> list[torch.Tensor]:
     return out
 
 
-def local_logits(out: torch.Tensor, labels: torch.Tensor, enabled: bool) -> torch.Tensor:
-    """Logits the local loss sees: with label masking, those of classes absent from ``labels`` are 0.
+def local_classes(labels: torch.Tensor, num_classes: int, enabled: bool) -> torch.Tensor | None:
+    """The classes in the local training labels, for :func:`local_logits` (``None`` without label masking).
+
+    Parameters
+    ----------
+    labels : torch.Tensor
+        All local training labels.
+    num_classes : int
+        Number of classes (the model's outputs).
+    enabled : bool
+        Whether to mask (``label-mask``).
+    """
+    if not enabled:
+        return None
+    return torch.bincount(labels, minlength=num_classes)[:num_classes] > 0
+
+
+def local_logits(out: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """Logits the local loss sees: with label masking, those of classes absent from the local data are 0.
 
     Without it, cross-entropy on a client that holds two classes pushes every other class's
     output down, and a class that only small submodels hold is trained toward "no" by every
@@ -154,15 +171,10 @@ def local_logits(out: torch.Tensor, labels: torch.Tensor, enabled: bool) -> torc
     ----------
     out : torch.Tensor
         Logits, shape ``(batch, classes)``.
-    labels : torch.Tensor
-        All local training labels (the client's label set is taken from them).
-    enabled : bool
-        Whether to mask (``label-mask``).
+    present : torch.Tensor, optional
+        :func:`local_classes` of the client's labels; ``None`` leaves the logits as they are.
     """
-    if not enabled:
-        return out
-    present = torch.bincount(labels, minlength=out.shape[1])[: out.shape[1]] > 0
-    return out.masked_fill(~present, 0.0)
+    return out if present is None else out.masked_fill(~present, 0.0)
 
 
 def train_masked(
@@ -208,6 +220,7 @@ def train_masked(
     fisher = [torch.zeros(t.shape, device=device) for t in layout.tensors]
     counted, steps, loss_sum, fisher_seconds = 0, 0, 0.0, 0.0
     loss_fn = nn.CrossEntropyLoss()
+    present = local_classes(y, data.num_classes, cfg.label_mask)
     for _ in range(cfg.epochs):
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
@@ -219,7 +232,7 @@ def train_masked(
                 for t in effective:
                     if not t.is_leaf:
                         t.retain_grad()
-            loss = loss_fn(local_logits(out, y, cfg.label_mask), y[batch])
+            loss = loss_fn(local_logits(out, present), y[batch])
             loss.backward()
             if measure:
                 t0 = time.perf_counter()

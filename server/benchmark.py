@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     partitions = [Partition.parse(p) for p in args.partitions.split(",") if p]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     capacities = parse_capacities(args.capacities) * args.clients_per_capacity
-    extra = {k: v for item in args.run_config for k, v in parse_overrides(item).items()}
+    extra = parse_overrides(args.run_config)
     plan = []
     for dataset in args.datasets.split(","):
         for part in partitions:

@@ -96,6 +96,7 @@ def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage]]:
     import torch
 
     from client.local_data import derive_local_data
+    from client.training import as_input
     from common.config import NodeConfig, RunConfig
     from common.datasets import load_dataset
     from common.models import build_model
@@ -113,8 +114,6 @@ def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage]]:
     model = build_model(run.model, test.num_classes, int(test.x.shape[1]) if test.x.ndim == 4 else 1, 0)
     model.load_state_dict(torch.load(folder / "model.pt"), strict=False)
     model.eval()
-    from client.training import as_input
-
     with torch.no_grad():
         pred = np.concatenate(
             [model(as_input(torch.from_numpy(test.x[i : i + 512]))).argmax(1).numpy() for i in range(0, len(test), 512)]

@@ -90,9 +90,7 @@ def submit(args: argparse.Namespace) -> int:
     """
     env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
     wait_for_control_api(env, args.connection, args.wait)
-    overrides: dict[str, object] = {}
-    for item in args.run_config:
-        overrides.update(parse_overrides(item))
+    overrides = parse_overrides(args.run_config)
     cmd = ["flwr", "run", str(args.app), args.connection, "--stream"]
     if overrides:
         cmd += ["-c", toml_overrides(overrides)]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,10 +171,8 @@ class FisherState:
         if k > 0:
             if self._trimmed is None:
                 prior = np.empty(self.d, dtype=np.float32)
-                stored = [c.fisher for c in self.clients.values()]
-                for lo in range(0, self.d, PRIOR_BLOCK):  # bounded peak memory: one block of positions at a time
-                    block = np.sort(np.stack([f[lo : lo + PRIOR_BLOCK] for f in stored]), axis=0)
-                    prior[lo : lo + PRIOR_BLOCK] = block[k : n - k].mean(axis=0, dtype=np.float64)
+                for span, block in self._blocks():
+                    prior[span] = np.sort(block, axis=0)[k : n - k].mean(axis=0, dtype=np.float64)
                 self._trimmed = prior
             return self._trimmed
         return np.maximum(self._sum / self._weight, 0).astype(np.float32)
@@ -188,13 +187,19 @@ class FisherState:
         k = trim_count(self.trim, len(self.clients))
         if k == 0:
             return None
-        lo = np.empty(self.d, dtype=np.float32)
-        hi = np.empty(self.d, dtype=np.float32)
+        prior, lo, hi = (np.empty(self.d, dtype=np.float32) for _ in range(3))
+        for span, block in self._blocks():
+            prior[span], lo[span], hi[span] = trimmed_mean_bounds(block, k)
+        if self._trimmed is None:
+            self._trimmed = prior  # the same sort gives the prior: global_prior need not sort again
+        return lo, hi
+
+    def _blocks(self) -> Iterator[tuple[slice, NDArray]]:
+        """The stored estimates stacked one block of positions at a time (bounded peak memory)."""
         stored = [c.fisher for c in self.clients.values()]
         for start in range(0, self.d, PRIOR_BLOCK):
-            block = np.stack([f[start : start + PRIOR_BLOCK] for f in stored])
-            _, lo[start : start + PRIOR_BLOCK], hi[start : start + PRIOR_BLOCK] = trimmed_mean_bounds(block, k)
-        return lo, hi
+            span = slice(start, start + PRIOR_BLOCK)
+            yield span, np.stack([f[span] for f in stored])
 
     def estimate_interval(
         self, client: ClientKey | None, round: int

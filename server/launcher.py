@@ -489,9 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     delays = [float(v) for v in args.delays.split(",") if v.strip()]
     if delays and len(delays) != len(args.capacities):
         parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
-    overrides: dict[str, object] = {}
-    for item in args.run_config:
-        overrides.update(parse_overrides(item))
+    overrides = parse_overrides(args.run_config)
     if args.rounds is not None:
         overrides["num-rounds"] = args.rounds
     signal.signal(signal.SIGINT, _raise_interrupt)
@@ -512,12 +510,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def parse_overrides(text: str) -> dict[str, object]:
-    """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values)."""
+def parse_overrides(text: str | Sequence[str]) -> dict[str, object]:
+    """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values).
+
+    A sequence is the values of a repeated ``-c`` flag, merged in order (a later key wins), as ``flwr run -c`` does.
+    """
     import tomllib
 
     out: dict[str, object] = {}
-    for pair in shlex.split(text):
+    for pair in (p for item in ([text] if isinstance(text, str) else text) for p in shlex.split(item)):
         key, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"run-config override {pair!r} is not key=value")

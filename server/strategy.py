@@ -579,6 +579,7 @@ class FisherSubmodelStrategy(Strategy):
                 arrays = result.arrays = new_arrays
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
+            influence = self.prior_influence()  # before the evaluation: its sort also caches the prior
             central = self.central_evaluation(rnd)
             server_seconds += time.perf_counter() - t0
             if central:
@@ -604,7 +605,7 @@ class FisherSubmodelStrategy(Strategy):
                 "clients": [asdict(c) for c in self.clients.values()],
                 "server_seconds": server_seconds,
                 "round_seconds": time.perf_counter() - t_round,
-                "prior_influence": self.prior_influence(),
+                "prior_influence": influence,
             }
             log(INFO, "%s", progress_line(record, num_rounds))
             if self.on_round:

@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     delays = [float(v) for v in args.delays.split(",") if v]
     if len(delays) != len(args.capacities):
         ap.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
-    extra = {k: v for item in args.run_config for k, v in parse_overrides(item).items()}
+    extra = parse_overrides(args.run_config)
     plan = []
     for variant in (v for v in args.variants.split(",") if v):
         cfg = {"eval-every": 0, **extra, **variant_config(variant), "num-rounds": args.rounds}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from client.structured_training import train_small
-from client.training import TrainConfig, local_logits, train_masked
+from client.training import TrainConfig, local_classes, local_logits, train_masked
 from common.config import ConfigError, parse_run_config
 from common.datasets import ArrayDataset, load_dataset
 from common.models import build_model, model_layout, trainable_arrays
@@ -24,11 +24,12 @@ def _two_class_client(n: int = 64) -> ArrayDataset:
 def test_absent_logits_are_zero_and_get_no_gradient():
     out = torch.randn(4, 5, requires_grad=True)
     labels = torch.tensor([1, 3, 3, 1, 1])
-    masked = local_logits(out, labels, True)
+    assert local_classes(labels, 5, True).tolist() == [False, True, False, True, False]
+    masked = local_logits(out, local_classes(labels, 5, True))
     assert torch.all(masked[:, [0, 2, 4]] == 0) and torch.equal(masked[:, [1, 3]], out[:, [1, 3]])
     torch.nn.functional.cross_entropy(masked, torch.tensor([1, 3, 1, 3])).backward()
     assert torch.all(out.grad[:, [0, 2, 4]] == 0) and torch.all(out.grad[:, [1, 3]] != 0)
-    assert local_logits(out, labels, False) is out
+    assert local_classes(labels, 5, False) is None and local_logits(out, None) is out
 
 
 def _classifier_rows(layout, flat, name):

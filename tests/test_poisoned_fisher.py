@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.selection import select_mask
-from server.fisher_state import FisherState
 from server.poisoning_bench import certified_share, federation_state, fisher_world, mask_change, shaped_attack
 
-HONEST, ATTACKER = range(9), 9
+ATTACKER = 9  # the last of the ten clients
 
 
 @pytest.fixture(scope="module")
@@ -17,11 +16,7 @@ def world():
 
 
 def _state(clients, attacker_upload, trim):
-    s = FisherState(len(clients[0]), staleness_decay=0.7, trim=trim)
-    for i in HONEST:
-        s.update(i, clients[i], 100, 1)
-    s.update(ATTACKER, attacker_upload, 100, 1)
-    return s
+    return federation_state([*clients[:ATTACKER], attacker_upload], trim)
 
 
 def _worst_change(layout, x, gamma, poisoned, honest):
