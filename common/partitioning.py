@@ -59,7 +59,8 @@ def make_partitioner(
             seed=seed,
         )
     if kind == "pathological":
-        # first-deterministic: every class reaches some client even when clients < classes
+        # first-deterministic: client i's first class is i mod classes, so every class is held once there are at
+        # least as many clients as classes; below that, classes the random draws miss stay unheld (flwr-datasets warns).
         return PathologicalPartitioner(
             num_partitions,
             "label",

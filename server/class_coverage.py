@@ -7,6 +7,10 @@ visible: for each class, the recall of the final global model on the server's
 test set and the largest capacity among the clients whose training data holds
 the class (0: no client holds it).
 
+With several run folders it also prints a Markdown table per method: recall
+averaged over every (run, class) pair in each tier, the pair count in brackets,
+and the mean global accuracy (the tables in ``docs/BENCHMARKS.md``).
+
 Usage::
 
     python -m server.class_coverage results/bench/runs/digits-pathological2-s0-fedfibos [more run folders]
@@ -91,6 +95,45 @@ def coverage_lines(name: str, accuracy: float, rows: Sequence[ClassCoverage]) ->
     return lines
 
 
+def tier_name(tier: float) -> str:
+    """Column heading for the classes whose largest holder has capacity ``tier`` (0: no holder)."""
+    if tier <= 0:
+        return "held by no client"
+    inverse = 1 / tier
+    return f"at capacity 1/{inverse:g}" if tier < 1 and inverse == round(inverse) else f"at capacity {tier:g}"
+
+
+def coverage_table(runs: Sequence[tuple[str, float, Sequence[ClassCoverage]]]) -> list[str]:
+    """Markdown table pooling runs per method.
+
+    Parameters
+    ----------
+    runs : sequence of (method, global accuracy, per-class rows)
+        One entry per finished run; runs of one method (e.g. several seeds) are pooled.
+
+    Returns
+    -------
+    list[str]
+        Table lines: one row per method in order of first appearance, one column per holder tier (largest
+        capacity first, "held by no client" last) with the recall averaged over every (run, class) pair of that
+        tier and the number of pairs in brackets, and the mean global accuracy.
+    """
+    tiers = sorted({r.top_capacity for _, _, rows in runs for r in rows}, key=lambda t: (t <= 0, -t))
+    methods = list(dict.fromkeys(m for m, _, _ in runs))
+    lines = [
+        "| method | " + " | ".join(tier_name(t) for t in tiers) + " | global acc |",
+        "|---|" + "---|" * (len(tiers) + 1),
+    ]
+    for method in methods:
+        mine = [(acc, rows) for m, acc, rows in runs if m == method]
+        cells = []
+        for tier in tiers:
+            recalls = [r.recall for _, rows in mine for r in rows if r.top_capacity == tier and not np.isnan(r.recall)]
+            cells.append(f"{np.mean(recalls):.2f} ({len(recalls)})" if recalls else "-")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {np.mean([a for a, _ in mine]):.3f} |")
+    return lines
+
+
 def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage]]:
     """Evaluate a finished run folder (``metrics.json`` + ``model.pt``) class by class."""
     import torch
@@ -127,9 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)")
     args = ap.parse_args(argv)
+    pooled = []
     for folder in args.runs:
         accuracy, rows = run_coverage(folder)
         print("\n".join(coverage_lines(folder.name, accuracy, rows)), flush=True)
+        pooled.append((json.loads((folder / "metrics.json").read_text())["run"]["method"], accuracy, rows))
+    if len(pooled) > 1:
+        print("\n" + "\n".join(coverage_table(pooled)))
     return 0
 
 

@@ -12,7 +12,15 @@ import torch
 
 from common.config import parse_run_config
 from common.models import build_model
-from server.class_coverage import ClassCoverage, class_coverage, coverage_lines, main, run_coverage
+from server.class_coverage import (
+    ClassCoverage,
+    class_coverage,
+    coverage_lines,
+    coverage_table,
+    main,
+    run_coverage,
+    tier_name,
+)
 
 
 def test_recall_and_largest_holder_per_class():
@@ -34,6 +42,25 @@ def test_recall_and_largest_holder_per_class():
         class_coverage(pred, y, clients, [1.0], 4)
 
 
+def test_runs_of_one_method_pool_their_class_pairs_per_tier():
+    seed0 = [ClassCoverage(0, 1.0, 1.0, 1), ClassCoverage(1, 0.0, 0.25, 1), ClassCoverage(2, float("nan"), 0.25, 1)]
+    seed1 = [ClassCoverage(0, 0.5, 1.0, 2), ClassCoverage(1, 0.5, 0.25, 1), ClassCoverage(2, 0.0, 0.0, 0)]
+    other = [ClassCoverage(0, 0.25, 0.0625, 1)]
+    table = coverage_table([("fedfibos", 0.4, seed0), ("fiarse", 0.2, other), ("fedfibos", 0.6, seed1)])
+    assert (
+        table[0] == "| method | at capacity 1 | at capacity 1/4 | at capacity 1/16 | held by no client | global acc |"
+    )
+    # (1.0 + 0.5) / 2 pairs at capacity 1; the NaN recall (no test example) is not a pair
+    assert table[2] == "| fedfibos | 0.75 (2) | 0.25 (2) | - | 0.00 (1) | 0.500 |"
+    assert table[3] == "| fiarse | - | - | 0.25 (1) | - | 0.200 |"
+    assert [tier_name(t) for t in (1.0, 0.015625, 0.3, 0.0)] == [
+        "at capacity 1",
+        "at capacity 1/64",
+        "at capacity 0.3",
+        "held by no client",
+    ]
+
+
 def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
     run = asdict(parse_run_config({"dataset": "digits", "partitioner": "pathological", "seed": 3}))
     run["capacity_mix"] = "1.0,0.25,0.0625"
@@ -45,3 +72,5 @@ def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
     assert {r.top_capacity for r in rows if r.holders} <= {0.0625, 0.25, 1.0}
     assert main([str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith(f"{tmp_path.name}: global acc {accuracy:.3f}")
+    assert main([str(tmp_path), str(tmp_path)]) == 0
+    assert "| fedfibos | " in capsys.readouterr().out.split("| method |")[1]
