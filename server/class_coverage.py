@@ -7,6 +7,12 @@ visible: for each class, the recall of the final global model on the server's
 test set and the largest capacity among the clients whose training data holds
 the class (0: no client holds it).
 
+Each run's report also counts dead units: channels of each hidden Conv2d or
+Linear layer whose output is never positive on the test set. Where a ReLU
+follows the layer (the small CNN, the fastText model) such a unit passes no
+gradient, so no client can revive it; a global model whose hidden channels have
+all died predicts one class whatever it is shown.
+
 With several run folders it also prints a Markdown table per method: recall
 averaged over every (run, class) pair in each tier, the pair count in brackets,
 and the mean global accuracy (the tables in ``docs/BENCHMARKS.md``).
@@ -24,9 +30,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -134,8 +144,52 @@ def coverage_table(runs: Sequence[tuple[str, float, Sequence[ClassCoverage]]]) -
     return lines
 
 
-def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage]]:
-    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``) class by class."""
+def dead_units(model: torch.nn.Module, x: torch.Tensor) -> dict[str, tuple[int, int]]:
+    """Per hidden layer, how many output channels are never positive on the inputs ``x``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model, in eval mode. Every ``Conv2d`` and ``Linear`` except the last ``Linear`` (the classifier) is
+        counted; a channel is an output channel of a convolution or an output unit of a linear layer.
+    x : torch.Tensor
+        A batch of inputs, e.g. the server's test set.
+
+    Returns
+    -------
+    dict[str, tuple[int, int]]
+        Layer name -> (channels whose output is <= 0 for every input and position, channels), in module order.
+    """
+    import torch
+    from torch import nn
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    if layers and isinstance(layers[-1][1], nn.Linear):
+        layers = layers[:-1]
+    peak: dict[str, torch.Tensor] = {}
+
+    def hook(name: str):
+        def record(_module: nn.Module, _inputs: object, out: torch.Tensor) -> None:
+            # channel axis is 1 for conv maps and linear outputs alike; reduce over every other axis
+            peak[name] = out.detach().transpose(0, 1).reshape(out.shape[1], -1).amax(1)
+
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in layers]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: (int((peak[n] <= 0).sum()), int(peak[n].numel())) for n, _ in layers}
+
+
+def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage], dict[str, tuple[int, int]]]:
+    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units.
+
+    Dead units are counted on the first 1000 test examples (:func:`dead_units`).
+    """
     import torch
 
     from client.local_data import derive_local_data
@@ -162,7 +216,8 @@ def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage]]:
             [model(as_input(torch.from_numpy(test.x[i : i + 512]))).argmax(1).numpy() for i in range(0, len(test), 512)]
         )
     rows = class_coverage(pred, test.y, client_labels, capacities, test.num_classes)
-    return float(np.mean(pred == test.y)), rows
+    dead = dead_units(model, as_input(torch.from_numpy(test.x[:1000])))
+    return float(np.mean(pred == test.y)), rows, dead
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,8 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pooled = []
     for folder in args.runs:
-        accuracy, rows = run_coverage(folder)
-        print("\n".join(coverage_lines(folder.name, accuracy, rows)), flush=True)
+        accuracy, rows, dead = run_coverage(folder)
+        print("\n".join(coverage_lines(folder.name, accuracy, rows)))
+        print(
+            "  dead units (never positive on the test set): " + ", ".join(f"{n} {d}/{t}" for n, (d, t) in dead.items())
+        )
+        sys.stdout.flush()
         pooled.append((json.loads((folder / "metrics.json").read_text())["run"]["method"], accuracy, rows))
     if len(pooled) > 1:
         print("\n" + "\n".join(coverage_table(pooled)))

@@ -17,6 +17,7 @@ from server.class_coverage import (
     class_coverage,
     coverage_lines,
     coverage_table,
+    dead_units,
     main,
     run_coverage,
     tier_name,
@@ -61,16 +62,40 @@ def test_runs_of_one_method_pool_their_class_pairs_per_tier():
     ]
 
 
+def test_dead_units_are_the_hidden_channels_that_never_fire():
+    model = build_model("cnn", 10, 1, 0).eval()
+    x = torch.rand(16, 1, 8, 8)
+    alive = dead_units(model, x)
+    assert set(alive) == {"conv1", "conv2", "fc1"}  # the classifier fc2 is not a hidden layer
+    assert [t for _, t in alive.values()] == [32, 64, 128]
+    with torch.no_grad():
+        dead_before = model.conv2(torch.relu(model.conv1(x))).amax(dim=(0, 2, 3)) <= 0
+        model.conv2.bias[:5] = -1e6  # five conv2 channels can never be positive
+        model.fc1.bias[:] = -1e6  # every fc1 unit dead: the model answers one class whatever it sees
+    dead = dead_units(model, x)
+    assert dead["conv2"] == (5 + int(dead_before[5:].sum()), 64) and dead["fc1"] == (128, 128)
+    assert alive["conv2"][0] == int(dead_before.sum())
+    assert dead["conv1"] == alive["conv1"]
+    assert len(set(model(x).argmax(1).tolist())) == 1
+    # brute force on conv1: a channel is dead iff its output is <= 0 at every input and position
+    with torch.no_grad():
+        brute = int((model.conv1(x).amax(dim=(0, 2, 3)) <= 0).sum())
+    assert dead["conv1"][0] == brute
+
+
 def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
     run = asdict(parse_run_config({"dataset": "digits", "partitioner": "pathological", "seed": 3}))
     run["capacity_mix"] = "1.0,0.25,0.0625"
     (tmp_path / "metrics.json").write_text(json.dumps({"run": run, "rounds": []}))
     torch.save(build_model("cnn", 10, 1, 0).state_dict(), tmp_path / "model.pt")
-    accuracy, rows = run_coverage(tmp_path)
+    accuracy, rows, dead = run_coverage(tmp_path)
+    assert dead["fc1"][1] == 128
     assert len(rows) == 10 and 0.0 <= accuracy <= 1.0
     assert sum(r.holders for r in rows) == 6  # three clients, two classes each
     assert {r.top_capacity for r in rows if r.holders} <= {0.0625, 0.25, 1.0}
     assert main([str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{tmp_path.name}: global acc {accuracy:.3f}")
+    out = capsys.readouterr().out
+    assert out.startswith(f"{tmp_path.name}: global acc {accuracy:.3f}")
+    assert "dead units (never positive on the test set): conv1 " in out
     assert main([str(tmp_path), str(tmp_path)]) == 0
     assert "| fedfibos | " in capsys.readouterr().out.split("| method |")[1]
