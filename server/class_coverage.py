@@ -8,7 +8,8 @@ test set and the largest capacity among the clients whose training data holds
 the class (0: no client holds it).
 
 Each run's report also counts dead units: channels of each hidden Conv2d or
-Linear layer whose output is never positive on the test set. Where a ReLU
+Linear layer whose output is never positive on the first 1000 test examples
+(``DEAD_UNIT_SAMPLE``). Where a ReLU
 follows the layer (the small CNN, the fastText model) such a unit passes no
 gradient, so no client can revive it; a global model whose hidden channels have
 all died predicts one class whatever it is shown.
@@ -30,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -185,11 +186,25 @@ def dead_units(model: torch.nn.Module, x: torch.Tensor) -> dict[str, tuple[int, 
     return {n: (int((peak[n] <= 0).sum()), int(peak[n].numel())) for n, _ in layers}
 
 
-def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage], dict[str, tuple[int, int]]]:
-    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units.
+DEAD_UNIT_SAMPLE = 1000
+"""Test examples :func:`run_coverage` counts dead units on (the first ones of the server's test set)."""
 
-    Dead units are counted on the first 1000 test examples (:func:`dead_units`).
-    """
+
+class RunCoverage(NamedTuple):
+    """What :func:`run_coverage` finds in one run folder."""
+
+    method: str
+    """The run's ``method``."""
+    accuracy: float
+    """Global accuracy of the final model on the server's test set."""
+    rows: list[ClassCoverage]
+    """Per class, from :func:`class_coverage`."""
+    dead: dict[str, tuple[int, int]]
+    """Per hidden layer, :func:`dead_units` on the first ``DEAD_UNIT_SAMPLE`` test examples."""
+
+
+def run_coverage(folder: Path) -> RunCoverage:
+    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units."""
     import torch
 
     from client.local_data import derive_local_data
@@ -216,8 +231,8 @@ def run_coverage(folder: Path) -> tuple[float, list[ClassCoverage], dict[str, tu
             [model(as_input(torch.from_numpy(test.x[i : i + 512]))).argmax(1).numpy() for i in range(0, len(test), 512)]
         )
     rows = class_coverage(pred, test.y, client_labels, capacities, test.num_classes)
-    dead = dead_units(model, as_input(torch.from_numpy(test.x[:1000])))
-    return float(np.mean(pred == test.y)), rows, dead
+    dead = dead_units(model, as_input(torch.from_numpy(test.x[:DEAD_UNIT_SAMPLE])))
+    return RunCoverage(run.method, float(np.mean(pred == test.y)), rows, dead)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -227,13 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pooled = []
     for folder in args.runs:
-        accuracy, rows, dead = run_coverage(folder)
-        print("\n".join(coverage_lines(folder.name, accuracy, rows)))
-        print(
-            "  dead units (never positive on the test set): " + ", ".join(f"{n} {d}/{t}" for n, (d, t) in dead.items())
-        )
-        sys.stdout.flush()
-        pooled.append((json.loads((folder / "metrics.json").read_text())["run"]["method"], accuracy, rows))
+        cov = run_coverage(folder)
+        print("\n".join(coverage_lines(folder.name, cov.accuracy, cov.rows)))
+        dead = ", ".join(f"{n} {d}/{t}" for n, (d, t) in cov.dead.items())
+        print(f"  dead units (never positive on the first {DEAD_UNIT_SAMPLE} test examples): {dead}", flush=True)
+        pooled.append((cov.method, cov.accuracy, cov.rows))
     if len(pooled) > 1:
         print("\n" + "\n".join(coverage_table(pooled)))
     return 0

@@ -88,7 +88,8 @@ def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
     run["capacity_mix"] = "1.0,0.25,0.0625"
     (tmp_path / "metrics.json").write_text(json.dumps({"run": run, "rounds": []}))
     torch.save(build_model("cnn", 10, 1, 0).state_dict(), tmp_path / "model.pt")
-    accuracy, rows, dead = run_coverage(tmp_path)
+    method, accuracy, rows, dead = run_coverage(tmp_path)
+    assert method == "fedfibos"
     assert dead["fc1"][1] == 128
     assert len(rows) == 10 and 0.0 <= accuracy <= 1.0
     assert sum(r.holders for r in rows) == 6  # three clients, two classes each
@@ -96,6 +97,6 @@ def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"{tmp_path.name}: global acc {accuracy:.3f}")
-    assert "dead units (never positive on the test set): conv1 " in out
+    assert "dead units (never positive on the first 1000 test examples): conv1 " in out
     assert main([str(tmp_path), str(tmp_path)]) == 0
     assert "| fedfibos | " in capsys.readouterr().out.split("| method |")[1]
