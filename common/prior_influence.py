@@ -51,7 +51,7 @@ def trimmed_mean_bounds(
     Returns
     -------
     mean, lo, hi : NDArray[float32]
-        The trimmed mean (as :class:`server.fisher_state.FisherState` computes it)
+        The trimmed mean (as :class:`common.fisher_state.FisherState` computes it)
         and, per column, its smallest and largest value over every replacement
         of one row by any non-negative values.
     """

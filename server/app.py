@@ -1,27 +1,37 @@
-"""The ServerApp: builds the global model and runs :class:`FisherSubmodelStrategy`."""
+"""The ServerApp: builds the global model and runs the run's method through the submodel strategy."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from client.device import pick_device
 from common.config import parse_run_config
 from common.datasets import load_dataset
+from common.device import pick_device
+from common.evaluation import CentralEvaluator
+from common.methods import create_method
 from common.models import build_model, model_layout, trainable_arrays
-from server.async_rounds import AsyncFedGMR
-from server.evaluation import CentralEvaluator
-from server.fisher_state import FisherState
+from server.async_strategy import AsyncSubmodelStrategy
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
-from server.strategy import FisherSubmodelStrategy
+from server.strategy import EvaluateFn, SubmodelStrategy
 
 app = ServerApp()
+
+
+def central_evaluate_fn(evaluator: CentralEvaluator) -> EvaluateFn:
+    """Flower's ``evaluate_fn`` over the server's test set: accuracy and loss of the arrays given."""
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        flat = evaluator.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
+        loss, acc = evaluator(flat)
+        return MetricRecord({"accuracy": acc, "loss": loss})
+
+    return evaluate_fn
 
 
 @app.main()
@@ -40,37 +50,39 @@ def main(grid: Grid, context: Context) -> None:
         pick_device("auto"),
     )
     x0 = layout.flatten(trainable_arrays(model))
-    strategy = FisherSubmodelStrategy(cfg, layout, evaluate_fn=evaluator)
+    method = create_method(cfg)
+    strategy_class = AsyncSubmodelStrategy if method.asynchronous else SubmodelStrategy
+    strategy = strategy_class(cfg, layout, method)
     checkpoint = results / CHECKPOINT
     done = None
     if cfg.resume and checkpoint.exists():
-        done, x0, fisher = load_checkpoint(checkpoint)
+        done, x0, state = load_checkpoint(checkpoint)
         if x0.shape != (layout.size,):
             raise ValueError(f"{checkpoint} holds a model of {x0.size} parameters, this run builds {layout.size}")
-        strategy.fisher = FisherState.from_bytes(fisher)
+        method.load_state(state)
         strategy.first_round = done + 1
         log(INFO, "resuming after round %d from %s", done, checkpoint)
     elif cfg.resume:
         log(INFO, "resume=true but %s does not exist: starting from round 1", checkpoint)
     metrics = MetricsLog(
         results / "metrics.json",
-        {**asdict(cfg), "d": layout.size, "results_dir": str(results)},
+        {**cfg.flat(), "upload_encoding": cfg.upload_encoding, "d": layout.size, "results_dir": str(results)},
         keep_until=done,
     )
 
     def after_round(record: dict) -> None:
         metrics.append(record)
         if record["round"] > 0:
-            save_checkpoint(checkpoint, record["round"], strategy.x, strategy.fisher.to_bytes())
+            save_checkpoint(checkpoint, record["round"], strategy.x, method.state_bytes())
 
     strategy.on_round = after_round
     log(INFO, "results -> %s", results)
-    if cfg.method == "fedgmr" and cfg.gmr_mode == "async":
-        async_run = AsyncFedGMR(strategy, grid, after_round)
-        async_run.run(x0, cfg.num_rounds, cfg.round_timeout)
-    else:
-        strategy.start(grid, strategy.to_arrays(x0), cfg.num_rounds, cfg.round_timeout)
+    strategy.start(
+        grid, strategy.to_arrays(x0), cfg.num_rounds, cfg.round_timeout, evaluate_fn=central_evaluate_fn(evaluator)
+    )
     final = {n: torch.from_numpy(v.copy()) for n, v in layout.unflatten(strategy.x).items()}
     save_model(results / "model.pt", final)
-    atomic_write(results / "fisher_state.npz", strategy.fisher.to_bytes())
-    log(INFO, "saved %s and %s", results / "model.pt", results / "fisher_state.npz")
+    state = method.state_bytes()
+    if state:
+        atomic_write(results / "fisher_state.npz", state)
+    log(INFO, "saved %s%s", results / "model.pt", f" and {results / 'fisher_state.npz'}" if state else "")

@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config import METHODS, parse_run_config
+from common.config import RunConfig, config_from_flat, parse_run_config
 from common.fisher_codec import FISHER_ENCODINGS
+from common.methods import registry
 from common.time_to_accuracy import accuracy_curve, time_to_target
 from server.launcher import parse_capacities, run_local_federation
 
+HIGHLIGHT = RunConfig.model_fields["method"].default  # the product's method: drawn thicker in the plots
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
 
 
@@ -85,7 +87,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         + (f":{run['dirichlet_alpha']:g}" if run["partitioner"] == "dirichlet" else "")
         + (f":{run['classes_per_client']}" if run["partitioner"] == "pathological" else ""),
         "seed": run["seed"],
-        "fisher_encoding": run["fisher_encoding"] if run["method"] == "fedfibos" else "none",
+        "fisher_encoding": run.get("upload_encoding") or config_from_flat(run).upload_encoding,
         "rounds": len(rounds),
         "global_acc": last["accuracy"],
         "local_acc": local["accuracy"] if local else float("nan"),
@@ -170,7 +172,7 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
                 n = min(len(c[0]) for c in cs)
                 acc = [statistics.fmean(c[1][i] for c in cs) for i in range(n)]
                 x = cs[0][0][:n] if kind == "round" else [statistics.fmean(c[2][i] for c in cs) for i in range(n)]
-                ax.plot(x, acc, marker="o", ms=2.5, lw=1.5 if label != "fedfibos" else 2.5, label=label)
+                ax.plot(x, acc, marker="o", ms=2.5, lw=2.5 if label == HIGHLIGHT else 1.5, label=label)
             ax.set_title(f"{dataset}, {partition}")
             ax.set_xlabel(xlabel)
             ax.set_ylabel("global test accuracy (full model)")
@@ -187,19 +189,19 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
 
 def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
     """The planned run-config keys whose value differs from a stored run's settings (``""`` when none)."""
-    planned = parse_run_config(cfg)
+    planned = parse_run_config(cfg).flat()
     diffs = []
     for key in sorted(cfg):
         attr = key.replace("-", "_")
-        if stored.get(attr) != getattr(planned, attr):
-            diffs.append(f"{key}: {stored.get(attr)!r} stored, {getattr(planned, attr)!r} planned")
+        if stored.get(attr) != planned[attr]:
+            diffs.append(f"{key}: {stored.get(attr)!r} stored, {planned[attr]!r} planned")
     return "; ".join(diffs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``make bench`` / ``python -m server.benchmark``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (default: all)")
+    ap.add_argument("--methods", default=",".join(registry()), help="comma-separated methods (default: all)")
     ap.add_argument("--datasets", default="digits,mnist5k", help="comma-separated datasets")
     ap.add_argument("--partitions", default="dirichlet:0.1,dirichlet:0.5,pathological:2", help="e.g. iid,dirichlet:0.1")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
@@ -235,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for part in partitions:
             for seed in seeds:
                 for method in methods:
-                    for enc in encodings if method == "fedfibos" else encodings[:1]:
+                    probe = parse_run_config({**extra, "method": method})  # fail early, naming the bad key
+                    uploads = probe.upload_encoding != "none"
+                    for enc in encodings if uploads else encodings[:1]:
                         cfg = {
                             **extra,
                             "method": method,
@@ -247,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         }
                         parse_run_config(cfg)  # fail before the first run, naming the bad key
                         name = f"{dataset}-{part.label.replace(':', '')}-s{seed}-{method}" + (
-                            f"-{enc}" if method == "fedfibos" and len(encodings) > 1 else ""
+                            f"-{enc}" if uploads and len(encodings) > 1 else ""
                         )
                         plan.append((name, cfg))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -208,10 +208,10 @@ def run_coverage(folder: Path) -> RunCoverage:
     import torch
 
     from client.local_data import derive_local_data
-    from client.training import as_input
     from common.config import NodeConfig, RunConfig
     from common.datasets import load_dataset
     from common.models import build_model
+    from common.training import as_input
 
     stored = json.loads((folder / "metrics.json").read_text())["run"]
     run = RunConfig(**{k: v for k, v in stored.items() if k in RunConfig.__dataclass_fields__})

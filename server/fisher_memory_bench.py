@@ -1,7 +1,7 @@
 """Benchmark: server memory for the Fisher state of many clients, and what bounding it costs in masks.
 
 Feeds ``--clients`` uploads (synthetic heavy-tailed Fisher vectors of the
-model's size) into a :class:`server.fisher_state.FisherState` with a memory
+model's size) into a :class:`common.fisher_state.FisherState` with a memory
 budget, printing resident memory as it goes; then reports how much the
 bounded state changes masks: fp16 storage vs exact, and an evicted client
 (ranked by the prior) vs its own estimate.
@@ -21,9 +21,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common.fisher_state import FisherState, fisher_capacity
 from common.models import build_model, model_layout, trainable_arrays
 from common.selection import select_mask
-from server.fisher_state import FisherState, fisher_capacity
 
 
 def rss_mib() -> float:

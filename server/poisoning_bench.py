@@ -28,11 +28,11 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from common.fisher_state import FisherState
 from common.layout import ParamLayout
 from common.models import build_model, model_layout, trainable_arrays
 from common.prior_influence import contested_positions
 from common.selection import fisher_scores, select_mask
-from server.fisher_state import FisherState
 
 STALE_ROUND = 5  # the stale client last reported in round 1: trust 0.7^3 in its own estimate
 

@@ -1,52 +1,38 @@
-"""FedFIbOS as a Flower strategy: per-client Fisher-ranked submodels, mask-aware aggregation.
+"""The ServerApp's Flower strategy: method-agnostic rounds of per-node submodels.
 
-The maths lives in ``common`` (selection, aggregation, codecs) and in
-:mod:`server.fisher_state`; this module only turns it into Messages, checks the
-replies (:mod:`server.validation`) and keeps the per-round bookkeeping.
+Everything that differs between methods (which nodes train, what each is sent, how a reply is
+checked and aggregated, the state kept between rounds) is asked of the run's
+:class:`~common.methods.base.Method`. This module turns it into Messages, validates and counts
+replies, evaluates, and keeps the per-round bookkeeping written to metrics.json.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
 from common import protocol as P
-from common.aggregation import aggregate_masked
 from common.config import RunConfig
 from common.layout import ParamLayout
-from common.prior_influence import contested_positions
-from common.protocol import encode_submodel
-from common.selection import select_mask
-from common.width_masks import channel_graph, width_mask, width_ratio
-from server.fisher_state import FisherState, fisher_capacity
-from server.restoration_state import RestorationMasks
-from server.structured_submodels import StructuredSubmodels
-from server.validation import (
-    ReplyError,
-    SentSubmodel,
-    TrainReply,
-    validate_evaluate_reply,
-    validate_profile,
-    validate_train_reply,
-)
+from common.methods import create_method
+from common.methods.base import Accepted, Method
+from common.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
+from server.grid_io import exchange, wait_for_nodes
+from server.replies import ReplyParts, expected_sent, reply_parts
+
+#: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``, ``loss``).
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 @dataclass
@@ -84,56 +70,20 @@ class ClientRound:
     capacity_source: str = "node-config"
 
 
-@dataclass
-class ReplyParts:
-    """The pieces of a reply the validators look at, already taken out of the Message."""
-
-    node_id: int
-    arrays: dict[str, NDArray] | None = None
-    metrics: dict[str, Any] | None = None
-    meta: dict[str, Any] | None = None
-    error: str | None = None
-    nbytes: int = 0
-    extras: dict[str, Any] = field(default_factory=dict)
+def to_arrays(layout: ParamLayout, flat: NDArray[np.float32]) -> ArrayRecord:
+    """A flat vector as an ArrayRecord of named tensors."""
+    return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in layout.unflatten(flat).items()})
 
 
-def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key: str | None) -> ReplyParts:
-    """Extract records from a reply without trusting it (decode failures become ``error``)."""
-    parts = ReplyParts(node_id=int(msg.metadata.src_node_id))
-    if msg.has_error():
-        parts.error = f"node returned an error: {msg.error.reason}"
-        return parts
-    try:
-        content = msg.content
-        if arrays_key is not None and arrays_key in content.array_records:
-            record = content.array_records[arrays_key]
-            parts.nbytes = record.count_bytes()
-            parts.arrays = {name: arr.numpy() for name, arr in record.items()}
-        if metrics_key in content.metric_records:
-            parts.metrics = dict(content.metric_records[metrics_key])
-        if meta_key is not None and meta_key in content.config_records:
-            parts.meta = dict(content.config_records[meta_key])
-        for name, rec in content.config_records.items():
-            if name != meta_key:
-                parts.extras.update(rec)
-    except Exception as err:  # undecodable payloads are a reason to drop the reply, never to crash
-        parts.error = f"undecodable reply: {type(err).__name__}: {err}"
-    return parts
+def _records(arrays: dict[str, dict[str, NDArray]]) -> dict[str, ArrayRecord]:
+    return {
+        name: ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in record.items()})
+        for name, record in arrays.items()
+    }
 
 
-def expected_sent(parts: ReplyParts, sent: dict[int, SentSubmodel], answered: Container[int]) -> SentSubmodel:
-    """What this reply answers; rejects error replies, replies nobody asked for, and duplicates."""
-    if parts.error:
-        raise ReplyError(parts.error)
-    if parts.node_id not in sent:
-        raise ReplyError("nothing was sent to this node in this round")
-    if parts.node_id in answered:
-        raise ReplyError("duplicate reply for this round")
-    return sent[parts.node_id]
-
-
-class FisherSubmodelStrategy(Strategy):
-    """Heterogeneous-capacity federated training with Fisher-ranked submodels.
+class SubmodelStrategy(Strategy):
+    """Heterogeneous-capacity federated training: each node trains the submodel its method gives it.
 
     Parameters
     ----------
@@ -141,9 +91,8 @@ class FisherSubmodelStrategy(Strategy):
         Validated run configuration.
     layout : ParamLayout
         Flat layout of the global model.
-    evaluate_fn : Callable, optional
-        ``evaluate_fn(flat, mask_or_None) -> (loss, accuracy)`` on the server's test
-        set, used for the full model and for the submodel at each capacity level.
+    method : Method, optional
+        The method (default: the one ``cfg.method`` names, from the registry).
     on_round : Callable, optional
         Called with each round's record (a JSON-ready dict) after the round ends.
     """
@@ -152,21 +101,15 @@ class FisherSubmodelStrategy(Strategy):
         self,
         cfg: RunConfig,
         layout: ParamLayout,
-        evaluate_fn: Callable[[NDArray[np.float32], NDArray[np.bool_] | None], tuple[float, float]] | None = None,
+        method: Method | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.layout = layout
-        self.evaluate_fn = evaluate_fn
+        self.method = method if method is not None else create_method(cfg)
+        self.method.start_server(layout)
         self.on_round = on_round
-        self.fisher = FisherState(
-            layout.size,
-            cfg.fisher_staleness_decay,
-            cfg.fisher_ema,
-            cfg.fisher_trim,
-            max_clients=fisher_capacity(cfg.fisher_memory_mb, layout.size, cfg.fisher_precision),
-            precision=cfg.fisher_precision,
-        )
+        self.evaluate_fn: EvaluateFn | None = None
         self.nodes: dict[int, NodeProfile] = {}
         self.excluded: set[int] = set()  # misconfigured nodes, not asked again
         self.sent: dict[int, SentSubmodel] = {}
@@ -174,113 +117,67 @@ class FisherSubmodelStrategy(Strategy):
         self.clients: dict[int, ClientRound] = {}
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.first_round = 1  # > 1 when resuming from a checkpoint
-        self.graph = channel_graph(cfg.model, layout) if cfg.method in ("heterofl", "fedrolex", "cahfp") else None
-        self.structured = StructuredSubmodels(layout, self.graph) if cfg.method == "cahfp" else None
-        self.restoration = RestorationMasks.from_config(cfg, layout) if cfg.method == "fedgmr" else None
-        # FedGMR's restoration clock (rounds since the start) for a round / dispatch number;
-        # server.async_rounds replaces it with applied updates per node.
-        self.restoration_clock: Callable[[int], float] = lambda server_round: max(0.0, server_round - 1.0)
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
         """Log the strategy's configuration."""
-        log(
-            INFO,
-            "FisherSubmodelStrategy: method=%s d=%d fisher-encoding=%s staleness-decay=%.2f min-per-row=%d",
-            self.cfg.method,
-            self.layout.size,
-            self.cfg.upload_encoding,
-            self.cfg.fisher_staleness_decay,
-            self.cfg.min_per_row,
-        )
+        log(INFO, "%s: %s d=%d", type(self).__name__, self.method.describe(), self.layout.size)
 
     def _flat(self, arrays: ArrayRecord) -> NDArray[np.float32]:
         return self.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
 
     def to_arrays(self, flat: NDArray[np.float32]) -> ArrayRecord:
         """The flat vector as an ArrayRecord of named tensors."""
-        return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in self.layout.unflatten(flat).items()})
+        return to_arrays(self.layout, flat)
 
-    def mask_for(self, node_id: int | None, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
-        """The mask for a client (or, with ``node_id=None``, for a capacity level).
+    def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
+        """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
+        prof = self.nodes[node_id]
+        return self.method.mask_for(prof.key, server_round, prof.capacity, self.x)
 
-        Returns the mask and where it came from:
-
-        * ``fedfibos``: ``client`` (the client's own, possibly staleness-blended
-          Fisher), ``prior`` (global Fisher, for clients that never reported), or
-          ``magnitude`` (the first round, before any Fisher exists);
-        * ``fiarse``: ``magnitude`` (top-k of ``|x|``);
-        * ``heterofl`` / ``fedrolex``: ``width`` (first channels / window rolled by
-          the round, width ratio ``sqrt(gamma)``);
-        * ``fedavg`` / ``fedavg-drop``: ``full``;
-        * ``fedgmr``: the client's growing restoration mask (``random`` / ``fisher`` /
-          ``magnitude`` when positions were added, ``kept`` otherwise);
-        * ``cahfp``: ``curvature`` (top channels per group by curvature score), or
-          ``norm`` before any score exists (:mod:`server.structured_submodels`).
-        """
-        method = self.cfg.method
-        if self.structured is not None:
-            return self.structured.mask_for(self.x, gamma)
-        if method == "fedgmr":
-            held = self.restoration.held_mask(gamma) if node_id is None else None
-            if held is not None:  # central evaluation: a submodel a client of this capacity trains
-                return held, "held"
-            t = self.restoration_clock(server_round)
-            key = None if node_id is None else self.nodes[node_id].key
-            fisher = None
-            if self.cfg.gmr_selection == "fisher":
-                fisher_round = int(t) + 1
-                known = key is not None and key in self.fisher.clients
-                fisher = self.fisher.estimate(key, fisher_round) if known else self.fisher.global_prior()
-            return self.restoration.mask(key, t, gamma, self.x, fisher)
-        if method in ("fedavg", "fedavg-drop"):
-            return np.ones(self.layout.size, dtype=bool), "full"
-        if method in ("heterofl", "fedrolex"):
-            roll = server_round if method == "fedrolex" else 0
-            return width_mask(self.layout, self.graph, width_ratio(gamma), roll), "width"
-        if method == "fedfibos":
-            key = None if node_id is None else self.nodes[node_id].key
-            if key is not None and key in self.fisher.clients:
-                est, source = self.fisher.estimate(key, server_round), "client"
-            else:
-                est, source = self.fisher.global_prior(), "prior"
-            if est is not None:
-                return select_mask(self.layout, self.x, gamma, "fisher", est, self.cfg.min_per_row), source
-        return select_mask(self.layout, self.x, gamma, "magnitude", None, self.cfg.min_per_row), "magnitude"
+    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+        """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``."""
+        return self.method.mask_for(None, server_round + 1, gamma, self.x)
 
     def participants(self) -> list[int]:
-        """Nodes that train: all discovered ones, or for ``fedavg-drop`` only those that hold the full model."""
-        if self.cfg.method == "fedavg-drop":
-            return [nid for nid in sorted(self.nodes) if self.nodes[nid].capacity >= 1.0]
-        return sorted(self.nodes)
+        """Discovered nodes that train, by node id (the method may leave some out, e.g. by capacity)."""
+        return [nid for nid in sorted(self.nodes) if self.method.participates(self.nodes[nid].capacity)]
 
-    def _submodel_message(
+    def submodel_message(
         self,
         node_id: int,
         server_round: int,
         message_type: str,
         store: dict[int, SentSubmodel],
+        mask_and_source: tuple[NDArray[np.bool_], str] | None = None,
+        config: ConfigRecord | None = None,
     ) -> tuple[Message, ClientRound]:
+        """The Message carrying a node's submodel, and its bookkeeping entry; records what was sent in ``store``.
+
+        Parameters
+        ----------
+        node_id : int
+            Destination.
+        server_round : int
+            Written to the message's ``round`` (a dispatch number in asynchronous runs).
+        message_type : str
+            ``MessageType.TRAIN`` or ``MessageType.EVALUATE``.
+        store : dict
+            Where the :class:`SentSubmodel` is kept, to check the reply against.
+        mask_and_source : tuple, optional
+            The mask to send (default: :meth:`node_mask` for ``server_round``).
+        config : ConfigRecord, optional
+            Extra settings for the node (``train_config`` / ``evaluate_config`` of :meth:`start`), sent as
+            the ``config`` record when not empty.
+        """
         prof = self.nodes[node_id]
-        mask, source = self.mask_for(node_id, server_round, prof.capacity)
-        if self.structured is None:
-            payload = encode_submodel(self.x, mask)
-            arrays = ArrayRecord({P.VALUES: Array(payload.values), P.MASK: Array(payload.mask_data)})
-            records = {P.SUBMODEL: arrays}
-            kind, values_bytes, mask_bytes = payload.mask_kind, payload.values.nbytes, payload.mask_data.nbytes
-        else:
-            payload = self.structured.encode(self.x, mask)
-            records = {P.SUBMODEL: _array_record(payload.arrays), P.CHANNELS: _array_record(payload.channels)}
-            kind, values_bytes, mask_bytes = P.CHANNELS_KIND, payload.values_bytes, payload.channels_bytes
-        cfg = ConfigRecord(
-            {
-                "mask-kind": kind,
-                "mask-digest": payload.digest,
-                "d": self.layout.size,
-                "round": server_round,
-            }
+        mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
+        download = self.method.encode(self.x, mask)
+        records = _records(download.records)
+        round_config = ConfigRecord(
+            {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
         )
-        store[node_id] = SentSubmodel(node_id, server_round, mask, payload.digest, prof.num_train)
+        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train)
         k = int(mask.sum())
         info = ClientRound(
             node_id=node_id,
@@ -290,24 +187,22 @@ class FisherSubmodelStrategy(Strategy):
             selected=k,
             density=k / self.layout.size,
             bytes_down=sum(r.count_bytes() for r in records.values()),
-            values_bytes=int(values_bytes),
-            mask_bytes=int(mask_bytes),
-            mask_kind=kind,
+            values_bytes=download.values_bytes,
+            mask_bytes=download.mask_bytes,
+            mask_kind=download.kind,
             capacity_source=prof.capacity_source,
         )
-        msg = Message(
-            content=RecordDict({**records, P.SUBMODEL_CONFIG: cfg}),
-            dst_node_id=node_id,
-            message_type=message_type,
-        )
-        return msg, info
+        content = RecordDict({**records, P.SUBMODEL_CONFIG: round_config})
+        if config:
+            content[P.CONFIG] = config
+        return Message(content=content, dst_node_id=node_id, message_type=message_type), info
 
     # ---------------------------------------------------------------- discovery
     def refresh_nodes(self, grid: Grid, timeout: float) -> None:
         """Track the SuperLink's connected nodes: forget departed ones, QUERY new ones.
 
         Runs before every round, so a SuperNode that joins mid-run (or restarts
-        with a new node id) takes part from the next round; its Fisher state is
+        with a new node id) takes part from the next round; its method state is
         found again through its stable client key.
         """
         connected = set(grid.get_node_ids())
@@ -361,12 +256,12 @@ class FisherSubmodelStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One Message per discovered node, each carrying only that node's submodel."""
+        """One Message per participating node, each carrying only that node's submodel."""
         self.x = self._flat(arrays)
         self.sent, self.clients = {}, {}
         msgs = []
         for node_id in self.participants():
-            msg, info = self._submodel_message(node_id, server_round, MessageType.TRAIN, self.sent)
+            msg, info = self.submodel_message(node_id, server_round, MessageType.TRAIN, self.sent, config=config)
             msgs.append(msg)
             self.clients[node_id] = info
         return msgs
@@ -374,21 +269,33 @@ class FisherSubmodelStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies, update the Fisher state and aggregate mask-aware."""
+        """Validate replies and let the method aggregate the accepted ones."""
         parts = [reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in replies]
         accepted = self.apply_train_replies(server_round, parts)
         if not accepted:
             return None, None
-        total = sum(r.metrics["num-examples"] for r in accepted)
-        agg = {
-            key: sum(r.metrics[key] * r.metrics["num-examples"] for r in accepted) / total
-            for key in ("train-loss", "train-seconds", "fisher-seconds")
-        }
-        agg["num-examples"] = total
-        return self.to_arrays(self.x), MetricRecord(agg)
+        records = [RecordDict({P.METRICS: MetricRecord(r.metrics)}) for r in accepted]
+        metrics = aggregate_metricrecords(records, "num-examples")
+        metrics["num-examples"] = sum(r.metrics["num-examples"] for r in accepted)
+        return self.to_arrays(self.x), metrics
+
+    def accept(self, server_round: int, p: ReplyParts, sent: SentSubmodel) -> TrainReply:
+        """Validate one reply against what was sent (``ReplyError`` says why not)."""
+        return self.method.validate(p.arrays, p.metrics, p.meta, sent, self.x)
+
+    def record_reply(self, info: ClientRound | None, p: ReplyParts, reply: TrainReply) -> None:
+        """Note an accepted reply in its node's bookkeeping entry."""
+        if info is None:
+            return
+        info.status = "ok"
+        info.bytes_up = p.nbytes
+        info.train_loss = reply.metrics["train-loss"]
+        info.train_seconds = reply.metrics["train-seconds"]
+        info.fisher_seconds = reply.metrics["fisher-seconds"]
+        info.num_examples = int(reply.metrics["num-examples"])
 
     def apply_train_replies(self, server_round: int, parts: list[ReplyParts]) -> list[TrainReply]:
-        """Validate each reply; fold the accepted ones into ``self.x`` and the Fisher state.
+        """Validate each reply; fold the accepted ones into ``self.x`` and the method's state.
 
         A rejected reply is logged with its reason and changes nothing.
         """
@@ -397,38 +304,14 @@ class FisherSubmodelStrategy(Strategy):
             info = self.clients.get(p.node_id)
             try:
                 sent = expected_sent(p, self.sent, accepted)
-                if self.structured is not None:
-                    reply = self.structured.validate_reply(
-                        p.arrays, p.metrics, p.meta, sent, self.x, self.cfg.upload_encoding
-                    )
-                else:
-                    reply = validate_train_reply(
-                        p.arrays,
-                        p.metrics,
-                        p.meta,
-                        sent,
-                        self.layout,
-                        self.cfg.upload_encoding,
-                    )
+                reply = self.accept(server_round, p, sent)
             except ReplyError as err:
-                log(
-                    WARNING,
-                    "round %d: reply from node %d rejected: %s",
-                    server_round,
-                    p.node_id,
-                    err,
-                )
+                log(WARNING, "round %d: reply from node %d rejected: %s", server_round, p.node_id, err)
                 if info is not None and info.status in ("no reply",):
                     info.status = f"rejected: {err}"
                 continue
             accepted[p.node_id] = reply
-            if info is not None:
-                info.status = "ok"
-                info.bytes_up = p.nbytes
-                info.train_loss = reply.metrics["train-loss"]
-                info.train_seconds = reply.metrics["train-seconds"]
-                info.fisher_seconds = reply.metrics["fisher-seconds"]
-                info.num_examples = int(reply.metrics["num-examples"])
+            self.record_reply(info, p, reply)
         if 0 < len(accepted) < self.cfg.min_replies:
             reason = f"only {len(accepted)} valid replies, min-replies={self.cfg.min_replies}: round skipped"
             log(WARNING, "round %d: %s", server_round, reason)
@@ -437,19 +320,8 @@ class FisherSubmodelStrategy(Strategy):
             return []
         if accepted:
             # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
-            ordered = sorted(accepted.items())
-            self.x = aggregate_masked(self.x, [r.update for _, r in ordered], self.cfg.server_lr)
-            if self.structured is not None:
-                self.structured.record_scores([r for _, r in ordered])
-            for node_id, r in ordered:
-                key = self.nodes[node_id].key
-                if r.fisher is not None and not self.fisher.update(key, r.fisher, r.update.weight, server_round):
-                    log(
-                        INFO,
-                        "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",
-                        server_round,
-                        node_id,
-                    )
+            ordered = [Accepted(nid, self.nodes[nid].key, r) for nid, r in sorted(accepted.items())]
+            self.x = self.method.aggregate(self.x, ordered, server_round)
         return list(accepted.values())
 
     # ---------------------------------------------------------------- evaluate
@@ -460,7 +332,7 @@ class FisherSubmodelStrategy(Strategy):
         self.x = self._flat(arrays)
         self.sent_eval = {}
         return [
-            self._submodel_message(nid, server_round, MessageType.EVALUATE, self.sent_eval)[0]
+            self.submodel_message(nid, server_round, MessageType.EVALUATE, self.sent_eval, config=config)[0]
             for nid in sorted(self.nodes)
             if self.nodes[nid].num_test > 0
         ]
@@ -474,62 +346,40 @@ class FisherSubmodelStrategy(Strategy):
                 sent = expected_sent(p, self.sent_eval, seen)
                 seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, self.nodes[p.node_id].num_test)
             except ReplyError as err:
-                log(
-                    WARNING,
-                    "round %d: evaluation reply from node %d rejected: %s",
-                    server_round,
-                    p.node_id,
-                    err,
-                )
+                log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
         if not seen:
             return None
-        n = sum(m["num-examples"] for m in seen.values())
-        return MetricRecord(
-            {
-                "eval-loss": sum(m["eval-loss"] * m["num-examples"] for m in seen.values()) / n,
-                "eval-acc": sum(m["eval-acc"] * m["num-examples"] for m in seen.values()) / n,
-                "num-examples": n,
-                "replies": len(seen),
-            }
-        )
+        records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in seen.values()]
+        metrics = aggregate_metricrecords(records, "num-examples")
+        metrics["num-examples"] = sum(m["num-examples"] for m in seen.values())
+        metrics["replies"] = len(seen)
+        return metrics
 
     # ----------------------------------------------------------- central eval
     def central_evaluation(self, server_round: int) -> dict[str, Any]:
-        """Full model and the submodel at every capacity level present."""
+        """Full model and the submodel at every capacity level present, with ``evaluate_fn``."""
         if self.evaluate_fn is None:
             return {}
-        loss, acc = self.evaluate_fn(self.x, None)
+        full = self.evaluate_fn(server_round, self.to_arrays(self.x))
+        if full is None:
+            return {}
         levels = {}
         for gamma in sorted({p.capacity for p in self.nodes.values()}, reverse=True):
-            mask, source = self.mask_for(None, server_round + 1, gamma)
-            l_loss, l_acc = self.evaluate_fn(self.x, mask)
+            mask, source = self.level_mask(server_round, gamma)
+            sub = self.evaluate_fn(server_round, self.to_arrays(np.where(mask, self.x, 0).astype(np.float32)))
+            if sub is None:
+                continue
             levels[f"{gamma:g}"] = {
-                "accuracy": l_acc,
-                "loss": l_loss,
+                "accuracy": sub["accuracy"],
+                "loss": sub["loss"],
                 "density": float(mask.mean()),
                 "source": source,
             }
-        return {"accuracy": acc, "loss": loss, "per_capacity": levels}
+        return {"accuracy": full["accuracy"], "loss": full["loss"], "per_capacity": levels}
 
     def prior_influence(self) -> dict[str, float] | None:
-        """Certified share of a prior-ranked mask that one client, whatever it uploads, could flip.
-
-        Per capacity level present (below 1), for a client ranked by the global
-        prior (a new or evicted one) against the current model. ``None`` unless
-        the method ranks by Fisher and the prior is a trimmed mean with at least
-        three clients (a plain mean gives no bound). See :mod:`common.prior_influence`.
-        """
-        if self.cfg.method != "fedfibos":
-            return None
-        interval = self.fisher.prior_interval()
-        if interval is None:
-            return None
-        lo, hi = interval
-        levels = sorted({p.capacity for p in self.nodes.values() if p.capacity < 1.0}, reverse=True)
-        return {
-            f"{gamma:g}": float(contested_positions(self.layout, self.x, gamma, lo, hi, self.cfg.min_per_row).mean())
-            for gamma in levels
-        }
+        """Certified share of a prior-ranked mask one client could flip, per capacity level (method's own)."""
+        return self.method.prior_influence(self.x, [p.capacity for p in self.nodes.values()])
 
     # -------------------------------------------------------------------- loop
     def start(
@@ -540,14 +390,32 @@ class FisherSubmodelStrategy(Strategy):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Discovery, then ``num_rounds`` of train / aggregate / evaluate.
+        """Discovery, then ``num_rounds`` of train / aggregate / evaluate; the Result holds every round's metrics.
 
-        Unlike the base class this pushes messages and pulls replies every
-        ``poll-interval`` seconds (instead of a fixed 3 s), logs one line per
-        round and reports every round through ``on_round``.
+        Parameters
+        ----------
+        grid : Grid
+            The ServerApp's grid.
+        initial_arrays : ArrayRecord
+            The global model to start from.
+        num_rounds : int
+            The last round to run (a resumed run starts at ``first_round``).
+        timeout : float
+            Seconds to wait for each round's replies (and for nodes and discovery).
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent to every node with its TRAIN / EVALUATE message (record ``config``).
+        evaluate_fn : Callable, optional
+            Central evaluation, Flower's ``(server_round, arrays) -> MetricRecord`` with ``accuracy`` and
+            ``loss``: called for the full model and for the submodel (zeros outside its mask) of each
+            capacity level present, after every round.
+
+        Unlike Flower's base loop this pushes messages and pulls replies every ``poll-interval``
+        seconds (instead of a fixed 3 s), logs one line per round and reports every round through
+        ``on_round``.
         """
+        self.evaluate_fn = evaluate_fn
         self.summary()
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
@@ -592,10 +460,7 @@ class FisherSubmodelStrategy(Strategy):
                 local_metrics = self.aggregate_evaluate(rnd, exchange(grid, eval_msgs, timeout, self.cfg.poll_interval))
                 if local_metrics is not None:
                     result.evaluate_metrics_clientapp[rnd] = local_metrics
-                    local = {
-                        "accuracy": local_metrics["eval-acc"],
-                        "loss": local_metrics["eval-loss"],
-                    }
+                    local = {"accuracy": local_metrics["eval-acc"], "loss": local_metrics["eval-loss"]}
             record = {
                 "round": rnd,
                 "global": central,
@@ -613,10 +478,6 @@ class FisherSubmodelStrategy(Strategy):
         return result
 
 
-def _array_record(arrays: dict[str, NDArray]) -> ArrayRecord:
-    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
-
-
 def progress_line(record: dict[str, Any], num_rounds: int) -> str:
     """One human-readable line per round."""
     g = record.get("global") or {}
@@ -631,55 +492,3 @@ def progress_line(record: dict[str, Any], num_rounds: int) -> str:
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
         f" | {record['round_seconds']:.1f} s"
     )
-
-
-def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float, poll_interval: float) -> int:
-    """Wait until ``min_nodes`` SuperNodes are connected, or ``timeout`` seconds; returns how many are.
-
-    SuperNodes started together with the SuperLink (``docker compose up``)
-    connect over several seconds; discovering too early would leave the late
-    ones out of the first rounds.
-    """
-    deadline = time.monotonic() + timeout
-    reported = -1
-    while True:
-        connected = len(grid.get_node_ids())
-        if connected >= min_nodes:
-            return connected
-        if time.monotonic() >= deadline:
-            log(
-                WARNING,
-                "only %d of min-nodes=%d nodes connected after %.0f s: starting with them",
-                connected,
-                min_nodes,
-                timeout,
-            )
-            return connected
-        if connected != reported:
-            log(INFO, "waiting for nodes: %d of %d connected", connected, min_nodes)
-            reported = connected
-        time.sleep(max(poll_interval, 0.5))
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
-    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout`` s pass."""
-    if not messages:
-        return []
-    pending = set(grid.push_messages(messages))
-    replies: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if pending:
-            time.sleep(poll_interval)
-    if pending:
-        log(
-            WARNING,
-            "%d of %d replies did not arrive within %.0f s",
-            len(pending),
-            len(messages),
-            timeout,
-        )
-    return replies

@@ -1,8 +1,8 @@
 """Client-side cost of a CA-HFP (physically smaller) submodel against a FedFIbOS (masked) submodel.
 
 For each model and budget ``gamma`` it measures, on the client's training path
-(:func:`client.structured_training.train_small` for the structured submodel,
-:func:`client.training.train_masked` with Fisher accumulation for the masked one):
+(:func:`common.training.train_small` for the structured submodel,
+:func:`common.training.train_masked` with Fisher accumulation for the masked one):
 
 * ``params``: trainable parameters the client allocates and the number it holds;
 * ``train GFLOPs/sample``: FLOPs of one training step (forward + backward) divided
@@ -78,19 +78,21 @@ def _data(model: str, examples: int, seed: int):
 
 def prepare(model: str, gamma: float, variant: str, seed: int, folder: Path) -> Path:
     """What the server would send a client (``variant``: ``structured`` or ``masked``), saved as ``.npz``."""
+    from common import protocol as P
+    from common.config import parse_run_config
+    from common.methods.cahfp import CAHFP
     from common.models import build_model, model_layout, trainable_arrays
     from common.selection import select_mask
-    from common.width_masks import channel_graph
-    from server.structured_submodels import StructuredSubmodels
 
     full = build_model(model, 10, 1 if model == "cnn" else 3, seed)
     layout = model_layout(full)
     x = layout.flatten(trainable_arrays(full))
     path = folder / f"{model}-{gamma:g}-{variant}.npz"
     if variant == "structured":
-        server = StructuredSubmodels(layout, channel_graph(model, layout))
-        mask, _ = server.mask_for(x, gamma)
-        np.savez(path, **server.encode(x, mask).arrays)
+        server = CAHFP(parse_run_config({"method": "cahfp", "model": model}))
+        server.start_server(layout)
+        mask, _ = server.mask_for(None, 1, gamma, x)
+        np.savez(path, **server.encode(x, mask).records[P.SUBMODEL])
     else:
         fisher = np.abs(np.random.default_rng(seed).normal(size=layout.size)).astype(np.float32)
         mask = select_mask(layout, x, gamma, "fisher", fisher)
@@ -128,10 +130,9 @@ def measure(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from client.structured_training import train_small
-    from client.training import TrainConfig, as_input, attach_masks, train_masked
     from common.models import build_model, model_layout
     from common.structured_models import build_structured_model
+    from common.training import TrainConfig, as_input, attach_masks, train_masked, train_small
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = _data(model, examples, seed)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from server.async_rounds import AsyncFedGMR, Dispatch
 
 from common.config import parse_run_config
 from common.layout import ParamLayout
-from server.async_rounds import AsyncFedGMR, Dispatch
+from common.validation import SentSubmodel
 from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
-from server.validation import SentSubmodel
 
 LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.fisher_state import FisherState
+from common.fisher_state import FisherState
 
 D = 16
 BIG_IDS = [0, 1, 2**32, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1]

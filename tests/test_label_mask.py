@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from client.structured_training import train_small
-from client.training import TrainConfig, local_classes, local_logits, train_masked
 from common.config import ConfigError, parse_run_config
 from common.datasets import ArrayDataset, load_dataset
 from common.models import build_model, model_layout, trainable_arrays
+from common.training import TrainConfig, local_classes, local_logits, train_masked, train_small
 
 CPU = torch.device("cpu")
 

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.fisher_state import FisherState
 from common.layout import ParamLayout
 from common.prior_influence import contested_positions, trim_count, trimmed_mean_bounds
 from common.selection import select_mask
-from server.fisher_state import FisherState
 
 
 def _trimmed(values: np.ndarray, k: int) -> np.ndarray:
@@ -134,7 +134,7 @@ def test_fisher_state_interval_covers_a_shaped_attack_and_a_stale_client():
 
 
 def test_prior_interval_matches_the_prior_in_fp16_and_across_blocks(monkeypatch):
-    import server.fisher_state as fs
+    import common.fisher_state as fs
 
     monkeypatch.setattr(fs, "PRIOR_BLOCK", 7)  # several blocks of positions
     rng = np.random.default_rng(2)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from client.training import TrainConfig, train_masked
 from common import protocol as P
 from common.config import NodeConfig, parse_run_config
 from common.datasets import load_dataset
 from common.fisher_codec import encode_fisher
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
+from common.training import TrainConfig, train_masked
+from common.validation import SentSubmodel, validate_evaluate_reply, validate_profile
 from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
-from server.validation import SentSubmodel, validate_evaluate_reply, validate_profile
 
 ROUND = 3
 GOOD, OTHER = 11, 2**63 + 5  # Flower node ids are unsigned 64-bit
@@ -190,7 +190,7 @@ def test_evaluate_and_profile_validation():
         {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.9}, {"round": 2, "mask-digest": "abc"}, sent, 10
     )
     assert ok["eval-acc"] == 0.9
-    from server.validation import ReplyError
+    from common.validation import ReplyError
 
     for metrics in (
         {"num-examples": 11, "eval-loss": 0.5, "eval-acc": 0.9},

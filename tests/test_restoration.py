@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from server.restoration_state import RestorationMasks
 
 from common.layout import ParamLayout
 from common.restoration import MIN_DENSITY, random_priority, restoration_budget, restore_mask
 from common.selection import budget
-from server.restoration_state import RestorationMasks
 
 unit = st.floats(min_value=1e-3, max_value=1.0)
 schedules = st.sampled_from(["linear", "step"])

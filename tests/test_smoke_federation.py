@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from common.fisher_state import FisherState
 from common.layout import ParamLayout
 from common.mask_codec import encode_mask
 from common.prior_influence import contested_positions
-from server.fisher_state import FisherState
 from server.launcher import run_local_federation
 from server.report import summary_table, write_accuracy_plot
 

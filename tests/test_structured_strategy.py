@@ -7,22 +7,21 @@ import copy
 import numpy as np
 import pytest
 import torch
-
 from client.structured_handlers import reply_arrays
-from client.structured_training import train_small
-from client.training import TrainConfig
+
 from common import protocol as P
 from common.channel_scores import kept_count
 from common.channel_slicing import selection_of_mask, sliced_layout
 from common.config import ConfigError, parse_run_config
 from common.datasets import load_dataset
+from common.evaluation import CentralEvaluator
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.structured_models import build_structured_model
+from common.training import TrainConfig, train_small
+from common.validation import SentSubmodel
 from common.width_masks import group_sizes
-from server.evaluation import CentralEvaluator
 from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
-from server.validation import SentSubmodel
 
 ROUND = 2
 SMALL, LARGE = 11, 12

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from client.local_data import derive_local_data
-from client.training import TrainConfig, evaluate, train_masked
 from common.config import ConfigError, NodeConfig, parse_run_config
+from common.evaluation import evaluate
 from common.hf_datasets import TEXT_VOCAB, hash_tokens
 from common.models import FastText, build_model, model_layout, trainable_arrays
 from common.selection import select_mask
+from common.training import TrainConfig, train_masked
 
 datasets = pytest.importorskip("datasets")
 

@@ -6,10 +6,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from client.training import TrainConfig, attach_masks, evaluate, train_masked
 from common.datasets import ArrayDataset, load_dataset
+from common.evaluation import evaluate
 from common.models import build_model, load_flat, model_layout, trainable_arrays
 from common.selection import select_mask
+from common.training import TrainConfig, attach_masks, train_masked
 
 CPU = torch.device("cpu")
 

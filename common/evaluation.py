@@ -1,4 +1,4 @@
-"""Central evaluation of the global model and of the submodel at each capacity level."""
+"""Evaluation of a model on a labelled split, and the server's central evaluation of flat vectors."""
 
 from __future__ import annotations
 
@@ -7,10 +7,27 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from client.training import evaluate
 from common.datasets import ArrayDataset
 from common.layout import ParamLayout
 from common.models import load_flat
+from common.training import as_input
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayDataset, device: torch.device, batch_size: int = 256) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy of ``model`` on ``data``."""
+    if len(data) == 0:
+        raise ValueError("no evaluation examples")
+    model.to(device).eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    loss, correct = 0.0, 0
+    for i in range(0, len(data), batch_size):
+        xb = as_input(torch.from_numpy(data.x[i : i + batch_size]).to(device))
+        yb = torch.from_numpy(data.y[i : i + batch_size]).to(device)
+        out = model(xb)
+        loss += float(loss_fn(out, yb))
+        correct += int((out.argmax(1) == yb).sum())
+    return loss / len(data), correct / len(data)
 
 
 class CentralEvaluator:
@@ -28,13 +45,7 @@ class CentralEvaluator:
         Where to evaluate.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        layout: ParamLayout,
-        test: ArrayDataset,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, model: nn.Module, layout: ParamLayout, test: ArrayDataset, device: torch.device) -> None:
         self.model = model
         self.layout = layout
         self.test = test

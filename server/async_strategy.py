@@ -1,11 +1,12 @@
-"""FedGMR's asynchronous loop: no global rounds, every node kept busy, each reply applied on arrival.
+"""The asynchronous strategy (FedGMR's ``gmr-mode = "async"``): no global rounds, every node kept busy,
+each reply applied on arrival.
 
 The loop pushes a TRAIN message to every idle node (``Grid.push_messages``),
 polls ``Grid.pull_messages`` every ``poll-interval`` seconds, validates each reply
-(:mod:`server.validation`, the same checks as the synchronous rounds), folds it
-into the global model with :func:`common.async_aggregation.apply_async_update`
-(staleness- and overlap-weighted, or dropped beyond ``gmr-max-staleness``) and
-at once sends that node the current model under its current restoration mask.
+(the method's checks, as in the synchronous rounds), folds it into the global model
+with the method's :meth:`~common.methods.base.AsynchronousMethod.apply_async` (FedGMR:
+staleness- and overlap-weighted, or dropped beyond ``gmr-max-staleness``) and at once
+sends that node the current model under its current mask.
 
 * Restoration clock: ``t = applied updates / number of nodes`` (a fractional
   round equivalent), so submodels grow at the same pace as in sync mode per
@@ -36,23 +37,21 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, MessageType
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from numpy.typing import NDArray
 
 from common import protocol as P
-from common.async_aggregation import TooStale, apply_async_update
-from server.strategy import (
-    ClientRound,
-    FisherSubmodelStrategy,
-    ReplyParts,
-    exchange,
-    progress_line,
-    reply_parts,
-    wait_for_nodes,
-)
-from server.validation import ReplyError, SentSubmodel, validate_train_reply
+from common.async_aggregation import TooStale
+from common.config import RunConfig
+from common.layout import ParamLayout
+from common.methods.base import Accepted, AsynchronousMethod, Method
+from common.validation import ReplyError, SentSubmodel
+from server.grid_io import exchange, wait_for_nodes
+from server.replies import ReplyParts, reply_parts
+from server.strategy import ClientRound, EvaluateFn, SubmodelStrategy, progress_line
 
 # Seconds between checks of the SuperLink's node list (departed / new nodes).
 REFRESH_SECONDS = 5.0
@@ -86,32 +85,35 @@ class Dispatch:
     warned: bool = False
 
 
-class AsyncFedGMR:
-    """State of one asynchronous FedGMR run (see the module docstring).
+class AsyncSubmodelStrategy(SubmodelStrategy):
+    """Asynchronous rounds for a method that can apply one reply at a time (see the module docstring).
 
     Parameters
     ----------
-    strategy : FisherSubmodelStrategy
-        Holds the global vector, node profiles, Fisher and restoration state,
-        message building and central evaluation.
-    grid : Grid
-        The ServerApp's grid.
-    on_record : Callable, optional
+    cfg : RunConfig
+        Validated run configuration.
+    layout : ParamLayout
+        Flat layout of the global model.
+    method : AsynchronousMethod, optional
+        The method (default: the one ``cfg.method`` names); it must implement
+        :class:`~common.methods.base.AsynchronousMethod`.
+    on_round : Callable, optional
         Called with each evaluation record (a JSON-ready dict).
     """
 
     def __init__(
         self,
-        strategy: FisherSubmodelStrategy,
-        grid: Grid,
-        on_record: Callable[[dict[str, Any]], None] | None = None,
+        cfg: RunConfig,
+        layout: ParamLayout,
+        method: Method | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        self.s = strategy
-        self.cfg = strategy.cfg
-        self.grid = grid
-        self.on_record = on_record
+        super().__init__(cfg, layout, method, on_round)
+        if not isinstance(self.method, AsynchronousMethod):
+            raise TypeError(f"method {self.method.name!r} cannot apply replies asynchronously")
+        self.async_method: AsynchronousMethod = self.method
         self.version = 0
-        self.last_changed = np.zeros(strategy.layout.size, dtype=np.int64)
+        self.last_changed = np.zeros(layout.size, dtype=np.int64)
         self.in_flight: dict[str, Dispatch] = {}
         self.next_dispatch = 1
         self.window: list[dict[str, Any]] = []  # handled replies since the last record
@@ -120,7 +122,23 @@ class AsyncFedGMR:
         self.evals = 0
         self.last_record_at = 0.0
         self.nodes_at_start = 1
-        strategy.restoration_clock = lambda _dispatch: self.version / max(1, self.nodes_at_start)
+        self.grid: Grid | None = None
+        self.records: list[dict[str, Any]] = []  # every evaluation record of the run
+        self.train_config = ConfigRecord()
+        self.evaluate_config = ConfigRecord()
+
+    def clock(self) -> float:
+        """Round equivalents since the start: applied updates per node found at discovery."""
+        return self.version / max(1, self.nodes_at_start)
+
+    def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
+        """The node's mask at the current :meth:`clock` (``server_round`` is only a dispatch number here)."""
+        prof = self.nodes[node_id]
+        return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x)
+
+    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+        """A capacity level's mask at the current :meth:`clock`."""
+        return self.async_method.mask_at(None, self.clock(), gamma, self.x)
 
     # --------------------------------------------------------------- dispatch
     def busy(self) -> set[int]:
@@ -134,9 +152,11 @@ class AsyncFedGMR:
         for node_id in node_ids:
             seq = self.next_dispatch
             self.next_dispatch += 1
-            msg, info = self.s._submodel_message(node_id, seq, MessageType.TRAIN, self.s.sent)
+            msg, info = self.submodel_message(
+                node_id, seq, MessageType.TRAIN, self.sent, self.node_mask(node_id, seq), self.train_config
+            )
             msgs.append(msg)
-            pending.append((node_id, self.s.sent[node_id], info))
+            pending.append((node_id, self.sent[node_id], info))
         self.server_seconds += time.perf_counter() - t0
         if not msgs:
             return
@@ -152,7 +172,7 @@ class AsyncFedGMR:
     def idle_participants(self) -> list[int]:
         """Connected, usable nodes without a message in flight."""
         busy = self.busy()
-        return [nid for nid in self.s.participants() if nid not in busy]
+        return [nid for nid in self.participants() if nid not in busy]
 
     def warn_late(self, timeout: float) -> None:
         """Log (once per message) nodes silent for more than ``timeout`` s.
@@ -176,7 +196,7 @@ class AsyncFedGMR:
 
     def drop_departed(self) -> None:
         """Forget messages to nodes that left the federation (after :meth:`refresh_nodes`)."""
-        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.s.nodes]:
+        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.nodes]:
             d = self.in_flight.pop(mid)
             d.info.status = "no reply: node left"
             self.window.append({**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version})
@@ -195,36 +215,19 @@ class AsyncFedGMR:
                 raise ReplyError(parts.error)
             if parts.node_id != d.node_id:
                 raise ReplyError(f"reply comes from node {parts.node_id}, the message went to node {d.node_id}")
-            reply = validate_train_reply(
-                parts.arrays, parts.metrics, parts.meta, d.sent, self.s.layout, self.cfg.upload_encoding
-            )
-            step = apply_async_update(
-                self.s.x,
-                self.last_changed,
-                self.version,
-                reply.update,
-                d.version,
-                self.cfg.gmr_server_lr,
-                self.cfg.gmr_staleness_exponent,
-                self.cfg.gmr_max_staleness,
-            )
+            reply = self.method.validate(parts.arrays, parts.metrics, parts.meta, d.sent, self.x)
+            step = self.async_method.apply_async(self.x, self.last_changed, self.version, reply.update, d.version)
         except (ReplyError, TooStale) as err:
             log(WARNING, "update from node %d (dispatch %d) rejected: %s", d.node_id, d.sent.round, err)
             d.info.status = f"rejected: {err}"
             self.window.append({**asdict(d.info), **entry})
             self.server_seconds += time.perf_counter() - t0
             return False
-        self.s.x, self.last_changed, self.version = step.x, step.last_changed, step.version
-        key = self.s.nodes[d.node_id].key if d.node_id in self.s.nodes else None
-        if key is not None and reply.fisher is not None:
-            self.s.fisher.update(key, reply.fisher, reply.update.weight, int(self.s.restoration_clock(0)) + 1)
+        self.x, self.last_changed, self.version = step.x, step.last_changed, step.version
+        if d.node_id in self.nodes:
+            self.async_method.observe(Accepted(d.node_id, self.nodes[d.node_id].key, reply), int(self.clock()) + 1)
         info = d.info
-        info.status = "ok"
-        info.bytes_up = parts.nbytes
-        info.train_loss = reply.metrics["train-loss"]
-        info.train_seconds = reply.metrics["train-seconds"]
-        info.fisher_seconds = reply.metrics["fisher-seconds"]
-        info.num_examples = int(reply.metrics["num-examples"])
+        self.record_reply(info, parts, reply)
         entry.update(staleness=step.staleness, overlap=step.overlap, weight=step.weight, version=step.version)
         self.window.append({**asdict(info), **entry})
         self.server_seconds += time.perf_counter() - t0
@@ -245,7 +248,7 @@ class AsyncFedGMR:
             ``time.perf_counter()`` the record is stamped with (default: after the central evaluation).
         """
         t0 = time.perf_counter()
-        central = self.s.central_evaluation(self.version)
+        central = self.central_evaluation(self.version)
         self.server_seconds += time.perf_counter() - t0
         now = time.perf_counter() if now is None else now
         applied = [c for c in self.window if c["status"] == "ok"]
@@ -265,51 +268,74 @@ class AsyncFedGMR:
             "round_seconds": now - self.last_record_at if self.evals else 0.0,
         }
         log(INFO, "%s", progress_line(record, total_evals) + f" | {record['updates']} updates")
-        if self.on_record:
-            self.on_record(record)
+        self.records.append(record)
+        if self.on_round:
+            self.on_round(record)
         self.window, self.server_seconds, self.last_record_at = [], 0.0, now
         self.evals += 1
         return record
 
     # -------------------------------------------------------------------- loop
-    def run(self, x0: NDArray[np.float32], num_rounds: int, timeout: float) -> dict[str, Any]:
-        """Discovery, then apply ``num_rounds x nodes`` replies; returns the last record.
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Discovery, then apply ``num_rounds x nodes`` replies; the Result holds every evaluation.
 
         Parameters
         ----------
-        x0 : NDArray[float32]
-            Initial global vector.
+        grid : Grid
+            The ServerApp's grid.
+        initial_arrays : ArrayRecord
+            The global model to start from.
         num_rounds : int
             Round equivalents: the run applies ``num_rounds`` times the number of nodes
             found at discovery replies, then stops.
         timeout : float
             ``round-timeout``: seconds after which a silent node is reported, and the
             time allowed for discovery and the final local evaluation.
+        train_config, evaluate_config : ConfigRecord, optional
+            Sent to every node with its TRAIN / EVALUATE messages (record ``config``).
+        evaluate_fn : Callable, optional
+            Central evaluation (see :meth:`SubmodelStrategy.start`).
         """
-        self.s.summary()
-        wait_for_nodes(self.grid, self.s.cfg.min_nodes, timeout, self.s.cfg.poll_interval)
-        self.s.discover(self.grid, timeout)
-        if not self.s.participants():
+        self.grid = grid
+        self.evaluate_fn = evaluate_fn
+        self.train_config = train_config or ConfigRecord()
+        self.evaluate_config = evaluate_config or ConfigRecord()
+        result = Result(arrays=initial_arrays)
+        x0 = self._flat(initial_arrays)
+        self.summary()
+        wait_for_nodes(self.grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
+        self.discover(self.grid, timeout)
+        if not self.participants():
             raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
-        self.s.x = x0.copy()
-        self.nodes_at_start = len(self.s.participants())
+        self.x = x0.copy()
+        self.nodes_at_start = len(self.participants())
         total_updates = num_rounds * self.nodes_at_start
-        eval_every = self.cfg.gmr_eval_updates or self.nodes_at_start
+        eval_every = self.async_method.eval_updates() or self.nodes_at_start
         total_evals = math.ceil(total_updates / eval_every)
         log(
             INFO,
-            "async FedGMR: %d nodes, %d updates, evaluation every %d",
+            "asynchronous %s: %d nodes, %d updates, evaluation every %d",
+            self.method.name,
             self.nodes_at_start,
             total_updates,
             eval_every,
         )
-        last = self.record(total_evals)
+        self.record(total_evals)
         self.t_start = self.last_record_at = time.perf_counter()
         self.dispatch(self.idle_participants())
         next_refresh = time.monotonic() + REFRESH_SECONDS
         while self.version < total_updates:
             if time.monotonic() >= next_refresh or not self.in_flight:
-                self.s.refresh_nodes(self.grid, min(timeout, 60.0))
+                self.refresh_nodes(self.grid, min(timeout, 60.0))
                 self.drop_departed()
                 self.dispatch(self.idle_participants())
                 next_refresh = time.monotonic() + REFRESH_SECONDS
@@ -325,19 +351,27 @@ class AsyncFedGMR:
                     if self.version >= total_updates:
                         t_end = time.perf_counter()  # before the local evaluation, which is not training time
                         local = self.local_evaluation(timeout) if self.cfg.eval_every else None
-                        last = self.record(total_evals, local, t_end)
+                        self.record(total_evals, local, t_end)
                     elif self.version % eval_every == 0:
-                        last = self.record(total_evals)
+                        self.record(total_evals)
                 if self.version >= total_updates:
                     break
                 # An error reply (node crashed, or unreachable) waits for the next node refresh instead of
                 # being re-sent at once: re-sending to a dead node would spin on error replies.
-                if d.node_id in self.s.nodes and not msg.has_error():
+                if d.node_id in self.nodes and not msg.has_error():
                     self.dispatch([d.node_id])
             self.warn_late(timeout)
             if not replies:
                 time.sleep(self.cfg.poll_interval)
-        return last
+        result.arrays = self.to_arrays(self.x)
+        for rec in self.records:
+            if rec["global"]:
+                result.evaluate_metrics_serverapp[rec["round"]] = MetricRecord(
+                    {"accuracy": rec["global"]["accuracy"], "loss": rec["global"]["loss"]}
+                )
+            if rec["local"]:
+                result.evaluate_metrics_clientapp[rec["round"]] = MetricRecord(rec["local"])
+        return result
 
     def elapsed(self) -> float:
         """Wall-clock seconds since training started."""
@@ -345,12 +379,12 @@ class AsyncFedGMR:
 
     def local_evaluation(self, timeout: float) -> dict[str, float] | None:
         """Each node evaluates its current submodel on its local test split (after training ends)."""
-        msgs = list(self.s.configure_evaluate(self.evals, self.s.to_arrays(self.s.x), None, self.grid))
-        metrics = self.s.aggregate_evaluate(self.evals, exchange(self.grid, msgs, timeout, self.cfg.poll_interval))
+        msgs = list(self.configure_evaluate(self.evals, self.to_arrays(self.x), self.evaluate_config, self.grid))
+        metrics = self.aggregate_evaluate(self.evals, exchange(self.grid, msgs, timeout, self.cfg.poll_interval))
         if metrics is None:
             return None
         local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
-        log(INFO, "async FedGMR: local accuracy %.4f", local["accuracy"])
+        log(INFO, "asynchronous %s: local accuracy %.4f", self.method.name, local["accuracy"])
         return local
 
 

@@ -1,0 +1,275 @@
+"""The method interface: everything that differs between federated methods, on both sides of the wire.
+
+A method decides, for one round,
+
+* **server side**: which nodes take part (:meth:`Method.participates`), what each is sent
+  (:meth:`Method.mask_for`, :meth:`Method.encode`), what a reply must carry
+  (:meth:`Method.validate`), how accepted replies change the global model
+  (:meth:`Method.aggregate`), and what it keeps between rounds (:meth:`Method.state_bytes`);
+* **client side**: how a node turns what it received into a trained update
+  (:meth:`Method.client_train`) and into a model to evaluate (:meth:`Method.client_model`);
+* **configuration**: its own run-config keys (:attr:`Method.options`, a pydantic model whose keys carry
+  :attr:`Method.options_prefix`) and its cross-field rules (:meth:`Method.check_run`).
+
+Flower never appears here: the strategy (:mod:`server.strategy`) and the ClientApp (:mod:`client.app`)
+turn these plain arrays and dicts into Messages. A method module holds one class, registered under its
+``method`` key with :func:`common.methods.register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from common.aggregation import MaskedUpdate
+from common.async_aggregation import AsyncStep
+from common.config import RunConfig, Schema
+from common.layout import ParamLayout
+from common.validation import SentSubmodel, TrainReply
+
+if TYPE_CHECKING:
+    from common.datasets import ArrayDataset
+    from common.training import TrainConfig
+
+
+@dataclass(frozen=True)
+class Download:
+    """What one node is sent for one round (besides the round's config record).
+
+    Parameters
+    ----------
+    records : dict[str, dict[str, NDArray]]
+        Array records by record name, each a dict of named arrays.
+    kind : str
+        How the submodel is encoded (``mask-kind`` on the wire: ``full``, ``bits``, ``indices``, ``channels``).
+    digest : str
+        Digest of the encoded mask, echoed by the reply.
+    values_bytes : int
+        Bytes of the parameter values sent.
+    mask_bytes : int
+        Bytes of the mask (or channel index) encoding sent.
+    """
+
+    records: dict[str, dict[str, NDArray]]
+    kind: str
+    digest: str
+    values_bytes: int
+    mask_bytes: int
+
+
+@dataclass(frozen=True)
+class Received:
+    """A node's view of a :class:`Download`.
+
+    Parameters
+    ----------
+    records : Mapping[str, Mapping[str, NDArray]]
+        The array records received.
+    kind, digest : str
+        ``mask-kind`` and ``mask-digest`` of the round's config record.
+    d : int
+        Size of the server's global model (a mismatch means the run configs differ).
+    round : int
+        The round (or asynchronous dispatch number) the download belongs to.
+    """
+
+    records: Mapping[str, Mapping[str, NDArray]]
+    kind: str
+    digest: str
+    d: int
+    round: int
+
+
+@dataclass(frozen=True)
+class LocalUpdate:
+    """What local training produced, to be sent back.
+
+    Parameters
+    ----------
+    arrays : dict[str, NDArray]
+        The reply's update arrays (e.g. ``delta`` and the Fisher payload).
+    num_examples : int
+        Training examples used (the aggregation weight).
+    loss : float
+        Mean training loss over all steps.
+    train_seconds : float
+        Wall-clock seconds of local training, statistics included.
+    fisher_seconds : float
+        Seconds of the statistics (Fisher, curvature) accumulated inside training.
+    """
+
+    arrays: dict[str, NDArray]
+    num_examples: int
+    loss: float
+    train_seconds: float
+    fisher_seconds: float
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A validated TRAIN reply with the identity of the client that sent it.
+
+    Parameters
+    ----------
+    node_id : int
+        Flower node id of the sender.
+    key : str
+        The client's stable key (survives a SuperNode restart).
+    reply : TrainReply
+        The validated reply.
+    """
+
+    node_id: int
+    key: str
+    reply: TrainReply
+
+
+class Method:
+    """Base class of every method. Subclasses set :attr:`name` and override what differs.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The validated run configuration.
+    """
+
+    #: The ``method`` run-config key that selects this class.
+    name: ClassVar[str] = ""
+    #: One line for the README's method table: what a capacity-``gamma`` client holds.
+    summary: ClassVar[str] = ""
+    #: The method's own run-config keys (``None``: it has none).
+    options: ClassVar[type[Schema] | None] = None
+    #: Prefix of those keys in the run config (e.g. ``gmr-``).
+    options_prefix: ClassVar[str] = ""
+
+    def __init__(self, run: RunConfig) -> None:
+        self.run = run
+        self.layout: ParamLayout | None = None
+
+    # ------------------------------------------------------------ configuration
+    @classmethod
+    def option_keys(cls) -> list[str]:
+        """The method's own keys without their prefix (kebab case)."""
+        if cls.options is None:
+            return []
+        return [f.alias or name for name, f in cls.options.model_fields.items()]
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
+
+    @classmethod
+    def reads_fisher(cls, run: RunConfig) -> bool:
+        """Whether the server reads clients' Fisher (so clients measure and upload it)."""
+        return False
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the run applies replies on arrival instead of in rounds (see :mod:`server.async_strategy`)."""
+        return False
+
+    def describe(self) -> str:
+        """One log line with the settings that shape this method's behaviour."""
+        return f"method={self.name}"
+
+    # -------------------------------------------------------------- server side
+    def start_server(self, layout: ParamLayout) -> None:
+        """Set up the server-side state for a global model of ``layout``."""
+        self.layout = layout
+
+    def participates(self, capacity: float) -> bool:
+        """Whether a node of ``capacity`` trains (default: every node)."""
+        return True
+
+    def mask_for(
+        self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        """The held positions of a client's submodel, and the rule that chose them (``mask_source``).
+
+        Parameters
+        ----------
+        key : str or None
+            The client's stable key; ``None`` asks for the submodel of a capacity level (central evaluation).
+        server_round : float
+            The round the submodel is for (fractional round equivalents in asynchronous runs).
+        gamma : float
+            The client's capacity, in (0, 1].
+        x : NDArray[float32]
+            The current global model.
+        """
+        raise NotImplementedError
+
+    def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
+        """The download for ``mask`` at global values ``x``."""
+        raise NotImplementedError
+
+    def validate(
+        self,
+        arrays: Mapping[str, NDArray] | None,
+        metrics: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        sent: SentSubmodel,
+        x: NDArray[np.float32],
+    ) -> TrainReply:
+        """Check a TRAIN reply against what was ``sent`` and decode it; ``ReplyError`` says why not."""
+        raise NotImplementedError
+
+    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+        """The new global model from the round's accepted replies (in node order), updating the method's state."""
+        raise NotImplementedError
+
+    def state_bytes(self) -> bytes:
+        """State kept between rounds, for checkpoints (empty: none)."""
+        return b""
+
+    def load_state(self, data: bytes) -> None:
+        """Restore :meth:`state_bytes` from a checkpoint."""
+
+    def prior_influence(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, float] | None:
+        """Certified share of a level's mask one client could flip (methods that rank by a shared prior)."""
+        return None
+
+    # -------------------------------------------------------------- client side
+    def client_train(
+        self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
+    ) -> LocalUpdate:
+        """Train what was received on the local split ``train``; the reply's arrays and metrics."""
+        raise NotImplementedError
+
+    def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
+        """The model a node evaluates: the received submodel (``train`` gives the label space)."""
+        raise NotImplementedError
+
+
+@runtime_checkable
+class AsynchronousMethod(Protocol):
+    """What a method adds to run without rounds (:mod:`server.async_strategy`), besides :class:`Method`."""
+
+    def mask_at(self, key: str | None, t: float, gamma: float, x: NDArray[np.float32]) -> tuple[NDArray[np.bool_], str]:
+        """The mask at ``t`` round equivalents since the start (applied updates per node)."""
+        ...
+
+    def apply_async(
+        self,
+        x: NDArray[np.float32],
+        last_changed: NDArray[np.int64],
+        version: int,
+        update: MaskedUpdate,
+        sent_version: int,
+    ) -> AsyncStep:
+        """Fold one reply into ``x`` (model ``version``) that was computed from version ``sent_version``."""
+        ...
+
+    def observe(self, accepted: Accepted, fisher_round: int) -> None:
+        """Fold one applied reply into the method's state."""
+        ...
+
+    def eval_updates(self) -> int:
+        """Applied updates between central evaluations (0: once per node)."""
+        ...

@@ -1,0 +1,216 @@
+"""CA-HFP: physically smaller client models, channels chosen by a curvature-aware score, rebuilt on the server.
+
+Per round and client (maths in :mod:`common.channel_scores`, shapes in :mod:`common.channel_slicing`):
+
+1. the server selects the kept channels of every channel group, the top ``ceil(r c)`` by the score
+   state (``r = sqrt(gamma)``; squared weight norm for channels never measured);
+2. it sends the small model's tensors and the kept channel indices;
+3. the client builds the small model without ever allocating the full one (the architecture on
+   PyTorch's ``meta`` device), trains it with the one training loop, and accumulates the mean gradient
+   ``g`` and the mean squared gradient ``h`` of every held weight (:class:`common.training.GradientMoments`);
+   it replies with the trained small tensors and each held channel's score ``|sum g w| + sum h w^2``;
+4. the server checks the reply against the small shapes sent, reconstructs it into the full space
+   (missing channels from the current global model), aggregates mask-aware like every other method,
+   then folds the accepted clients' channel scores into the state.
+
+Design notes and measurements: ``docs/STRUCTURED.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from common import protocol as P
+from common.aggregation import aggregate_masked
+from common.channel_scores import ChannelReport, ChannelScoreState, channel_scores, channel_sums
+from common.channel_slicing import (
+    check_small_arrays,
+    reconstruct,
+    selection_mask,
+    selection_of_mask,
+    slice_arrays,
+    sliced_layout,
+)
+from common.config import RunConfig
+from common.datasets import ArrayDataset
+from common.layout import ParamLayout
+from common.methods import register
+from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
+from common.models import build_model
+from common.structured_models import build_structured_model, skeleton_layout
+from common.training import SmallTrainResult, TrainConfig, train_small
+from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
+from common.width_masks import WIDTH_MODELS, TensorChannels, channel_graph, group_sizes
+
+
+@dataclass(frozen=True)
+class StructuredReply(TrainReply):
+    """A validated CA-HFP reply: the reconstructed update plus the client's channel scores."""
+
+    report: ChannelReport
+
+
+@dataclass(frozen=True)
+class ReceivedSmallModel:
+    """A decoded and checked CA-HFP download, on the client."""
+
+    model: nn.Module
+    small_layout: ParamLayout
+    graph: Mapping[str, TensorChannels]
+    arrays: dict[str, NDArray[np.float32]]
+
+
+def reply_arrays(
+    small_layout: ParamLayout,
+    graph: Mapping[str, TensorChannels],
+    received: Mapping[str, NDArray[np.float32]],
+    result: SmallTrainResult,
+) -> dict[str, NDArray[np.float32]]:
+    """The TRAIN reply's arrays: trained small tensors and each held channel's curvature score.
+
+    Parameters
+    ----------
+    small_layout : ParamLayout
+        Layout of the small model (full-model names, small shapes).
+    graph : Mapping[str, TensorChannels]
+        The architecture's channel graph.
+    received : Mapping[str, NDArray[float32]]
+        The small weights received, where the score's Taylor expansion is taken.
+    result : SmallTrainResult
+        Outcome of :func:`common.training.train_small`.
+    """
+    g = small_layout.flatten(result.grad_mean)
+    h = small_layout.flatten(result.fisher)
+    sums = channel_scores(small_layout, graph, g, h, small_layout.flatten(received))
+    return {**result.params, **{P.score_name(group): s.astype(np.float32) for group, s in sums.items()}}
+
+
+@register
+class CAHFP(Method):
+    """Curvature-aware structured pruning with physically smaller client models."""
+
+    name = "cahfp"
+    summary = (
+        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by curvature score "
+        "`|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the server "
+        "(`docs/STRUCTURED.md`)"
+    )
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """The model needs a channel graph."""
+        if run.model not in WIDTH_MODELS:
+            raise ValueError(
+                f"method={run.method!r} needs a channel graph for model={run.model!r}; available for: "
+                f"{', '.join(WIDTH_MODELS)}"
+            )
+
+    # -------------------------------------------------------------- server side
+    def start_server(self, layout: ParamLayout) -> None:
+        """Channel graph and an empty per-channel score state."""
+        super().start_server(layout)
+        self.graph = channel_graph(self.run.model, layout)
+        self.sizes = group_sizes(layout, self.graph)
+        self.state = ChannelScoreState.empty(self.sizes)
+
+    def mask_for(
+        self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        """Held positions of the kept channels: ``curvature`` once any channel has a score, else ``norm``."""
+        norms = channel_sums(self.layout, self.graph, np.square(x, dtype=np.float64))
+        selection = self.state.select(norms, gamma)
+        return selection_mask(self.layout, self.graph, selection), "curvature" if self.state.any_measured else "norm"
+
+    def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
+        """The small model's tensors and the kept channel indices per group."""
+        selection = selection_of_mask(self.layout, self.graph, mask)
+        arrays = slice_arrays(self.layout, self.graph, selection, self.layout.unflatten(x))
+        channels = P.encode_channels(selection, self.sizes)
+        return Download(
+            {P.SUBMODEL: arrays, P.CHANNELS: channels},
+            P.CHANNELS_KIND,
+            P.channels_digest(channels),
+            int(sum(a.nbytes for a in arrays.values())),
+            int(sum(a.nbytes for a in channels.values())),
+        )
+
+    def validate(
+        self,
+        arrays: Mapping[str, NDArray] | None,
+        metrics: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        sent: SentSubmodel,
+        x: NDArray[np.float32],
+    ) -> StructuredReply:
+        """Check the small tensors and channel scores against what was sent, reconstruct the full update."""
+        check_meta(meta, sent)
+        if arrays is None:
+            raise ReplyError(f"array record {P.UPDATE!r} missing")
+        selection = selection_of_mask(self.layout, self.graph, sent.mask)
+        tensors = {n: a for n, a in arrays.items() if not n.startswith(P.SCORE_PREFIX)}
+        score_arrays = {n: a for n, a in arrays.items() if n.startswith(P.SCORE_PREFIX)}
+        expected = {P.score_name(g) for g in self.sizes}
+        if set(score_arrays) != expected:
+            raise ReplyError(f"channel scores {sorted(score_arrays)} differ from the expected {sorted(expected)}")
+        scores = {}
+        for g, idx in selection.items():
+            s = np.asarray(score_arrays[P.score_name(g)])
+            if s.dtype != np.float32 or s.shape != idx.shape or not np.all(np.isfinite(s)):
+                raise ReplyError(
+                    f"scores of group {g!r} must be {idx.size} finite float32 values, got {s.dtype}{list(s.shape)}"
+                )
+            scores[g] = s.astype(np.float64)
+        try:
+            full, mask = reconstruct(self.layout, self.graph, selection, tensors, x)
+        except ValueError as err:
+            raise ReplyError(f"small model rejected: {err}") from err
+        delta = (full[mask] - x[mask]).astype(np.float32)
+        base = validate_train_reply({P.DELTA: delta}, metrics, meta, sent, self.layout, self.run.upload_encoding)
+        report = ChannelReport(selection, scores, base.update.weight)
+        return StructuredReply(base.update, base.fisher, base.metrics, report)
+
+    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+        """Mask-aware mean of the reconstructed updates, then the channel scores into the state."""
+        new = aggregate_masked(x, [a.reply.update for a in accepted], self.run.server_lr)
+        self.state.update([a.reply.report for a in accepted if isinstance(a.reply, StructuredReply)])
+        return new
+
+    # -------------------------------------------------------------- client side
+    def receive(self, received: Received, train: ArrayDataset) -> ReceivedSmallModel:
+        """Decode the download and build the small model; ``ValueError`` when it does not fit this architecture."""
+        with torch.device("meta"):
+            skeleton = build_model(self.run.model, train.num_classes, train.in_channels, self.run.seed)
+        layout = skeleton_layout(skeleton)
+        if received.d != layout.size:
+            raise ValueError(
+                f"server model has d={received.d} but this node builds d={layout.size}: run configs differ"
+            )
+        if received.kind != P.CHANNELS_KIND:
+            raise ValueError(f"method cahfp expects a {P.CHANNELS_KIND!r} submodel, got mask-kind {received.kind!r}")
+        graph = channel_graph(self.run.model, layout)
+        channels = dict(received.records[P.CHANNELS])
+        selection = P.decode_channels(channels, group_sizes(layout, graph))
+        arrays = dict(received.records[P.SUBMODEL])
+        check_small_arrays(layout, graph, selection, arrays)
+        small_layout = sliced_layout(layout, graph, selection)
+        return ReceivedSmallModel(build_structured_model(skeleton, arrays), small_layout, graph, arrays)
+
+    def client_train(
+        self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
+    ) -> LocalUpdate:
+        """Train the small model; reply with its trained tensors and per-channel curvature scores."""
+        got = self.receive(received, train)
+        result = train_small(got.model, train, cfg, device)
+        arrays = reply_arrays(got.small_layout, got.graph, got.arrays, result)
+        return LocalUpdate(arrays, result.num_examples, result.loss, result.train_seconds, result.stats_seconds)
+
+    def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
+        """The small model as received."""
+        return self.receive(received, train).model

@@ -1,0 +1,23 @@
+"""FedAvg: every node trains the full model, whatever its capacity (the accuracy ceiling)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.methods import register
+from common.methods.masked import MaskedMethod
+
+
+@register
+class FedAvg(MaskedMethod):
+    """The full model for everyone; the mask-aware mean is then plain FedAvg."""
+
+    name = "fedavg"
+    summary = "everyone trains the full model, whatever its capacity (the accuracy ceiling)"
+
+    def mask_for(
+        self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        """Every position (``full``; its encoding costs nothing on the wire)."""
+        return np.ones(self.layout.size, dtype=bool), "full"

@@ -1,0 +1,18 @@
+"""FedAvg over the full-capacity nodes only: what operators do today when small devices cannot hold the model."""
+
+from __future__ import annotations
+
+from common.methods import register
+from common.methods.fedavg import FedAvg
+
+
+@register
+class FedAvgDrop(FedAvg):
+    """FedAvg that leaves out every node below capacity 1."""
+
+    name = "fedavg-drop"
+    summary = "only nodes with capacity 1 take part, full model (what operators do today)"
+
+    def participates(self, capacity: float) -> bool:
+        """Only nodes that hold the full model."""
+        return capacity >= 1.0

@@ -1,0 +1,59 @@
+"""FedFIbOS: each client holds the top-``ceil(gamma d)`` positions of ``F_j^2 x_j^2`` under its own Fisher.
+
+The rule exactly minimises the masking surrogate ``sum_{j not in S} F_j^2 x_j^2`` over all masks of the
+budget (:func:`common.selection.select_mask`, with the guards documented there). The Fisher ranked by is
+the client's last upload blended toward the global prior as it ages; a client that never reported is
+ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.config import RunConfig
+from common.methods import register
+from common.methods.masked import FisherRankedMethod
+from common.prior_influence import contested_positions
+from common.selection import select_mask
+
+
+@register
+class FedFIbOS(FisherRankedMethod):
+    """Fisher-ranked element-wise submodels (this product's method)."""
+
+    name = "fedfibos"
+    summary = "top-`ceil(gamma d)` of `F_j^2 x_j^2` from the client's Fisher (this product's method)"
+
+    @classmethod
+    def reads_fisher(cls, run: RunConfig) -> bool:
+        """Always: the mask is ranked by the client's Fisher."""
+        return True
+
+    def mask_for(
+        self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists."""
+        est, source = self.client_estimate(key, int(server_round))
+        if est is None:
+            source, rule = "magnitude", "magnitude"
+        else:
+            rule = "fisher"
+        return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row), source
+
+    def prior_influence(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, float] | None:
+        """Per capacity level below 1: the share of a prior-ranked mask any one client could flip.
+
+        ``None`` while the prior is a plain mean, or a trimmed mean of fewer than three clients,
+        which one client can move without bound (:mod:`common.prior_influence`).
+        """
+        interval = self.fisher.prior_interval()
+        if interval is None:
+            return None
+        lo, hi = interval
+        return {
+            f"{gamma:g}": float(contested_positions(self.layout, x, gamma, lo, hi, self.run.min_per_row).mean())
+            for gamma in sorted((g for g in set(levels) if g < 1.0), reverse=True)
+        }

@@ -1,0 +1,151 @@
+"""FedGMR: submodels that grow over training toward ``gmr-ceiling``, optionally aggregated asynchronously.
+
+Each client starts from a fraction ``gmr-start`` of its capacity and restores positions on a schedule
+(:func:`common.restoration.restoration_budget`) until ``min(gmr-ceiling, capacity)``; every mask
+contains the client's previous one (:class:`common.restoration.RestorationMasks`). Positions are
+restored in a seeded random order per client, or by ``F^2 x^2`` with the client's Fisher
+(``gmr-selection``). ``gmr-mode = "async"`` applies each reply on arrival, weighted by staleness and
+mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
+:mod:`server.async_strategy`). Details and measurements: ``docs/FEDGMR.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import Field
+
+from common.aggregation import MaskedUpdate
+from common.async_aggregation import AsyncStep, apply_async_update
+from common.config import RunConfig, Schema
+from common.layout import ParamLayout
+from common.methods import register
+from common.methods.masked import FisherRankedMethod
+from common.restoration import RESTORE_RULES, SCHEDULES, RestorationMasks
+
+
+class FedGMROptions(Schema):
+    """FedGMR's own run-config keys (``gmr-*``)."""
+
+    schedule: Literal[SCHEDULES] = Field(  # type: ignore[valid-type]
+        "linear", description="submodel growth: linear, or step (multiplied by `gmr-step-factor` at even intervals)"
+    )
+    start: float = Field(
+        0.25, gt=0, le=1, description="start density as a fraction of the node's capacity (at least 1 % of the model)"
+    )
+    ceiling: float = Field(
+        1.0, gt=0, le=1, description="density the submodels grow toward; never above a node's capacity"
+    )
+    restore_rounds: int = Field(
+        10, ge=1, le=1_000_000, description="rounds (async: applied updates / nodes) until the ceiling is reached"
+    )
+    step_factor: float = Field(2.0, gt=1, le=1000, description="growth factor per step of the step schedule")
+    selection: Literal[RESTORE_RULES] = Field(  # type: ignore[valid-type]
+        "random", description="which positions are restored next: random (seeded per client), fisher (`F^2 x^2`)"
+    )
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync (rounds), or async (apply each reply on arrival, re-dispatch at once)"
+    )
+    staleness_exponent: float = Field(0.5, ge=0, le=10, description="async weight `(1 + overlap * staleness)^(-a)`")
+    max_staleness: int = Field(
+        10, ge=0, le=1_000_000, description="async: replies more than this many applied updates old are dropped"
+    )
+    server_lr: float = Field(0.5, gt=0, le=10, description="async: server step applied to each (weighted) reply")
+    eval_updates: int = Field(
+        0, ge=0, le=1_000_000, description="async: central evaluation every N applied updates; 0 = once per node count"
+    )
+
+
+@register
+class FedGMR(FisherRankedMethod):
+    """Gradual model restoration (synchronous rounds, or asynchronous with :mod:`server.async_strategy`)."""
+
+    name = "fedgmr"
+    summary = (
+        "a submodel that grows over training toward `min(gmr-ceiling, gamma)` (random or Fisher-ranked "
+        "restoration, nested); `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask "
+        "overlap (FedGMR, `docs/FEDGMR.md`)"
+    )
+    options = FedGMROptions
+    options_prefix = "gmr-"
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.opts: FedGMROptions = run.options(self.name)
+
+    @classmethod
+    def reads_fisher(cls, run: RunConfig) -> bool:
+        """Only with ``gmr-selection = "fisher"``."""
+        return run.options(cls.name).selection == "fisher"
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """An asynchronous run has no rounds to resume from."""
+        if run.options(cls.name).mode == "async" and run.resume:
+            raise ValueError(
+                "resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from"
+            )
+
+    @property
+    def asynchronous(self) -> bool:
+        """``gmr-mode = "async"``."""
+        return self.opts.mode == "async"
+
+    def start_server(self, layout: ParamLayout) -> None:
+        """Fisher state and the per-client restoration masks."""
+        super().start_server(layout)
+        o = self.opts
+        self.restoration = RestorationMasks(
+            layout,
+            o.schedule,
+            o.start,
+            o.ceiling,
+            o.restore_rounds,
+            o.step_factor,
+            o.selection,
+            self.run.seed,
+            self.run.min_per_row,
+        )
+
+    def mask_for(
+        self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        """The client's restoration mask at ``server_round - 1`` rounds since the start."""
+        return self.mask_at(key, max(0.0, server_round - 1.0), gamma, x)
+
+    def mask_at(self, key: str | None, t: float, gamma: float, x: NDArray[np.float32]) -> tuple[NDArray[np.bool_], str]:
+        """The client's restoration mask at time ``t`` (rounds since the start; fractional when asynchronous).
+
+        For a capacity level (``key=None``) the current mask of a client of that capacity (``held``), so
+        central evaluation measures a submodel some client trains; a fresh one if there is none.
+        """
+        if key is None:
+            held = self.restoration.held_mask(gamma)
+            if held is not None:
+                return held, "held"
+        fisher = None
+        if self.opts.selection == "fisher":
+            fisher_round = int(t) + 1
+            known = key is not None and key in self.fisher.clients
+            fisher = self.fisher.estimate(key, fisher_round) if known else self.fisher.global_prior()
+        return self.restoration.mask(key, t, gamma, x, fisher)
+
+    def eval_updates(self) -> int:
+        """``gmr-eval-updates``."""
+        return self.opts.eval_updates
+
+    def apply_async(
+        self,
+        x: NDArray[np.float32],
+        last_changed: NDArray[np.int64],
+        version: int,
+        update: MaskedUpdate,
+        sent_version: int,
+    ) -> AsyncStep:
+        """One reply applied on arrival, weighted by staleness and overlap; ``TooStale`` beyond the limit."""
+        o = self.opts
+        return apply_async_update(
+            x, last_changed, version, update, sent_version, o.server_lr, o.staleness_exponent, o.max_staleness
+        )

@@ -1,0 +1,161 @@
+"""Base of the element-wise methods: a dense-shaped submodel gated by a mask, aggregated mask-aware.
+
+Every method whose client trains the full architecture with the unheld positions zeroed (FedFIbOS,
+FIARSE, HeteroFL, FedRolex, FedAvg, FedGMR) shares this wire format and these steps; a subclass
+only says which positions a client holds (:meth:`MaskedMethod.mask_for`) and, where it ranks by
+Fisher, keeps a :class:`~common.fisher_state.FisherState`.
+
+* Download: the selected values and the mask's compact encoding (:func:`common.protocol.encode_submodel`).
+* Client: the mask attached with ``torch.nn.utils.prune`` (:func:`common.training.attach_masks`), the one
+  training loop, the Fisher of the effective weights when the server reads it
+  (:class:`common.training.EffectiveFisher`), reply = delta of the held values + Fisher payload.
+* Server: :func:`common.validation.validate_train_reply`, then
+  ``x_j += eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j`` (:func:`common.aggregation.aggregate_masked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from logging import INFO, getLogger
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from common import protocol as P
+from common.aggregation import aggregate_masked
+from common.datasets import ArrayDataset
+from common.fisher_codec import encode_fisher
+from common.fisher_state import FisherState, fisher_capacity
+from common.layout import ParamLayout
+from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
+from common.models import build_model, load_flat, model_layout
+from common.protocol import decode_submodel, encode_submodel
+from common.training import TrainConfig, train_masked
+from common.validation import SentSubmodel, TrainReply, validate_train_reply
+
+logger = getLogger("flwr")
+
+
+def decode_received(received: Received, layout: ParamLayout) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """The dense parameters (zero outside the mask) and the mask of a masked download."""
+    if received.d != layout.size:
+        raise ValueError(f"server model has d={received.d} but this node builds d={layout.size}: run configs differ")
+    arrays = received.records[P.SUBMODEL]
+    return decode_submodel(arrays[P.VALUES], received.kind, arrays[P.MASK], layout.size)
+
+
+class MaskedMethod(Method):
+    """Element-wise submodels: everything but the choice of the mask."""
+
+    def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
+        """Selected values (float32) and the mask as packed bits or indices, whichever is smaller."""
+        payload = encode_submodel(x, mask)
+        return Download(
+            {P.SUBMODEL: {P.VALUES: payload.values, P.MASK: payload.mask_data}},
+            payload.mask_kind,
+            payload.digest,
+            int(payload.values.nbytes),
+            int(payload.mask_data.nbytes),
+        )
+
+    def validate(
+        self,
+        arrays: Mapping[str, NDArray] | None,
+        metrics: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        sent: SentSubmodel,
+        x: NDArray[np.float32],
+    ) -> TrainReply:
+        """Delta of exactly the positions sent, the Fisher payload of the run's encoding, sane metrics."""
+        assert self.layout is not None, "start_server() first"
+        return validate_train_reply(arrays, metrics, meta, sent, self.layout, self.run.upload_encoding)
+
+    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+        """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
+        new = aggregate_masked(x, [a.reply.update for a in accepted], self.run.server_lr)
+        for a in accepted:
+            self.observe(a, server_round)
+        return new
+
+    def observe(self, accepted: Accepted, fisher_round: int) -> None:
+        """Fold one accepted reply into the method's state (after the model update)."""
+
+    # -------------------------------------------------------------- client side
+    def _model(self, train: ArrayDataset) -> tuple[nn.Module, ParamLayout]:
+        model = build_model(self.run.model, train.num_classes, train.in_channels, self.run.seed)
+        return model, model_layout(model)
+
+    def client_train(
+        self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
+    ) -> LocalUpdate:
+        """Train the held positions; reply with their delta and, if the server reads it, the Fisher payload."""
+        model, layout = self._model(train)
+        params, mask = decode_received(received, layout)
+        encoding = self.run.upload_encoding
+        result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
+        arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
+        arrays.update(encode_fisher(result.fisher, mask, layout, encoding))
+        return LocalUpdate(arrays, result.num_examples, result.loss, result.train_seconds, result.fisher_seconds)
+
+    def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
+        """The architecture holding the received values (zero outside the mask)."""
+        model, layout = self._model(train)
+        params, _ = decode_received(received, layout)
+        load_flat(model, layout, params)
+        return model
+
+
+class FisherRankedMethod(MaskedMethod):
+    """A masked method that keeps per-client Fisher on the server (``fisher-*`` keys).
+
+    The state is what checkpoints and ``fisher_state.npz`` hold; see :mod:`common.fisher_state`.
+    """
+
+    def start_server(self, layout: ParamLayout) -> None:
+        """Create an empty Fisher state sized by ``fisher-memory-mb``."""
+        super().start_server(layout)
+        run = self.run
+        self.fisher = FisherState(
+            layout.size,
+            run.fisher_staleness_decay,
+            run.fisher_ema,
+            run.fisher_trim,
+            max_clients=fisher_capacity(run.fisher_memory_mb, layout.size, run.fisher_precision),
+            precision=run.fisher_precision,
+        )
+
+    def describe(self) -> str:
+        """Method and the Fisher settings."""
+        run = self.run
+        return (
+            f"method={self.name} fisher-encoding={run.upload_encoding} "
+            f"staleness-decay={run.fisher_staleness_decay:.2f} min-per-row={run.min_per_row}"
+        )
+
+    def observe(self, accepted: Accepted, fisher_round: int) -> None:
+        """Update the client's Fisher estimate (an all-zero upload leaves it unchanged, logged)."""
+        r = accepted.reply
+        if r.fisher is not None and not self.fisher.update(accepted.key, r.fisher, r.update.weight, fisher_round):
+            logger.log(
+                INFO,
+                "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",
+                fisher_round,
+                accepted.node_id,
+            )
+
+    def client_estimate(self, key: str | None, server_round: int) -> tuple[NDArray | None, str]:
+        """The Fisher a mask for ``key`` is ranked by: its own (staleness-blended) estimate, else the prior."""
+        if key is not None and key in self.fisher.clients:
+            return self.fisher.estimate(key, server_round), "client"
+        return self.fisher.global_prior(), "prior"
+
+    def state_bytes(self) -> bytes:
+        """The Fisher state, serialised."""
+        return self.fisher.to_bytes()
+
+    def load_state(self, data: bytes) -> None:
+        """Restore the Fisher state of a checkpoint."""
+        self.fisher = FisherState.from_bytes(data)
