@@ -82,6 +82,14 @@ def resnet_graph(layout: ParamLayout) -> dict[str, TensorChannels]:
 WIDTH_MODELS: tuple[str, ...] = ("cnn", "resnet18")
 
 
+def require_channel_graph(method: str, model: str) -> None:
+    """``ValueError`` naming both keys when ``model`` has no channel graph (width and structured methods)."""
+    if model not in WIDTH_MODELS:
+        raise ValueError(
+            f"method={method!r} needs a channel graph for model={model!r}; available for: {', '.join(WIDTH_MODELS)}"
+        )
+
+
 def channel_graph(model: str, layout: ParamLayout) -> dict[str, TensorChannels]:
     """The channel graph of a model architecture (see ``common.models``)."""
     if model == "cnn":

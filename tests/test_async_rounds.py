@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from server.async_rounds import AsyncFedGMR, Dispatch
 
 from common.config import parse_run_config
 from common.layout import ParamLayout
 from common.validation import SentSubmodel
-from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
+from server.async_strategy import AsyncSubmodelStrategy, Dispatch
+from server.replies import ReplyParts
+from server.strategy import ClientRound, NodeProfile
 
 LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 
@@ -17,16 +18,16 @@ LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 @pytest.fixture
 def loop():
     cfg = parse_run_config({"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "gmr-server-lr": 0.5})
-    strategy = FisherSubmodelStrategy(cfg, LAYOUT)
+    strategy = AsyncSubmodelStrategy(cfg, LAYOUT)
     strategy.nodes = {1: NodeProfile(1.0, "cpu", 50, 10, "a"), 2: NodeProfile(0.5, "cpu", 50, 10, "b")}
     strategy.x = np.random.default_rng(0).normal(size=LAYOUT.size).astype(np.float32)
-    return AsyncFedGMR(strategy, grid=None)
+    return strategy
 
 
 def _dispatch(loop, node_id, seq):
-    mask, source = loop.s.mask_for(node_id, seq, loop.s.nodes[node_id].capacity)
+    mask, source = loop.node_mask(node_id, seq)
     k = int(mask.sum())
-    info = ClientRound(node_id, loop.s.nodes[node_id].capacity, "cpu", source, k, k / LAYOUT.size, 0, 0, 0, "bits")
+    info = ClientRound(node_id, loop.nodes[node_id].capacity, "cpu", source, k, k / LAYOUT.size, 0, 0, 0, "bits")
     return Dispatch(node_id, SentSubmodel(node_id, seq, mask, f"digest-{seq}", 50), loop.version, 0.0, info)
 
 
@@ -43,11 +44,11 @@ def _parts(d, delta=None, **meta):
 
 def test_valid_reply_is_applied_on_its_mask_only(loop):
     d = _dispatch(loop, 2, 1)
-    x0 = loop.s.x.copy()
+    x0 = loop.x.copy()
     assert loop.apply_reply(_parts(d), d)
     m = d.sent.mask
-    np.testing.assert_allclose(loop.s.x[m], x0[m] + np.float32(0.5 * 0.1), rtol=1e-6)
-    np.testing.assert_array_equal(loop.s.x[~m], x0[~m])
+    np.testing.assert_allclose(loop.x[m], x0[m] + np.float32(0.5 * 0.1), rtol=1e-6)
+    np.testing.assert_array_equal(loop.x[~m], x0[~m])
     assert loop.version == 1 and loop.window[-1]["staleness"] == 0 and loop.window[-1]["status"] == "ok"
 
 
@@ -76,9 +77,9 @@ def test_bad_reply_is_dropped_and_leaves_the_model_untouched(loop, bad):
         parts.node_id = bad["node"]
     if "error" in bad:
         parts.error = bad["error"]
-    x0 = loop.s.x.copy()
+    x0 = loop.x.copy()
     assert not loop.apply_reply(parts, d)
-    np.testing.assert_array_equal(loop.s.x, x0)
+    np.testing.assert_array_equal(loop.x, x0)
     assert loop.version == 0 and loop.last_changed.max() == 0
     assert loop.window[-1]["status"].startswith("rejected: ")
 
@@ -88,8 +89,8 @@ def test_reply_beyond_the_staleness_bound_is_dropped(loop):
     for seq in range(2, 6):  # four updates from node 1 arrive first
         d = _dispatch(loop, 1, seq)
         assert loop.apply_reply(_parts(d), d)
-    x0 = loop.s.x.copy()
+    x0 = loop.x.copy()
     assert not loop.apply_reply(_parts(late), late)
     assert "gmr-max-staleness=3" in loop.window[-1]["status"]
-    np.testing.assert_array_equal(loop.s.x, x0)
+    np.testing.assert_array_equal(loop.x, x0)
     assert loop.version == 4

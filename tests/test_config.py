@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, RunConfig, parse_node_config, parse_run_config
+from common.config import ConfigError, default_run_config, parse_node_config, parse_run_config
 from server.launcher import parse_capacities, parse_overrides, toml_overrides
 
 MANIFEST = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
@@ -16,8 +16,8 @@ MANIFEST = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 def test_manifest_defaults_parse_to_dataclass_defaults():
     raw = MANIFEST["tool"]["flwr"]["app"]["config"]
-    assert parse_run_config(raw) == RunConfig()
-    assert parse_run_config({}) == RunConfig()
+    assert parse_run_config(raw) == default_run_config()
+    assert parse_run_config({}).flat() == default_run_config().flat()
 
 
 @pytest.mark.parametrize(

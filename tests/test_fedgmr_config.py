@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import METHODS, ConfigError, parse_node_config, parse_run_config
+from common.config import ConfigError, parse_node_config, parse_run_config
+from common.methods import registry
 
 
 def test_fedgmr_is_a_method_with_validated_keys():
-    assert "fedgmr" in METHODS
+    assert "fedgmr" in registry()
     cfg = parse_run_config(
         {
             "method": "fedgmr",
@@ -25,8 +26,9 @@ def test_fedgmr_is_a_method_with_validated_keys():
             "gmr-eval-updates": 5,
         }
     )
-    assert (cfg.gmr_schedule, cfg.gmr_mode, cfg.gmr_selection, cfg.gmr_max_staleness) == ("step", "async", "fisher", 4)
-    assert cfg.gmr_step_factor == 3.0 and cfg.gmr_server_lr == 0.7
+    gmr = cfg.options("fedgmr")
+    assert (gmr.schedule, gmr.mode, gmr.selection, gmr.max_staleness) == ("step", "async", "fisher", 4)
+    assert gmr.step_factor == 3.0 and gmr.server_lr == 0.7
 
 
 def test_clients_upload_fisher_only_when_a_rule_reads_it():

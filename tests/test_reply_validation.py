@@ -10,13 +10,15 @@ import torch
 
 from common import protocol as P
 from common.config import NodeConfig, parse_run_config
+from common.methods import create_method
 from common.datasets import load_dataset
 from common.fisher_codec import encode_fisher
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.training import TrainConfig, train_masked
 from common.validation import SentSubmodel, validate_evaluate_reply, validate_profile
-from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
+from server.replies import ReplyParts
+from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
 
 ROUND = 3
 GOOD, OTHER = 11, 2**63 + 5  # Flower node ids are unsigned 64-bit
@@ -27,13 +29,13 @@ def _setup():
     pool = load_dataset("digits", 0.2, 0).train
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
-    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy = SubmodelStrategy(cfg, layout)
     strategy.x = layout.flatten(trainable_arrays(model))
     replies = {}
     for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
         strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
-        mask, _ = strategy.mask_for(node_id, ROUND, gamma)
+        mask, _ = strategy.node_mask(node_id, ROUND)
         from common.protocol import encode_submodel
 
         payload = encode_submodel(strategy.x, mask)
@@ -131,7 +133,7 @@ CATALOGUE = {
 
 
 def _state(strategy):
-    return strategy.x.copy(), strategy.fisher.to_bytes()
+    return strategy.x.copy(), strategy.method.fisher.to_bytes()
 
 
 def _run(base, replies):
@@ -163,7 +165,7 @@ def test_bad_reply_alone_leaves_model_untouched(base):
     s, accepted = _run(base, [bad])
     assert accepted == []
     assert s.x.tobytes() == strategy.x.tobytes()
-    assert s.fisher.clients == {}
+    assert s.method.fisher.clients == {}
 
 
 def test_duplicate_reply_counts_once(base):
@@ -181,7 +183,7 @@ def test_valid_replies_change_only_held_positions(base):
     held = strategy.sent[GOOD].mask | strategy.sent[OTHER].mask
     assert np.array_equal(s.x[~held], strategy.x[~held])
     assert not np.array_equal(s.x[held], strategy.x[held])
-    assert set(s.fisher.clients) == {"partition-0", "partition-1"}  # keyed by the stable client key
+    assert set(s.method.fisher.clients) == {"partition-0", "partition-1"}  # keyed by the stable client key
 
 
 def test_evaluate_and_profile_validation():
@@ -222,6 +224,8 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     strategy, replies = base
     s = copy.deepcopy(strategy)
     s.cfg = parse_run_config({"method": "fiarse"})
+    s.method = create_method(s.cfg)
+    s.method.start_server(s.layout)
     assert s.cfg.upload_encoding == "none"
     lean = copy.deepcopy(replies[GOOD])
     lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
@@ -230,7 +234,7 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     heavy.meta["fisher-encoding"] = "none"  # still carries fisher.* arrays: rejected
     accepted = s.apply_train_replies(ROUND, [lean, heavy])
     assert len(accepted) == 1 and accepted[0].fisher is None
-    assert s.fisher.clients == {}
+    assert s.method.state_bytes() == b""  # magnitude ranking keeps no Fisher
     assert s.clients[OTHER].status.startswith("rejected")
 
 
@@ -240,5 +244,5 @@ def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
     s.cfg = parse_run_config({"min-replies": 3})
     accepted = s.apply_train_replies(ROUND, list(copy.deepcopy(replies).values()))
     assert accepted == []
-    assert s.x.tobytes() == strategy.x.tobytes() and s.fisher.clients == {}
+    assert s.x.tobytes() == strategy.x.tobytes() and s.method.fisher.clients == {}
     assert all(s.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))

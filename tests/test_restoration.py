@@ -1,4 +1,4 @@
-"""FedGMR restoration schedules and nested masks (common/restoration.py, server/restoration_state.py)."""
+"""FedGMR restoration schedules and nested masks (common/restoration.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from server.restoration_state import RestorationMasks
 
 from common.layout import ParamLayout
-from common.restoration import MIN_DENSITY, random_priority, restoration_budget, restore_mask
+from common.restoration import MIN_DENSITY, RestorationMasks, random_priority, restoration_budget, restore_mask
 from common.selection import budget
 
 unit = st.floats(min_value=1e-3, max_value=1.0)
@@ -159,22 +158,22 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
 
 def test_sync_strategy_masks_grow_with_rounds():
     from common.config import parse_run_config
-    from server.strategy import FisherSubmodelStrategy, NodeProfile
+    from server.strategy import NodeProfile, SubmodelStrategy
 
     layout = _layout()
     cfg = parse_run_config({"method": "fedgmr", "gmr-restore-rounds": 3, "gmr-start": 0.5})
-    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy = SubmodelStrategy(cfg, layout)
     strategy.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
     strategy.x = np.random.default_rng(1).normal(size=layout.size).astype(np.float32)
     for node_id, capacity in ((7, 0.5), (9, 1.0)):
-        masks = [strategy.mask_for(node_id, rnd, capacity)[0] for rnd in range(1, 6)]
+        masks = [strategy.node_mask(node_id, rnd)[0] for rnd in range(1, 6)]
         sizes = [int(m.sum()) for m in masks]
         assert all(np.all(b[a]) for a, b in zip(masks, masks[1:]))  # nested
         assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
         assert sizes[3] == sizes[4] == budget(capacity, layout.size)  # ceiling reached at round 1 + 3
     # central evaluation of a capacity level: the submodel a client of that capacity holds, not a fresh one
-    level, source = strategy.mask_for(None, 6, 0.5)
-    assert source == "held" and np.array_equal(level, strategy.restoration.clients["edge-7"].mask)
-    assert set(strategy.restoration.clients) == {"edge-7", "edge-9"}
-    fresh, _ = strategy.mask_for(None, 1, 0.25)  # no client of that capacity: a fresh, unremembered mask
-    assert fresh.sum() <= budget(0.25, layout.size) and set(strategy.restoration.clients) == {"edge-7", "edge-9"}
+    level, source = strategy.level_mask(6 - 1, 0.5)
+    assert source == "held" and np.array_equal(level, strategy.method.restoration.clients["edge-7"].mask)
+    assert set(strategy.method.restoration.clients) == {"edge-7", "edge-9"}
+    fresh, _ = strategy.level_mask(1 - 1, 0.25)  # no client of that capacity: a fresh, unremembered mask
+    assert fresh.sum() <= budget(0.25, layout.size) and set(strategy.method.restoration.clients) == {"edge-7", "edge-9"}

@@ -7,7 +7,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from client.structured_handlers import reply_arrays
 
 from common import protocol as P
 from common.channel_scores import kept_count
@@ -15,13 +14,15 @@ from common.channel_slicing import selection_of_mask, sliced_layout
 from common.config import ConfigError, parse_run_config
 from common.datasets import load_dataset
 from common.evaluation import CentralEvaluator
+from common.methods.cahfp import reply_arrays
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.structured_models import build_structured_model
 from common.training import TrainConfig, train_small
 from common.validation import SentSubmodel
 from common.width_masks import group_sizes
-from server.strategy import ClientRound, FisherSubmodelStrategy, NodeProfile, ReplyParts
+from server.replies import ReplyParts
+from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
 
 ROUND = 2
 SMALL, LARGE = 11, 12
@@ -33,25 +34,25 @@ def _setup():
     pool = load_dataset("digits", 0.2, 0).train
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
-    strategy = FisherSubmodelStrategy(cfg, layout)
+    strategy = SubmodelStrategy(cfg, layout)
     strategy.x = layout.flatten(trainable_arrays(model))
     replies = {}
     for part, node_id in enumerate((SMALL, LARGE)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
         gamma = GAMMA[node_id]
         strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
-        mask, source = strategy.mask_for(node_id, ROUND, gamma)
+        mask, source = strategy.node_mask(node_id, ROUND)
         assert source == "norm"  # nothing measured yet
-        payload = strategy.structured.encode(strategy.x, mask)
+        payload = strategy.method.encode(strategy.x, mask)
         strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
         strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
-        selection = selection_of_mask(layout, strategy.graph, mask)
-        small_layout = sliced_layout(layout, strategy.graph, selection)
-        small = build_structured_model(model, payload.arrays)
+        selection = selection_of_mask(layout, strategy.method.graph, mask)
+        small_layout = sliced_layout(layout, strategy.method.graph, selection)
+        small = build_structured_model(model, payload.records[P.SUBMODEL])
         result = train_small(small, data, TrainConfig(1, 32, 0.05, 0.9, seed=part), torch.device("cpu"))
         replies[node_id] = ReplyParts(
             node_id=node_id,
-            arrays=reply_arrays(small_layout, strategy.graph, payload.arrays, result),
+            arrays=reply_arrays(small_layout, strategy.method.graph, payload.records[P.SUBMODEL], result),
             metrics={"num-examples": len(data), "train-loss": result.loss, "train-seconds": 0.5, "fisher-seconds": 0.0},
             meta={"round": ROUND, "mask-digest": payload.digest, "fisher-encoding": "none"},
         )
@@ -70,22 +71,22 @@ def _run(base, replies):
 
 def test_channel_masks_keep_the_width_rule_count_in_every_group(base):
     strategy, _ = base
-    sizes = group_sizes(strategy.layout, strategy.graph)
+    sizes = group_sizes(strategy.layout, strategy.method.graph)
     for gamma in (1.0, 0.25, 1 / 16):
-        mask, _ = strategy.mask_for(None, ROUND, gamma)
-        selection = selection_of_mask(strategy.layout, strategy.graph, mask)
+        mask, _ = strategy.level_mask(ROUND - 1, gamma)
+        selection = selection_of_mask(strategy.layout, strategy.method.graph, mask)
         assert {g: idx.size for g, idx in selection.items()} == {g: kept_count(n, gamma) for g, n in sizes.items()}
         assert gamma * 0.7 <= mask.mean() <= gamma * 1.3
 
 
 def test_first_round_keeps_the_channels_of_largest_weight_norm(base):
     strategy, _ = base
-    mask, _ = strategy.mask_for(None, ROUND, 0.25)
+    mask, _ = strategy.level_mask(ROUND - 1, 0.25)
     conv1 = strategy.layout.unflatten(strategy.x)["conv1.weight"]
     norms = np.square(conv1.astype(np.float64)).reshape(32, -1).sum(1)
     norms += np.square(strategy.layout.unflatten(strategy.x)["conv1.bias"].astype(np.float64))
     norms += np.square(strategy.layout.unflatten(strategy.x)["conv2.weight"].astype(np.float64)).sum(axis=(0, 2, 3))
-    kept = selection_of_mask(strategy.layout, strategy.graph, mask)["conv1"]
+    kept = selection_of_mask(strategy.layout, strategy.method.graph, mask)["conv1"]
     assert kept.tolist() == sorted(np.argsort(-norms, kind="stable")[: kept.size].tolist())
 
 
@@ -105,8 +106,8 @@ def test_valid_replies_are_reconstructed_and_aggregated_mask_aware(base):
     expected = strategy.x + np.divide(num, den, out=np.zeros_like(num), where=den > 0)
     np.testing.assert_allclose(s.x, expected, rtol=1e-5, atol=1e-6)
     # the capacity-1 client held everything, so every channel now has a curvature score
-    assert all(m.all() for m in s.structured.state.measured.values())
-    assert s.mask_for(SMALL, ROUND + 1, 0.25)[1] == "curvature"
+    assert all(m.all() for m in s.method.state.measured.values())
+    assert s.node_mask(SMALL, ROUND + 1)[1] == "curvature"
 
 
 def test_channels_held_by_nobody_keep_global_values_and_scores(base):
@@ -115,12 +116,12 @@ def test_channels_held_by_nobody_keep_global_values_and_scores(base):
     mask = strategy.sent[SMALL].mask
     assert len(accepted) == 1
     assert np.array_equal(s.x[~mask], strategy.x[~mask]) and not np.array_equal(s.x[mask], strategy.x[mask])
-    selection = selection_of_mask(strategy.layout, strategy.graph, mask)
+    selection = selection_of_mask(strategy.layout, strategy.method.graph, mask)
     for g, idx in selection.items():
-        measured = s.structured.state.measured[g]
+        measured = s.method.state.measured[g]
         assert measured[idx].all() and measured.sum() == idx.size
         expected = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
-        np.testing.assert_array_equal(s.structured.state.score[g][idx], expected)
+        np.testing.assert_array_equal(s.method.state.score[g][idx], expected)
 
 
 def _tensor_name(r):
@@ -162,15 +163,15 @@ def test_bad_replies_are_rejected_and_change_nothing(base, kind):
     dirty, accepted = _run(base, [replies[LARGE], BAD[kind](copy.deepcopy(replies[SMALL]))])
     assert len(accepted) == 1
     assert dirty.x.tobytes() == clean.x.tobytes()
-    for g in clean.structured.state.score:
-        assert np.array_equal(dirty.structured.state.score[g], clean.structured.state.score[g])
+    for g in clean.method.state.score:
+        assert np.array_equal(dirty.method.state.score[g], clean.method.state.score[g])
     assert dirty.clients[SMALL].status.startswith("rejected")
 
 
 def test_cahfp_needs_a_channel_graph(monkeypatch):
-    import common.config
+    import common.width_masks
 
-    monkeypatch.setattr(common.config, "WIDTH_MODELS", ("cnn",))
+    monkeypatch.setattr(common.width_masks, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="cahfp"):
         parse_run_config({"method": "cahfp", "model": "resnet18"})
 
@@ -185,7 +186,7 @@ def test_curvature_selected_small_submodels_learn_in_process():
     split = load_dataset("digits", 0.2, 42)
     model = build_model("cnn", 10, 1, 42)
     layout = model_layout(model)
-    s = FisherSubmodelStrategy(parse_run_config({"method": "cahfp"}), layout)
+    s = SubmodelStrategy(parse_run_config({"method": "cahfp"}), layout)
     s.x = layout.flatten(trainable_arrays(model))
     capacities = (1.0, 0.25, 0.0625)
     datas = [split.train.subset(partition_indices(split.train.y, "iid", 3, i, 42)) for i in range(3)]
@@ -194,13 +195,13 @@ def test_curvature_selected_small_submodels_learn_in_process():
     for rnd in (1, 2):
         s.sent, s.clients, replies = {}, {}, []
         for i, gamma in enumerate(capacities):
-            mask, source = s.mask_for(i, rnd, gamma)
-            payload = s.structured.encode(s.x, mask)
+            mask, source = s.node_mask(i, rnd)
+            payload = s.method.encode(s.x, mask)
             s.sent[i] = SentSubmodel(i, rnd, mask, payload.digest, len(datas[i]))
             s.clients[i] = ClientRound(i, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
-            small_layout = sliced_layout(layout, s.graph, selection_of_mask(layout, s.graph, mask))
+            small_layout = sliced_layout(layout, s.method.graph, selection_of_mask(layout, s.method.graph, mask))
             result = train_small(
-                build_structured_model(model, payload.arrays),
+                build_structured_model(model, payload.records[P.SUBMODEL]),
                 datas[i],
                 TrainConfig(2, 32, 0.1, 0.9, seed=rnd * 10 + i),
                 torch.device("cpu"),
@@ -209,13 +210,13 @@ def test_curvature_selected_small_submodels_learn_in_process():
             replies.append(
                 ReplyParts(
                     i,
-                    reply_arrays(small_layout, s.graph, payload.arrays, result),
+                    reply_arrays(small_layout, s.method.graph, payload.records[P.SUBMODEL], result),
                     {**metrics, "fisher-seconds": 0.0},
                     {"round": rnd, "mask-digest": payload.digest, "fisher-encoding": "none"},
                 )
             )
         assert len(s.apply_train_replies(rnd, replies)) == 3
-    mask, source = s.mask_for(None, 3, 1 / 16)
+    mask, source = s.level_mask(3 - 1, 1 / 16)
     assert source == "curvature"
     evaluator = CentralEvaluator(build_model("cnn", 10, 1, 42), layout, split.test, torch.device("cpu"))
     assert evaluator(s.x, mask)[1] > 0.5

@@ -12,7 +12,7 @@ from common.config import ConfigError, parse_run_config
 from common.layout import ParamLayout
 from common.models import build_model, load_flat, model_layout, trainable_arrays
 from common.width_masks import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
-from server.strategy import FisherSubmodelStrategy, NodeProfile
+from server.strategy import NodeProfile, SubmodelStrategy
 
 GRAPH = SMALL_CNN_GRAPH
 
@@ -89,9 +89,9 @@ def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):
 
 
 def test_structured_methods_need_a_channel_graph(monkeypatch):
-    import common.config
+    import common.width_masks
 
-    monkeypatch.setattr(common.config, "WIDTH_MODELS", ("cnn",))
+    monkeypatch.setattr(common.width_masks, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="channel graph"):
         parse_run_config({"method": "heterofl", "model": "resnet18"})
     with pytest.raises(ValueError, match="no channel graph"):
@@ -124,10 +124,10 @@ def test_resnet18_width_submodel_ties_residual_channels_and_matches_a_narrow_for
 )
 def test_strategy_dispatches_mask_by_method(cnn, method, source):
     model, layout = cnn
-    s = FisherSubmodelStrategy(parse_run_config({"method": method}), layout)
+    s = SubmodelStrategy(parse_run_config({"method": method}), layout)
     s.x = layout.flatten(trainable_arrays(model))
     s.nodes = {1: NodeProfile(1.0, "cpu", 10, 2), 2: NodeProfile(0.25, "cpu", 10, 2)}
-    mask, got = s.mask_for(2, 3, 0.25)
+    mask, got = s.node_mask(2, 3)
     assert got == source
     assert mask.mean() == (1.0 if method == "fedavg" else pytest.approx(0.25, abs=0.07))
     assert s.participants() == [1, 2]
@@ -135,7 +135,7 @@ def test_strategy_dispatches_mask_by_method(cnn, method, source):
 
 def test_fedavg_drop_trains_only_full_capacity_nodes(cnn):
     _, layout = cnn
-    s = FisherSubmodelStrategy(parse_run_config({"method": "fedavg-drop"}), layout)
+    s = SubmodelStrategy(parse_run_config({"method": "fedavg-drop"}), layout)
     s.nodes = {5: NodeProfile(0.5, "cpu", 10, 2), 7: NodeProfile(1.0, "cpu", 10, 2), 9: NodeProfile(1.0, "cpu", 1, 1)}
     assert s.participants() == [7, 9]
-    assert s.mask_for(5, 1, 0.5)[0].all()
+    assert s.node_mask(5, 1)[0].all()

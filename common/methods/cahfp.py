@@ -47,7 +47,7 @@ from common.models import build_model
 from common.structured_models import build_structured_model, skeleton_layout
 from common.training import SmallTrainResult, TrainConfig, train_small
 from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
-from common.width_masks import WIDTH_MODELS, TensorChannels, channel_graph, group_sizes
+from common.width_masks import TensorChannels, channel_graph, group_sizes, require_channel_graph
 
 
 @dataclass(frozen=True)
@@ -106,11 +106,7 @@ class CAHFP(Method):
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
         """The model needs a channel graph."""
-        if run.model not in WIDTH_MODELS:
-            raise ValueError(
-                f"method={run.method!r} needs a channel graph for model={run.model!r}; available for: "
-                f"{', '.join(WIDTH_MODELS)}"
-            )
+        require_channel_graph(run.method, run.model)
 
     # -------------------------------------------------------------- server side
     def start_server(self, layout: ParamLayout) -> None:

@@ -13,7 +13,7 @@ from common.config import RunConfig
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.masked import MaskedMethod
-from common.width_masks import WIDTH_MODELS, channel_graph, width_mask, width_ratio
+from common.width_masks import channel_graph, require_channel_graph, width_mask, width_ratio
 
 
 @register
@@ -26,11 +26,7 @@ class HeteroFL(MaskedMethod):
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
         """The model needs a channel graph."""
-        if run.model not in WIDTH_MODELS:
-            raise ValueError(
-                f"method={run.method!r} needs a channel graph for model={run.model!r}; available for: "
-                f"{', '.join(WIDTH_MODELS)}"
-            )
+        require_channel_graph(run.method, run.model)
 
     def start_server(self, layout: ParamLayout) -> None:
         """Build the channel graph of the global model."""
