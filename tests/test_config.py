@@ -76,3 +76,12 @@ def test_launcher_argument_parsing():
     values = {"lr": 0.1, "method": "fiarse", "results-dir": "/tmp/run-1", "flag": True, "num-rounds": 4}
     assert parse_overrides(toml_overrides(values)) == values
     assert parse_overrides(["lr=0.1 seed=1", "lr=0.2"]) == {"lr": 0.2, "seed": 1}  # repeated -c, later wins
+
+
+def test_manifest_and_readme_table_are_generated_from_the_schema():
+    from server.tools.config_reference import expected_files, readme_table
+
+    for path, text in expected_files().items():
+        assert path.read_text() == text, f"{path.name} is out of date: run `fibos config-reference --write`"
+    assert readme_table().count("\n") == len(MANIFEST["tool"]["flwr"]["app"]["config"]) + 2
+    assert "| `gmr-mode` | `sync` | `sync`, `async` |" in readme_table()

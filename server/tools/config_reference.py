@@ -1,0 +1,144 @@
+"""The run-config reference, generated from the schema: the manifest block and the README table.
+
+``fibos config-reference --check`` fails when ``pyproject.toml``'s ``[tool.flwr.app.config]`` block or
+README's run-config table differs from what the schema (:mod:`common.config`, and each method's options
+model) says; ``--write`` rewrites both. A key is therefore declared once, in the schema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic.fields import FieldInfo
+
+from common.config import RunConfig, kebab
+from common.methods import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST_START = "[tool.flwr.app.config]\n"
+README_START = "| key | default | allowed | meaning |\n"
+
+
+def _fields() -> Iterator[tuple[str, FieldInfo, str | None]]:
+    """``(key, field, owning method)`` for every run-config key, common keys first, then each method's."""
+    for name, field in RunConfig.model_fields.items():
+        if name != "method_options":
+            yield kebab(name), field, None
+    for method in registry().values():
+        if method.options is not None:
+            for name, field in method.options.model_fields.items():
+                yield method.options_prefix + kebab(name), field, method.name
+
+
+def _bound(field: FieldInfo, attr: str) -> float | None:
+    return next((getattr(m, attr) for m in field.metadata if getattr(m, attr, None) is not None), None)
+
+
+def allowed(key: str, field: FieldInfo) -> str:
+    """What a key accepts, in the README's words (from the field's type and bounds)."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if "allowed" in extra:
+        return str(extra["allowed"])
+    if key == "method":
+        return ", ".join(f"`{m}`" for m in registry())
+    if get_origin(field.annotation) is Literal or (isinstance(field.annotation, str) and "Literal" in field.annotation):
+        return ", ".join(f"`{v}`" for v in _literal_values(field))
+    if field.annotation in (bool, "bool"):
+        return "true, false"
+    ge, gt, le, lt = (_bound(field, a) for a in ("ge", "gt", "le", "lt"))
+    lo = ge if ge is not None else gt
+    hi = le if le is not None else lt
+    if lo is None and hi is None:
+        return "text"
+    if hi is None or hi >= 1_000_000:
+        return f"{'>=' if ge is not None else '>'} {lo:g}"
+    return f"{'[' if ge is not None else '('}{lo:g}, {hi:g}{']' if le is not None else ')'}"
+
+
+def _literal_values(field: FieldInfo) -> tuple[Any, ...]:
+    return get_args(field.annotation)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def _markdown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'`"{value}"`' if value == "" else f"`{value}`"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def manifest_block() -> str:
+    """``[tool.flwr.app.config]`` with every key at its default and its meaning as a comment."""
+    lines = [MANIFEST_START.rstrip("\n")]
+    owner_seen: set[str] = set()
+    for key, field, owner in _fields():
+        if owner is not None and owner not in owner_seen:
+            owner_seen.add(owner)
+            lines.append(f"# {owner} (method = {json.dumps(owner)}): its own keys")
+        lines.append(f"{key} = {_toml(field.default)}  # {field.description}")
+    return "\n".join(lines) + "\n"
+
+
+def readme_table() -> str:
+    """The README's run-config table: key, default, allowed values, meaning."""
+    rows = [README_START, "|---|---|---|---|\n"]
+    for key, field, owner in _fields():
+        meaning = field.description or ""
+        if owner is not None:
+            meaning = f"(`{owner}`) {meaning}"
+        rows.append(f"| `{key}` | {_markdown(field.default)} | {allowed(key, field)} | {meaning} |\n")
+    return "".join(rows)
+
+
+def _replace_block(text: str, start: str, block: str, end_marker: str) -> str:
+    """``text`` with the block from ``start`` up to the next ``end_marker`` (exclusive) replaced by ``block``."""
+    i = text.index(start)
+    j = text.find(end_marker, i + len(start))
+    j = len(text) if j < 0 else j
+    return text[:i] + block + text[j:]
+
+
+def expected_files() -> dict[Path, str]:
+    """pyproject.toml and README.md as the schema says they should read."""
+    pyproject = ROOT / "pyproject.toml"
+    readme = ROOT / "README.md"
+    return {
+        pyproject: _replace_block(pyproject.read_text(), MANIFEST_START, manifest_block(), "\n["),
+        readme: _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point: ``--check`` (default) or ``--write``."""
+    ap = argparse.ArgumentParser(prog="fibos config-reference", description=__doc__)
+    ap.add_argument("--write", action="store_true", help="rewrite pyproject.toml and README.md from the schema")
+    args = ap.parse_args(argv)
+    stale = []
+    for path, text in expected_files().items():
+        if path.read_text() != text:
+            if args.write:
+                path.write_text(text)
+                print(f"rewrote {path.name}")
+            else:
+                stale.append(path.name)
+    if stale:
+        print(f"out of date with the config schema: {', '.join(stale)}; run `fibos config-reference --write`")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

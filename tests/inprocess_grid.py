@@ -1,0 +1,97 @@
+"""A Flower Grid that answers every message in this process with the project's ClientApp handlers.
+
+No SuperLink, no SuperNodes, no subprocesses: each pushed message is handed to ``client.app``'s
+query / train / evaluate handler with the destination node's Context, and the reply (or an error
+reply, if the handler raises) is kept until pulled. Methods registered in the test process are
+therefore visible to the "clients" too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from client import app as client_app
+
+RUN_ID = 1
+SERVER_NODE_ID = 1  # the SuperLink's own id as a message source
+
+
+class InProcessGrid(Grid):
+    """Routes messages to ``client.app`` handlers.
+
+    Parameters
+    ----------
+    node_configs : Mapping[int, Mapping[str, Any]]
+        Node id -> that node's ``--node-config``.
+    run_config : Mapping[str, Any]
+        The run config every node's Context carries.
+    """
+
+    def __init__(self, node_configs: Mapping[int, Mapping[str, Any]], run_config: Mapping[str, Any]) -> None:
+        TaskIdentity.run_id = RUN_ID
+        TaskIdentity.node_id = SERVER_NODE_ID
+        TaskIdentity.task_id = 0
+        self.contexts = {
+            nid: Context(RUN_ID, nid, dict(cfg), RecordDict(), dict(run_config)) for nid, cfg in node_configs.items()
+        }
+        self.replies: dict[str, Message] = {}
+        self.handled: list[tuple[int, str]] = []  # (node id, message type) of every message handled
+        self._next = 0
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Every node of the federation (all always connected)."""
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Answer each message at once; returns their ids."""
+        ids = []
+        for msg in messages:
+            self._next += 1
+            msg_id = f"m{self._next}"
+            msg.metadata.__dict__["_message_id"] = msg_id
+            self.replies[msg_id] = self._answer(msg)
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to ``message_ids`` (each returned once)."""
+        return [self.replies.pop(mid) for mid in list(message_ids) if mid in self.replies]
+
+    def _answer(self, msg: Message) -> Message:
+        node_id = msg.metadata.dst_node_id
+        handler = {
+            MessageType.QUERY: client_app.query,
+            MessageType.TRAIN: client_app.train,
+            MessageType.EVALUATE: client_app.evaluate_submodel,
+        }[msg.metadata.message_type]
+        self.handled.append((node_id, msg.metadata.message_type))
+        try:
+            return handler(msg, self.contexts[node_id])
+        except Exception as err:  # a crashing ClientApp answers with an error, as a SuperNode does
+            return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+
+    # The rest of Grid's interface, for completeness (the strategies use the three methods above).
+    def set_run(self, run_id: int) -> None:
+        """Messages created from now on belong to ``run_id``."""
+        TaskIdentity.run_id = run_id
+
+    @property
+    def run(self) -> Run:
+        """The run messages belong to."""
+        return Run.create_empty(TaskIdentity.run_id)
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        """A message to ``dst_node_id`` (``group_id`` and ``ttl`` have no meaning in process)."""
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push, then pull everything (every reply is ready at once)."""
+        return self.pull_messages(list(self.push_messages(messages)))

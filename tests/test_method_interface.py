@@ -1,0 +1,135 @@
+"""A method defined entirely in this file runs a federation; method names are compared only in the methods package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from common.config import ConfigError, parse_run_config
+from common.datasets import load_dataset
+from common.evaluation import CentralEvaluator
+from common.methods import create_method, register, registry, unregister
+from common.methods.masked import MaskedMethod
+from common.models import build_model, model_layout, trainable_arrays
+from common.selection import budget
+from server.app import central_evaluate_fn
+from server.strategy import SubmodelStrategy
+from tests.inprocess_grid import InProcessGrid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class RandomTopK(MaskedMethod):
+    """Each client holds ``ceil(gamma d)`` positions drawn at random, anew every round."""
+
+    name = "random-topk"
+    summary = "a random `ceil(gamma d)` positions every round"
+
+    def mask_for(self, key, server_round, gamma, x) -> tuple[NDArray[np.bool_], str]:
+        rng = np.random.default_rng([int(server_round), len(key or "")])
+        mask = np.zeros(x.size, dtype=bool)
+        mask[rng.permutation(x.size)[: budget(gamma, x.size)]] = True
+        return mask, "random"
+
+
+@pytest.fixture
+def random_topk():
+    register(RandomTopK)
+    yield RandomTopK
+    unregister(RandomTopK.name)
+
+
+def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp_path, monkeypatch):
+    monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
+    run_config = {"method": "random-topk", "num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 3}
+    cfg = parse_run_config(run_config)
+    capacities = {11: 1.0, 12: 0.25, 13: 0.0625}
+    nodes = {nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())}
+    grid = InProcessGrid(nodes, run_config)
+    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
+    model = build_model(cfg.model, 10, 1, cfg.seed)
+    layout = model_layout(model)
+    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
+    records = []
+    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
+    assert isinstance(strategy.method, RandomTopK)
+    x0 = layout.flatten(trainable_arrays(model))
+    result = strategy.start(
+        grid, strategy.to_arrays(x0), cfg.num_rounds, 60.0, evaluate_fn=central_evaluate_fn(evaluator)
+    )
+    assert [r["round"] for r in records] == [0, 1, 2]
+    for rec in records[1:]:
+        assert rec["replies"] == rec["sent"] == 3
+        for c in rec["clients"]:
+            assert c["status"] == "ok" and c["mask_source"] == "random"
+            assert c["selected"] == budget(c["capacity"], layout.size)
+        assert rec["local"] is not None and 0 <= rec["local"]["accuracy"] <= 1
+        assert set(rec["global"]["per_capacity"]) == {"1", "0.25", "0.0625"}
+    assert not np.array_equal(strategy.x, x0)  # the replies were aggregated
+    assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_serverapp) == [1, 2]
+    assert records[-1]["global"]["accuracy"] == result.evaluate_metrics_serverapp[2]["accuracy"]
+    trained = [t for t in grid.handled if t[1] == "train"]
+    assert len(trained) == 6
+
+
+def test_registry_lists_every_method_and_rejects_unknown_names():
+    assert list(registry())[:8] == [
+        "fedfibos",
+        "fiarse",
+        "heterofl",
+        "fedrolex",
+        "fedavg",
+        "fedavg-drop",
+        "fedgmr",
+        "cahfp",
+    ]
+    with pytest.raises(ConfigError, match="method='random-topk'"):
+        parse_run_config({"method": "random-topk"})
+    for name in registry():
+        assert create_method(parse_run_config({"method": name})).name == name
+
+
+def _method_name_comparisons(path: Path, names: set[str]) -> list[str]:
+    """``==``, ``!=``, ``in`` or ``not in`` comparisons with a method name literal in a source file."""
+    found = []
+
+    def literals(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [v for elt in node.elts for v in literals(elt)]
+        return []
+
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            hits = [v for side in (node.left, *node.comparators) for v in literals(side) if v in names]
+            if hits:
+                found.append(f"{path}:{node.lineno}: {hits}")
+        elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
+            if set(literals(node.pattern.value)) & names:
+                found.append(f"{path}:{node.lineno}: case")
+    return found
+
+
+def test_no_method_name_comparison_outside_the_methods_package():
+    names = set(registry())
+    methods_dir = ROOT / "common" / "methods"
+    sources = [
+        p
+        for folder in ("server", "client", "common")
+        for p in sorted((ROOT / folder).rglob("*.py"))
+        if methods_dir not in p.parents
+    ]
+    assert len(sources) > 30
+    offenders = [hit for p in sources for hit in _method_name_comparisons(p, names)]
+    assert offenders == [], "method-specific behaviour belongs in common/methods/<name>.py:\n" + "\n".join(offenders)
+
+
+def test_the_name_check_finds_comparisons(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('def f(m, cfg):\n    return m == "fiarse" or cfg.method in ("heterofl", "x") or m == "other"\n')
+    assert len(_method_name_comparisons(sample, set(registry()))) == 2
