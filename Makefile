@@ -18,15 +18,15 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(PY) -m server.launcher --results results/demo $(ARGS)
+	$(VENV)/bin/fibos local --results results/demo $(ARGS)
 
 # Side-by-side benchmark on the Simulation Engine; override e.g. BENCH_ARGS="--datasets digits --seeds 0".
 bench: $(VENV)/.installed
-	$(PY) -m server.benchmark --out results/bench $(BENCH_ARGS)
+	$(VENV)/bin/fibos bench --out results/bench $(BENCH_ARGS)
 
 # Every benchmark command in docs/BENCHMARKS.md, in order; --reuse keeps finished runs, so it resumes.
 bench-docs: $(VENV)/.installed
-	grep -E '^    python -m server\.benchmark ' docs/BENCHMARKS.md | sed 's|^ *python|$(PY)|' | \
+	grep -E '^    fibos bench ' docs/BENCHMARKS.md | sed 's|^ *fibos|$(VENV)/bin/fibos|' | \
 		while read -r cmd; do echo "$$cmd --reuse"; eval "$$cmd --reuse" || exit 1; done
 
 lint: $(VENV)/.installed

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 
 from common.config import ConfigError, parse_capacity_list
-from server.report import summary_table, write_accuracy_plot
+from server.tools.report import summary_table, write_accuracy_plot
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
 APP_DIR = Path(__file__).resolve().parents[1]

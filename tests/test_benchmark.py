@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from server.benchmark import Partition, main, settings_differ, summarise
+from server.tools.benchmark import Partition, main, settings_differ, summarise
 
 
 def test_partition_specs():
@@ -88,7 +88,7 @@ def test_reuse_only_takes_runs_with_the_same_settings():
 
 
 def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):
-    import server.benchmark as bench
+    import server.tools.benchmark as bench
 
     started = []
 
@@ -110,12 +110,10 @@ def test_every_documented_benchmark_command_is_valid(tmp_path):
     from pathlib import Path
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
-    commands = [
-        line.split() for line in doc.read_text().splitlines() if line.startswith("    python -m server.benchmark ")
-    ]
+    commands = [line.split() for line in doc.read_text().splitlines() if line.startswith("    fibos bench ")]
     assert len(commands) >= 6
     for i, words in enumerate(commands):
-        args = shlex.split(" ".join(words[3:]))
+        args = shlex.split(" ".join(words[2:]))
         out = args.index("--out")
         args[out + 1] = str(tmp_path / f"c{i}")  # plan into a scratch folder, run nothing
         assert main(args + ["--reuse", "--existing-only"]) == 0, words

@@ -12,7 +12,7 @@ import torch
 
 from common.config import parse_run_config
 from common.models import build_model
-from server.class_coverage import (
+from server.tools.class_coverage import (
     ClassCoverage,
     class_coverage,
     coverage_lines,

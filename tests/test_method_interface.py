@@ -48,7 +48,9 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
     run_config = {"method": "random-topk", "num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 3}
     cfg = parse_run_config(run_config)
     capacities = {11: 1.0, 12: 0.25, 13: 0.0625}
-    nodes = {nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())}
+    nodes = {
+        nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())
+    }
     grid = InProcessGrid(nodes, run_config)
     split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
     model = build_model(cfg.model, 10, 1, cfg.seed)

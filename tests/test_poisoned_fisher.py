@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from common.selection import select_mask
-from server.poisoning_bench import certified_share, federation_state, fisher_world, mask_change, shaped_attack
+from server.tools.poisoning_bench import certified_share, federation_state, fisher_world, mask_change, shaped_attack
 
 ATTACKER = 9  # the last of the ten clients
 

@@ -10,9 +10,9 @@ import torch
 
 from common import protocol as P
 from common.config import NodeConfig, parse_run_config
-from common.methods import create_method
 from common.datasets import load_dataset
 from common.fisher_codec import encode_fisher
+from common.methods import create_method
 from common.models import build_model, model_layout, trainable_arrays
 from common.partitioning import partition_indices
 from common.training import TrainConfig, train_masked

@@ -15,7 +15,7 @@ from common.layout import ParamLayout
 from common.mask_codec import encode_mask
 from common.prior_influence import contested_positions
 from server.launcher import run_local_federation
-from server.report import summary_table, write_accuracy_plot
+from server.tools.report import summary_table, write_accuracy_plot
 
 CAPACITIES = (1.0, 0.25, 0.0625)
 ROUNDS = 3

@@ -104,11 +104,11 @@ def readme_table() -> str:
 
 
 def _replace_block(text: str, start: str, block: str, end_marker: str) -> str:
-    """``text`` with the block from ``start`` up to the next ``end_marker`` (exclusive) replaced by ``block``."""
+    """``text`` with the block from ``start`` up to the next ``end_marker`` replaced by ``block`` + one blank line."""
     i = text.index(start)
     j = text.find(end_marker, i + len(start))
-    j = len(text) if j < 0 else j
-    return text[:i] + block + text[j:]
+    rest = "" if j < 0 else text[j:].lstrip("\n")
+    return text[:i] + block + ("\n" + rest if rest else "")
 
 
 def expected_files() -> dict[Path, str]:

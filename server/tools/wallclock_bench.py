@@ -8,7 +8,7 @@ the test/benchmark knob ``bench-delay-s`` (extra seconds per local epoch).
 
 Usage::
 
-    python -m server.wallclock_bench --capacities 1,1/2,1/4,1/8 --delays 0,0,3,8 \\
+    fibos bench-wallclock --capacities 1,1/2,1/4,1/8 --delays 0,0,3,8 \\
         --variants fedgmr:sync,fedgmr:async,fedfibos --rounds 6 --target-acc 0.6,0.7,0.8 --out results/wallclock
 
 Writes ``results.csv`` and ``summary.md`` (the table and the command) to ``--out``
@@ -92,7 +92,7 @@ def table(rows: list[dict[str, Any]], targets: Sequence[float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.wallclock_bench``)."""
+    """Command-line entry point (``fibos bench-wallclock``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacities", type=parse_capacities, default=[1.0, 0.5, 0.25, 0.125])
     ap.add_argument("--delays", default="0,0,3,8", help="bench-delay-s per node: extra seconds per local epoch")
@@ -161,7 +161,7 @@ def write(
         writer.writerows(rows)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     (out / "summary.md").write_text(
-        f"Command: `python -m server.wallclock_bench {command}`\n\n"
+        f"Command: `fibos bench-wallclock {command}`\n\n"
         f"Capacities {args.capacities}, bench-delay-s {args.delays}, {args.rounds} rounds (async: "
         f"{args.rounds} x nodes applied updates), real SuperLink + SuperNode processes.\n\n"
         f"{table(rows, targets)}\n"

@@ -37,7 +37,7 @@ channels are kept does not change the cost.
 
 Usage::
 
-    python -m server.structured_bench --out docs/structured
+    fibos bench-structured --out docs/structured
 
 Writes ``results.json``, ``results.csv``, ``table.md`` and
 ``structured_vs_masked.png`` to ``--out`` and prints the table.
@@ -285,7 +285,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.structured_bench``)."""
+    """Command-line entry point (``fibos bench-structured``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: cnn, resnet18")
     ap.add_argument("--gammas", default=",".join(GAMMAS), help="comma-separated budgets, fractions allowed")
@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [
                 sys.executable,
                 "-m",
-                "server.structured_bench",
+                "server.tools.structured_bench",
                 "--one",
                 model,
                 variant,
@@ -366,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = table(rows)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     (args.out / "table.md").write_text(
-        f"Command: `python -m server.structured_bench {command}`\n\nS = structured (CA-HFP), M = masked "
+        f"Command: `fibos bench-structured {command}`\n\nS = structured (CA-HFP), M = masked "
         f"(FedFIbOS). Device {rows[0]['device']}, {rows[0]['threads']} torch thread(s).\n\n{text}\n"
     )
     png = plot(rows, args.out / "structured_vs_masked.png")

@@ -7,7 +7,7 @@ share data, partition, seed and capacities.
 
 Usage::
 
-    python -m server.benchmark --datasets digits --partitions dirichlet:0.1 --seeds 0,1,2 --out results/bench
+    fibos bench --datasets digits --partitions dirichlet:0.1 --seeds 0,1,2 --out results/bench
 
 Writes ``results.csv`` (one row per run), ``summary.md`` (mean +- std over
 seeds), ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``,
@@ -199,7 +199,7 @@ def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``make bench`` / ``python -m server.benchmark``)."""
+    """Command-line entry point (``make bench`` / ``fibos bench``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--methods", default=",".join(registry()), help="comma-separated methods (default: all)")
     ap.add_argument("--datasets", default="digits,mnist5k", help="comma-separated datasets")
@@ -334,7 +334,7 @@ def write_results(
     table = summarise(rows)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     (out / "summary.md").write_text(
-        f"Command: `python -m server.benchmark {command}`\n\n"
+        f"Command: `fibos bench {command}`\n\n"
         f"{setup}, Simulation Engine. Mean ± std over up to {seeds} seed(s).\n\n{table}\n"
     )
     return table

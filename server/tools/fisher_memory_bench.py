@@ -8,7 +8,7 @@ bounded state changes masks: fp16 storage vs exact, and an evicted client
 
 Usage::
 
-    python -m server.fisher_memory_bench --clients 10000 --model resnet18 --budget-mb 1024 --precision fp16
+    fibos bench-fisher-memory --clients 10000 --model resnet18 --budget-mb 1024 --precision fp16
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ at all, whatever it uploads (none for the plain mean).
 
 Usage::
 
-    python -m server.poisoning_bench --gamma 0.25
+    fibos bench-poisoning --gamma 0.25
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def certified_share(layout: ParamLayout, x: NDArray, gamma: float, honest: Fishe
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.poisoning_bench``)."""
+    """Command-line entry point (``fibos bench-poisoning``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gamma", type=float, default=0.25, help="capacity whose masks are compared")
     ap.add_argument("--trims", default="0,0.1,0.2,0.45", help="fisher-trim values (priors) to compare")

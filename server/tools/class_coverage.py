@@ -20,7 +20,7 @@ and the mean global accuracy (the tables in ``docs/BENCHMARKS.md``).
 
 Usage::
 
-    python -m server.class_coverage results/bench/runs/digits-pathological2-s0-fedfibos [more run folders]
+    fibos class-coverage results/bench/runs/digits-pathological2-s0-fedfibos [more run folders]
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def run_coverage(folder: Path) -> RunCoverage:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.class_coverage``)."""
+    """Command-line entry point (``fibos class-coverage``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)")
     args = ap.parse_args(argv)

@@ -1,0 +1,64 @@
+"""``fibos``: one command line for the local launcher, deployment helpers, benchmarks and analyses.
+
+Each subcommand hands its arguments to the module that implements it (``fibos bench --help`` shows that
+module's options), so a subcommand behaves exactly as the module's own ``main``. The table below is the
+only place that lists them; modules are imported only when their subcommand runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+import typer
+
+#: subcommand -> (module whose ``main(argv)`` runs it, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "local": ("server.launcher", "Run a federation on this machine (SuperLink + SuperNodes, or the Simulation Engine)"),
+    "bench": ("server.tools.benchmark", "Methods side by side on the same data, partitions, seeds and capacities"),
+    "bench-structured": ("server.tools.structured_bench", "Client cost: physically smaller (CA-HFP) vs masked models"),
+    "bench-wallclock": ("server.tools.wallclock_bench", "Wall-clock time to accuracy with slow nodes (sync vs async)"),
+    "bench-poisoning": ("server.tools.poisoning_bench", "How far one client can move another's Fisher-ranked mask"),
+    "bench-fisher-memory": ("server.tools.fisher_memory_bench", "Server memory of the per-client Fisher state"),
+    "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
+    "config-reference": ("server.tools.config_reference", "Check (or --write) the config reference in the docs"),
+    "credentials": ("server.credentials", "Make a CA, the SuperLink certificate and SuperNode key pairs"),
+    "control": ("server.control", "Register SuperNode keys and submit runs through the Control API"),
+    "join": ("client.join", "Make a key pair, register it and start a SuperNode on this machine"),
+}
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="fibos-fl: Fisher-ranked submodels for heterogeneous Flower federations.",
+)
+
+
+def _register(name: str, module: str, help_text: str) -> None:
+    def command(ctx: typer.Context) -> None:
+        code = import_module(module).main(list(ctx.args))
+        raise typer.Exit(int(code or 0))
+
+    # Options go to the module's own parser, --help included.
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    app.command(name, help=help_text, context_settings=settings, add_help_option=False)(command)
+
+
+for _name, (_module, _help) in COMMANDS.items():
+    _register(_name, _module, _help)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fibos`` script (and ``python -m server.cli``)."""
+    try:
+        app(args=list(sys.argv[1:] if argv is None else argv), prog_name="fibos", standalone_mode=False)
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except SystemExit as done:  # argparse's --help and usage errors
+        return int(done.code or 0) if not isinstance(done.code, str) else 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
