@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.array_dataset import ArrayDataset
 from common.config import NodeConfig, RunConfig
-from common.datasets import ArrayDataset, load_dataset
+from common.datasets import load_dataset
 from common.partitioning import partition_indices
 
 

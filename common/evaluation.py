@@ -7,7 +7,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from common.datasets import ArrayDataset
+from common.array_dataset import ArrayDataset
 from common.layout import ParamLayout
 from common.models import load_flat
 from common.training import as_input

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from common.datasets import ArrayDataset, SplitDataset
+from common.array_dataset import ArrayDataset, SplitDataset
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ Server -> client (TRAIN and EVALUATE)::
     arrays "submodel":  values  float32[k]   selected global values, in flat order
                         mask    bits uint8[ceil(d/8)] | indices uint{8,16,32}[k] | empty
     config "submodel-config":  mask-kind, mask-digest, d, round
+    config "config":           the strategy's train_config / evaluate_config, only when not empty
 
 Client -> server (TRAIN)::
 
@@ -30,10 +31,15 @@ Client -> server (EVALUATE)::
     metrics "metrics":  num-examples, eval-loss, eval-acc
     config "meta":      round, mask-digest
 
-Client -> server (QUERY)::
+Client -> server (QUERY), a node that could read its configuration::
 
     metrics "profile":  capacity, num-train-examples, num-test-examples
-    config "profile":   device, and "error" when the node is misconfigured
+                        (+ probe-memory-gib, probe-gflops with capacity=auto)
+    config "device":    device, client-key, capacity-source ("node-config" or "auto")
+
+and a misconfigured node::
+
+    config "profile":   error  (why, e.g. "ConfigError: capacity=2: allowed range is (0, 1]")
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from common.mask_codec import decode_mask, encode_mask, index_dtype, mask_digest
 
 SUBMODEL = "submodel"
 SUBMODEL_CONFIG = "submodel-config"
+CONFIG = "config"  # Flower's name for the strategy's train_config / evaluate_config record
 UPDATE = "update"
 METRICS = "metrics"
 META = "meta"

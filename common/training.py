@@ -26,8 +26,8 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn.utils import prune
 
+from common.array_dataset import ArrayDataset
 from common.config import NodeConfig, RunConfig
-from common.datasets import ArrayDataset
 from common.layout import ParamLayout
 from common.models import load_flat
 

@@ -41,7 +41,7 @@ class InProcessGrid(Grid):
             nid: Context(RUN_ID, nid, dict(cfg), RecordDict(), dict(run_config)) for nid, cfg in node_configs.items()
         }
         self.replies: dict[str, Message] = {}
-        self.handled: list[tuple[int, str]] = []  # (node id, message type) of every message handled
+        self.handled: list[Message] = []  # every message answered, in order
         self._next = 0
 
     def get_node_ids(self) -> Iterable[int]:
@@ -70,7 +70,7 @@ class InProcessGrid(Grid):
             MessageType.TRAIN: client_app.train,
             MessageType.EVALUATE: client_app.evaluate_submodel,
         }[msg.metadata.message_type]
-        self.handled.append((node_id, msg.metadata.message_type))
+        self.handled.append(msg)
         try:
             return handler(msg, self.contexts[node_id])
         except Exception as err:  # a crashing ClientApp answers with an error, as a SuperNode does

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
+from common import protocol as P
 from common.config import ConfigError, parse_run_config
 from common.datasets import load_dataset
 from common.evaluation import CentralEvaluator
@@ -61,7 +63,13 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
     assert isinstance(strategy.method, RandomTopK)
     x0 = layout.flatten(trainable_arrays(model))
     result = strategy.start(
-        grid, strategy.to_arrays(x0), cfg.num_rounds, 60.0, evaluate_fn=central_evaluate_fn(evaluator)
+        grid,
+        strategy.to_arrays(x0),
+        cfg.num_rounds,
+        60.0,
+        train_config=ConfigRecord({"note": "train"}),
+        evaluate_config=ConfigRecord({"note": "evaluate"}),
+        evaluate_fn=central_evaluate_fn(evaluator),
     )
     assert [r["round"] for r in records] == [0, 1, 2]
     for rec in records[1:]:
@@ -74,8 +82,10 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
     assert not np.array_equal(strategy.x, x0)  # the replies were aggregated
     assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_serverapp) == [1, 2]
     assert records[-1]["global"]["accuracy"] == result.evaluate_metrics_serverapp[2]["accuracy"]
-    trained = [t for t in grid.handled if t[1] == "train"]
-    assert len(trained) == 6
+    by_type = {t: [m for m in grid.handled if m.metadata.message_type == t] for t in ("train", "evaluate")}
+    assert len(by_type["train"]) == len(by_type["evaluate"]) == 6
+    for kind, msgs in by_type.items():  # Strategy.start's train_config / evaluate_config reach every node
+        assert all(m.content.config_records[P.CONFIG]["note"] == kind for m in msgs)
 
 
 def test_registry_lists_every_method_and_rejects_unknown_names():

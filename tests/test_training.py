@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.datasets import ArrayDataset, load_dataset
+from common.array_dataset import ArrayDataset
+from common.datasets import load_dataset
 from common.evaluation import evaluate
 from common.models import build_model, load_flat, model_layout, trainable_arrays
 from common.selection import select_mask

@@ -34,7 +34,7 @@ from common.layout import ParamLayout
 from common.validation import SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
-    from common.datasets import ArrayDataset
+    from common.array_dataset import ArrayDataset
     from common.training import TrainConfig
 
 

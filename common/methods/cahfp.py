@@ -29,6 +29,7 @@ from torch import nn
 
 from common import protocol as P
 from common.aggregation import aggregate_masked
+from common.array_dataset import ArrayDataset
 from common.channel_scores import ChannelReport, ChannelScoreState, channel_scores, channel_sums
 from common.channel_slicing import (
     check_small_arrays,
@@ -39,7 +40,6 @@ from common.channel_slicing import (
     sliced_layout,
 )
 from common.config import RunConfig
-from common.datasets import ArrayDataset
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.base import Accepted, Download, LocalUpdate, Method, Received

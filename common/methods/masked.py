@@ -26,7 +26,7 @@ from torch import nn
 
 from common import protocol as P
 from common.aggregation import aggregate_masked
-from common.datasets import ArrayDataset
+from common.array_dataset import ArrayDataset
 from common.fisher_codec import encode_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout

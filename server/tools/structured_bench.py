@@ -66,7 +66,8 @@ MODELS = {"cnn": "digits (8x8x1)", "resnet18": "random 32x32x3"}
 
 
 def _data(model: str, examples: int, seed: int):
-    from common.datasets import ArrayDataset, load_dataset
+    from common.array_dataset import ArrayDataset
+    from common.datasets import load_dataset
 
     if model == "cnn":
         pool = load_dataset("digits", 0.2, seed).train
