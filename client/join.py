@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.dry_run:
         print(f"would make the key pair {key} / {pub}")
     else:
-        from server.credentials import make_node_keys
+        from common.node_keys import make_node_keys
 
         make_node_keys(args.keys, args.name)
         print(f"made the key pair {key} (public key: {pub})")

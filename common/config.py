@@ -16,41 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from common.datasets import DATASETS, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
+from common.methods import method_class, registry
 from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
+from common.schema import ConfigError, Schema, kebab
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the key and the allowed range."""
-
-
-def kebab(name: str) -> str:
-    """``fisher_ema`` -> ``fisher-ema``: the spelling of a key in the run config."""
-    return name.replace("_", "-")
-
-
-class Schema(BaseModel):
-    """Base of every configuration model: strict types, kebab-case keys, no unknown keys, immutable.
-
-    Strict: a string is never read as a number, a boolean never as an integer, and ``2.5`` is no
-    round count; ``NaN`` and infinities are refused.
-    """
-
-    model_config = ConfigDict(
-        alias_generator=kebab,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        strict=True,
-        allow_inf_nan=False,
-        validate_default=False,
-    )
 
 
 def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, ...]:
@@ -223,8 +198,6 @@ class RunConfig(Schema):
 
     def flat(self) -> dict[str, Any]:
         """Every setting as one flat ``snake_case`` dict (method options under their prefix), for metrics.json."""
-        from common.methods import registry
-
         out = self.model_dump()
         for name, opts in self.method_options.items():
             prefix = registry()[name].options_prefix.replace("-", "_")
@@ -234,8 +207,6 @@ class RunConfig(Schema):
     @property
     def upload_encoding(self) -> str:
         """The Fisher encoding clients upload: ``none`` for a method that never reads it."""
-        from common.methods import method_class
-
         return self.fisher_encoding if method_class(self.method).reads_fisher(self) else "none"
 
 
@@ -263,8 +234,6 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     registered method's options are validated (Flower passes the manifest's defaults for all of them),
     whichever method is selected.
     """
-    from common.methods import registry
-
     methods = registry()
     common_keys = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
     by_method: dict[str, dict[str, Any]] = {name: {} for name, cls in methods.items() if cls.options}
@@ -306,8 +275,6 @@ def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
 
     Entries that are not run-config keys (``d``, ``upload_encoding``, ...) are ignored.
     """
-    from common.methods import registry
-
     known = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
     known |= {m.options_prefix + k for m in registry().values() for k in m.option_keys()}
     return parse_run_config({kebab(k): v for k, v in flat.items() if kebab(k) in known})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -27,9 +27,11 @@ from torch import nn
 from torch.nn.utils import prune
 
 from common.array_dataset import ArrayDataset
-from common.config import NodeConfig, RunConfig
 from common.layout import ParamLayout
 from common.models import load_flat
+
+if TYPE_CHECKING:
+    from common.config import NodeConfig, RunConfig
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from common.node_keys import make_node_keys, write_file
+
 VALID_DAYS = 825  # the longest lifetime current TLS clients accept for a server certificate
-
-
-def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    if private:
-        os.chmod(path, 0o600)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -64,8 +59,8 @@ def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.
         .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
         .sign(key, hashes.SHA384())
     )
-    _write(out / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
-    _write(out / "ca.key", _key_pem(key), private=True)
+    write_file(out / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
+    write_file(out / "ca.key", _key_pem(key), private=True)
     return cert, key
 
 
@@ -96,29 +91,14 @@ def make_server_cert(
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA384())
     )
-    _write(out / "server.pem", cert.public_bytes(serialization.Encoding.PEM))
-    _write(out / "server.key", _key_pem(key), private=True)
-
-
-def make_node_keys(out: Path, name: str) -> Path:
-    """Create a SuperNode key pair ``<name>`` (private, PEM) and ``<name>.pub`` (OpenSSH); returns the public key."""
-    key = ec.generate_private_key(ec.SECP384R1())
-    _write(
-        out / name,
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        ),
-        private=True,
-    )
-    pub = out / f"{name}.pub"
-    _write(pub, key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
-    return pub
+    write_file(out / "server.pem", cert.public_bytes(serialization.Encoding.PEM))
+    write_file(out / "server.key", _key_pem(key), private=True)
 
 
 def make_secret(out: Path, name: str, nbytes: int = 32) -> Path:
     """Create ``<name>``: ``nbytes`` random bytes, hex-encoded (a SuperExec shared secret)."""
     path = out / name
-    _write(path, os.urandom(nbytes).hex().encode("ascii"), private=True)
+    write_file(path, os.urandom(nbytes).hex().encode("ascii"), private=True)
     return path
 
 

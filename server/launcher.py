@@ -255,7 +255,8 @@ class LocalFederation:
     def _start(self) -> None:
         link_port = free_port()
         if self.secure:
-            from server.credentials import make_ca, make_node_keys, make_server_cert
+            from common.node_keys import make_node_keys
+            from server.credentials import make_ca, make_server_cert
 
             make_server_cert(self.certs, *make_ca(self.certs), ["localhost", "127.0.0.1"])
             for i in range(len(self.capacities)):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client.local_data import derive_local_data, load_local_data
+from client.local_data import load_local_data
 from common.config import NodeConfig, parse_run_config
 from common.datasets import load_dataset
+from common.local_split import derive_local_data
 from common.partitioning import partition_indices
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from client.local_data import derive_local_data
 from common.config import ConfigError, NodeConfig, parse_run_config
 from common.datasets import HUB_DATASET_NAMES, load_dataset
 from common.evaluation import evaluate
 from common.hf_datasets import HUB_DATASETS, hash_tokens
+from common.local_split import derive_local_data
 from common.models import build_model, model_layout, trainable_arrays
 from common.training import TrainConfig, train_masked
 

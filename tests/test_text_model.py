@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from client.local_data import derive_local_data
 from common.config import ConfigError, NodeConfig, parse_run_config
 from common.evaluation import evaluate
 from common.hf_datasets import TEXT_VOCAB, hash_tokens
+from common.local_split import derive_local_data
 from common.models import FastText, build_model, model_layout, trainable_arrays
 from common.selection import select_mask
 from common.training import TrainConfig, train_masked

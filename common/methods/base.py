@@ -29,12 +29,13 @@ from torch import nn
 
 from common.aggregation import MaskedUpdate
 from common.async_aggregation import AsyncStep
-from common.config import RunConfig, Schema
 from common.layout import ParamLayout
+from common.schema import Schema
 from common.validation import SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
     from common.array_dataset import ArrayDataset
+    from common.config import RunConfig
     from common.training import TrainConfig
 
 

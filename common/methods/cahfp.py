@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,7 +39,6 @@ from common.channel_slicing import (
     slice_arrays,
     sliced_layout,
 )
-from common.config import RunConfig
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
@@ -48,6 +47,9 @@ from common.structured_models import build_structured_model, skeleton_layout
 from common.training import SmallTrainResult, TrainConfig, train_small
 from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
 from common.width_masks import TensorChannels, channel_graph, group_sizes, require_channel_graph
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
 
 
 @dataclass(frozen=True)

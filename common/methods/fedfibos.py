@@ -9,15 +9,18 @@ ranked by the prior; before any Fisher exists (the first round) the mask is magn
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import RunConfig
 from common.methods import register
 from common.methods.masked import FisherRankedMethod
 from common.prior_influence import contested_positions
 from common.selection import select_mask
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
 
 
 @register

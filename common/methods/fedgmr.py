@@ -11,7 +11,7 @@ mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,11 +19,14 @@ from pydantic import Field
 
 from common.aggregation import MaskedUpdate
 from common.async_aggregation import AsyncStep, apply_async_update
-from common.config import RunConfig, Schema
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.masked import FisherRankedMethod
 from common.restoration import RESTORE_RULES, SCHEDULES, RestorationMasks
+from common.schema import Schema
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
 
 
 class FedGMROptions(Schema):

@@ -6,14 +6,18 @@ shortcuts on the same channels; input and output channels of the model stay whol
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.typing import NDArray
 
-from common.config import RunConfig
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.masked import MaskedMethod
 from common.width_masks import channel_graph, require_channel_graph, width_mask, width_ratio
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
 
 
 @register

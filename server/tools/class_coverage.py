@@ -207,9 +207,9 @@ def run_coverage(folder: Path) -> RunCoverage:
     """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units."""
     import torch
 
-    from client.local_data import derive_local_data
     from common.config import NodeConfig, RunConfig
     from common.datasets import load_dataset
+    from common.local_split import derive_local_data
     from common.models import build_model
     from common.training import as_input
 

@@ -1,0 +1,85 @@
+"""The package structure: neither side imports the other, common imports neither, and no import cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("server", "client", "common")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """Project modules imported anywhere in ``tree`` (functions included), except under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    modules = set(files)
+    return {name: _imports(ast.parse(path.read_text()), modules) - {name} for name, path in files.items()}
+
+
+def test_server_and_client_do_not_import_each_other_and_common_imports_neither():
+    graph = _graph()
+    assert len(graph) > 50
+    bad = [
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if (src.split(".")[0], dst.split(".")[0]) in {("server", "client"), ("client", "server")}
+        or (src.startswith("common") and not dst.startswith("common"))
+    ]
+    assert bad == []
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    cycles = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            walk(start, [start])
+    assert cycles == []
+
+
+def test_the_cycle_check_sees_function_level_imports():
+    tree = ast.parse("def f():\n    from common.datasets import load_dataset\n")
+    assert _imports(tree, {"common.datasets"}) == {"common.datasets"}
+    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config\n")
+    assert _imports(guarded, {"common.config"}) == set()
