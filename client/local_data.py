@@ -1,4 +1,4 @@
-"""A node's local data: its partition of the training pool, split into train and test."""
+"""A node's local data (its partition, split into train and test), derived once and cached on the node."""
 
 from __future__ import annotations
 

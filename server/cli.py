@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-poisoning": ("server.tools.poisoning_bench", "How far one client can move another's Fisher-ranked mask"),
     "bench-fisher-memory": ("server.tools.fisher_memory_bench", "Server memory of the per-client Fisher state"),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
-    "config-reference": ("server.tools.config_reference", "Check (or --write) the config reference in the docs"),
+    "docs": (
+        "server.tools.docs_reference",
+        "Check (or --write) the docs generated from the code: config, methods, layout",
+    ),
     "credentials": ("server.credentials", "Make a CA, the SuperLink certificate and SuperNode key pairs"),
     "control": ("server.control", "Register SuperNode keys and submit runs through the Control API"),
     "join": ("client.join", "Make a key pair, register it and start a SuperNode on this machine"),

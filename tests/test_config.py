@@ -78,10 +78,10 @@ def test_launcher_argument_parsing():
     assert parse_overrides(["lr=0.1 seed=1", "lr=0.2"]) == {"lr": 0.2, "seed": 1}  # repeated -c, later wins
 
 
-def test_manifest_and_readme_table_are_generated_from_the_schema():
-    from server.tools.config_reference import expected_files, readme_table
+def test_manifest_readme_tables_and_layout_are_generated_from_the_code():
+    from server.tools.docs_reference import expected_files, readme_table
 
     for path, text in expected_files().items():
-        assert path.read_text() == text, f"{path.name} is out of date: run `fibos config-reference --write`"
+        assert path.read_text() == text, f"{path.name} is out of date: run `fibos docs --write`"
     assert readme_table().count("\n") == len(MANIFEST["tool"]["flwr"]["app"]["config"]) + 2
     assert "| `gmr-mode` | `sync` | `sync`, `async` |" in readme_table()

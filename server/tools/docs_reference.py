@@ -1,13 +1,18 @@
-"""The run-config reference, generated from the schema: the manifest block and the README table.
+"""The parts of the docs that the code defines, generated from it: config reference, method table, layout.
 
-``fibos config-reference --check`` fails when ``pyproject.toml``'s ``[tool.flwr.app.config]`` block or
-README's run-config table differs from what the schema (:mod:`common.config`, and each method's options
-model) says; ``--write`` rewrites both. A key is therefore declared once, in the schema.
+* ``pyproject.toml``'s ``[tool.flwr.app.config]`` block and README's run-config table, from the schema
+  (:mod:`common.config`, and each method's options model): a key is declared once, in the schema;
+* README's method table, from each registered method's ``summary``;
+* README's layout section, from the first line of every module's docstring.
+
+``fibos docs`` (``--check``, the default) fails when a file differs from what the code says; ``fibos docs
+--write`` rewrites them. A test runs the check.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,6 +27,16 @@ from common.methods import registry
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_START = "[tool.flwr.app.config]\n"
 README_START = "| key | default | allowed | meaning |\n"
+METHODS_START = "| `method` | submodel of a client with capacity `gamma` |\n"
+LAYOUT_START = "## Layout\n"
+#: What each folder holds, above its modules in the layout section.
+FOLDERS = {
+    "common": "shared by both sides, no Flower: maths on arrays, models, data, configuration, the methods",
+    "common/methods": "one module per method (the `method` key) behind one interface, and the registry",
+    "client": "the ClientApp and what only a node does",
+    "server": "the ServerApp, its strategies, and the operator's local tools",
+    "server/tools": "benchmarks, analyses and docs generators (not in the Flower app bundle)",
+}
 
 
 def _fields() -> Iterator[tuple[str, FieldInfo, str | None]]:
@@ -103,6 +118,37 @@ def readme_table() -> str:
     return "".join(rows)
 
 
+def methods_table() -> str:
+    """README's table of methods, from each registered method's ``summary``."""
+    rows = [METHODS_START, "|---|---|\n"]
+    rows += [f"| `{name}` | {cls.summary} |\n" for name, cls in registry().items()]
+    return "".join(rows)
+
+
+def _first_line(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def layout_section() -> str:
+    """README's layout section: every module of the app packages with the first line of its docstring."""
+    lines = [LAYOUT_START, "\n", "```\n"]
+    for folder, what in FOLDERS.items():
+        lines.append(f"{folder}/  {what}\n")
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name != "__init__.py":
+                lines.append(f"    {path.name:<26}{_first_line(path)}\n")
+    lines.append(
+        "docker/  app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf (nginx)\n"
+    )
+    lines.append(
+        "tests/   unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and multi-process\n"
+    )
+    lines.append("         federations, compose topology (every compose service in its own network namespace)\n")
+    lines.append("```\n")
+    return "".join(lines)
+
+
 def _replace_block(text: str, start: str, block: str, end_marker: str) -> str:
     """``text`` with the block from ``start`` up to the next ``end_marker`` replaced by ``block`` + one blank line."""
     i = text.index(start)
@@ -117,14 +163,24 @@ def expected_files() -> dict[Path, str]:
     readme = ROOT / "README.md"
     return {
         pyproject: _replace_block(pyproject.read_text(), MANIFEST_START, manifest_block(), "\n["),
-        readme: _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+        readme: _replace_block(
+            _replace_block(
+                _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+                METHODS_START,
+                methods_table(),
+                "\n\n",
+            ),
+            LAYOUT_START,
+            layout_section(),
+            "\n## ",
+        ),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: ``--check`` (default) or ``--write``."""
-    ap = argparse.ArgumentParser(prog="fibos config-reference", description=__doc__)
-    ap.add_argument("--write", action="store_true", help="rewrite pyproject.toml and README.md from the schema")
+    ap = argparse.ArgumentParser(prog="fibos docs", description=__doc__)
+    ap.add_argument("--write", action="store_true", help="rewrite pyproject.toml and README.md from the code")
     args = ap.parse_args(argv)
     stale = []
     for path, text in expected_files().items():
@@ -135,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 stale.append(path.name)
     if stale:
-        print(f"out of date with the config schema: {', '.join(stale)}; run `fibos config-reference --write`")
+        print(f"out of date with the code: {', '.join(stale)}; run `fibos docs --write`")
         return 1
     return 0
 
