@@ -3,8 +3,7 @@
 Every run-config key is declared once, as a field of :class:`RunConfig` (common keys) or of a method's
 own options model (``Method.options`` in :mod:`common.methods`, keys under the method's prefix, e.g.
 ``gmr-*`` for FedGMR). The Flower manifest's ``[tool.flwr.app.config]`` block and the README's
-configuration table are generated from this schema (``fibos docs``, :mod:`server.tools.docs_reference`), and a test fails
-when they drift.
+configuration table are generated from this schema (``fibos docs``), and a test fails when they drift.
 
 A bad value fails fast with a :class:`ConfigError` that names the key, the value and what is allowed.
 """
