@@ -189,6 +189,9 @@ class RunConfig(Schema):
             raise ValueError(
                 f"partitioner='natural' needs a dataset with natural groups (femnist), not {self.dataset!r}"
             )
+        if self.method not in registry():
+            raise ValueError(f"method={self.method!r}: allowed values are {', '.join(registry())}")
+        method_class(self.method).check_run(self)  # the method's own rules across keys
         return self
 
     def options(self, method: str) -> Any:
@@ -248,9 +251,6 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     if unknown:
         known = sorted(common_keys | {m.options_prefix + k for m in methods.values() for k in m.option_keys()})
         raise ConfigError(f"unknown run-config key(s) {sorted(unknown)}; known keys: {known}")
-    method = raw.get("method", RunConfig.model_fields["method"].default)
-    if method not in methods:
-        raise ConfigError(f"method={method!r}: allowed values are {', '.join(methods)}")
     options = {}
     for name, values in by_method.items():
         cls = methods[name]
@@ -259,14 +259,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         except ValidationError as err:
             raise ConfigError(_describe(err, raw, cls.options_prefix)) from None
     try:
-        cfg = RunConfig.model_validate({k: v for k, v in raw.items() if k in common_keys} | {"method_options": options})
+        return RunConfig.model_validate(
+            {k: v for k, v in raw.items() if k in common_keys} | {"method_options": options}
+        )
     except ValidationError as err:
         raise ConfigError(_describe(err, raw)) from None
-    try:
-        methods[cfg.method].check_run(cfg)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    return cfg
 
 
 def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
