@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -84,7 +83,7 @@ def test_dead_units_are_the_hidden_channels_that_never_fire():
 
 
 def test_a_run_folder_is_evaluated_like_the_server_does(tmp_path, capsys):
-    run = asdict(parse_run_config({"dataset": "digits", "partitioner": "pathological", "seed": 3}))
+    run = parse_run_config({"dataset": "digits", "partitioner": "pathological", "seed": 3}).flat()
     run["capacity_mix"] = "1.0,0.25,0.0625"
     (tmp_path / "metrics.json").write_text(json.dumps({"run": run, "rounds": []}))
     torch.save(build_model("cnn", 10, 1, 0).state_dict(), tmp_path / "model.pt")

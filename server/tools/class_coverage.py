@@ -207,14 +207,14 @@ def run_coverage(folder: Path) -> RunCoverage:
     """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units."""
     import torch
 
-    from common.config import NodeConfig, RunConfig
+    from common.config import NodeConfig, config_from_flat
     from common.datasets import load_dataset
     from common.local_split import derive_local_data
     from common.models import build_model
     from common.training import as_input
 
     stored = json.loads((folder / "metrics.json").read_text())["run"]
-    run = RunConfig(**{k: v for k, v in stored.items() if k in RunConfig.__dataclass_fields__})
+    run = config_from_flat(stored)
     capacities = [float(c) for c in run.capacity_mix.split(",") if c]
     if not capacities:
         raise ValueError(f"{folder}: the run has no capacity-mix, so its clients cannot be derived")
