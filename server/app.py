@@ -84,5 +84,5 @@ def main(grid: Grid, context: Context) -> None:
     save_model(results / "model.pt", final)
     state = method.state_bytes()
     if state:
-        atomic_write(results / "fisher_state.npz", state)
-    log(INFO, "saved %s%s", results / "model.pt", f" and {results / 'fisher_state.npz'}" if state else "")
+        atomic_write(results / method.state_file, state)
+    log(INFO, "saved %s%s", results / "model.pt", f" and {results / method.state_file}" if state else "")

@@ -148,6 +148,8 @@ class Method:
     options: ClassVar[type[Schema] | None] = None
     #: Prefix of those keys in the run config (e.g. ``gmr-``).
     options_prefix: ClassVar[str] = ""
+    #: File in the results folder that receives :meth:`state_bytes` at the end of a run (when not empty).
+    state_file: ClassVar[str] = "method_state.npz"
 
     def __init__(self, run: RunConfig) -> None:
         self.run = run

@@ -114,6 +114,8 @@ class FisherRankedMethod(MaskedMethod):
     The state is what checkpoints and ``fisher_state.npz`` hold; see :mod:`common.fisher_state`.
     """
 
+    state_file = "fisher_state.npz"
+
     def start_server(self, layout: ParamLayout) -> None:
         """Create an empty Fisher state sized by ``fisher-memory-mb``."""
         super().start_server(layout)
