@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,15 +41,13 @@ from common.channel_slicing import (
 )
 from common.layout import ParamLayout
 from common.methods import register
-from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
+from common.methods.base import Accepted, Download, LocalUpdate, Received
+from common.methods.channels import ChannelMethod
 from common.models import build_model
 from common.structured_models import build_structured_model, skeleton_layout
 from common.training import SmallTrainResult, TrainConfig, train_small
 from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
-from common.width_masks import TensorChannels, channel_graph, group_sizes, require_channel_graph
-
-if TYPE_CHECKING:
-    from common.config import RunConfig
+from common.width_masks import TensorChannels, channel_graph, group_sizes
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def reply_arrays(
 
 
 @register
-class CAHFP(Method):
+class CAHFP(ChannelMethod):
     """Curvature-aware structured pruning with physically smaller client models."""
 
     name = "cahfp"
@@ -105,16 +103,10 @@ class CAHFP(Method):
         "(`docs/STRUCTURED.md`)"
     )
 
-    @classmethod
-    def check_run(cls, run: RunConfig) -> None:
-        """The model needs a channel graph."""
-        require_channel_graph(run.method, run.model)
-
     # -------------------------------------------------------------- server side
     def start_server(self, layout: ParamLayout) -> None:
         """Channel graph and an empty per-channel score state."""
         super().start_server(layout)
-        self.graph = channel_graph(self.run.model, layout)
         self.sizes = group_sizes(layout, self.graph)
         self.state = ChannelScoreState.empty(self.sizes)
 

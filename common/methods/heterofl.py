@@ -6,36 +6,21 @@ shortcuts on the same channels; input and output channels of the model stay whol
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 from numpy.typing import NDArray
 
-from common.layout import ParamLayout
 from common.methods import register
+from common.methods.channels import ChannelMethod
 from common.methods.masked import MaskedMethod
-from common.width_masks import channel_graph, require_channel_graph, width_mask, width_ratio
-
-if TYPE_CHECKING:
-    from common.config import RunConfig
+from common.width_masks import width_mask, width_ratio
 
 
 @register
-class HeteroFL(MaskedMethod):
+class HeteroFL(ChannelMethod, MaskedMethod):
     """First-channels width submodels."""
 
     name = "heterofl"
     summary = "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)` (HeteroFL's static slice)"
-
-    @classmethod
-    def check_run(cls, run: RunConfig) -> None:
-        """The model needs a channel graph."""
-        require_channel_graph(run.method, run.model)
-
-    def start_server(self, layout: ParamLayout) -> None:
-        """Build the channel graph of the global model."""
-        super().start_server(layout)
-        self.graph = channel_graph(self.run.model, layout)
 
     def roll(self, server_round: float) -> int:
         """Channels the window is shifted by in ``server_round`` (HeteroFL: never)."""
