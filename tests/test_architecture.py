@@ -83,3 +83,26 @@ def test_the_cycle_check_sees_function_level_imports():
     assert _imports(tree, {"common.datasets"}) == {"common.datasets"}
     guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config\n")
     assert _imports(guarded, {"common.config"}) == set()
+
+
+def test_the_fab_holds_exactly_what_the_server_and_client_apps_import():
+    """Flower's own FAB builder, on this checkout: the apps' import closure, and no operator tool."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    graph = _graph()
+    needed, todo = set(), ["server.app", "client.app"]
+    while todo:
+        mod = todo.pop()
+        if mod not in needed:
+            needed.add(mod)
+            todo.extend(graph[mod])
+    # A package's __init__ runs before any of its modules; the methods package imports its modules dynamically.
+    needed |= {m.rsplit(".", 1)[0] for m in needed if "." in m}
+    needed |= {m for m in graph if m.startswith("common.methods.")}
+    names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
+    included = {_module_name(ROOT / n) for n in names if n.endswith(".py")}
+    assert needed - included == set(), "the apps import modules the FAB lacks"
+    assert {m for m in included - needed if not m.startswith("common")} == set(), "operator tools in the FAB"
