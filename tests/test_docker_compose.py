@@ -1,0 +1,341 @@
+"""docker-compose.yml, for real: images built, containers started, a federation run end to end.
+
+Runs only when a Docker engine is requested (``FIBOS_DOCKER_TEST=1``, as
+``make test-docker`` sets it); then a missing engine or Compose v2 fails the
+test, it never skips. What it does, against the unchanged compose file (its
+own project name and free host ports, so it cannot collide with an operator's
+deployment):
+
+* ``docker compose build`` (the app image), ``docker compose up`` with TLS and
+  SuperNode authentication as composed, a run of ``ROUNDS`` rounds on digits;
+* mid-run, the process of ``supernode-2`` is killed from the host (a crash,
+  not ``docker stop``): the run completes, that round records the node as
+  absent, and the restart policy brings it back for the later rounds;
+* an unregistered SuperNode container on the ``edge`` network is refused by
+  the SuperLink and takes no part in the run;
+* from a container on ``edge``: the Control API through the gateway answers
+  403, the SuperLink itself is not even resolvable, the Fleet API path is
+  forwarded to the SuperLink;
+* ``metrics.json`` copied out with ``docker compose cp``: accuracy above a
+  floor, one reply per node per round (but the killed one's);
+* ``docker compose down`` then ``up``: the CA and the keys are kept, the keys
+  are still registered, and a new run completes.
+
+Containers, networks and volumes of the test's project are removed at the
+end; the images stay (Docker's cache makes the next run fast).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = "fibos-dockertest"
+ROUNDS = 4
+KILLED = "supernode-2"  # capacity 0.5 in docker-compose.yml: how its records are found in metrics.json
+KILLED_CAPACITY = 0.5
+KILL_ROUND = 2
+# Seconds the server waits for a round's replies: bounds the round the killed node misses, and leaves
+# room for four ClientApps training at once on a small, shared host (a round takes 20-60 s on 2 cores).
+ROUND_TIMEOUT = 150
+ACCURACY_FLOOR = 0.6  # digits, 10 classes: chance is 0.1
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(
+        os.environ.get("FIBOS_DOCKER_TEST") != "1",
+        reason="Docker end to end: `make test-docker` runs it (sets FIBOS_DOCKER_TEST=1; root or a Docker engine)",
+    ),
+]
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now (the published ports must not collide with other tests' servers)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Compose:
+    """``docker compose`` on this repository's compose file under the test's own project name.
+
+    Args:
+        env: the environment of every command (the compose file's ``FIBOS_*`` settings).
+        log_dir: folder where the containers' logs are saved when the test ends.
+    """
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+
+    def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run ``docker compose <args>``.
+
+        Args:
+            args: the compose subcommand and its arguments.
+            timeout: seconds before the command is killed (a test failure).
+            check: raise with the command's output when it exits non-zero.
+        """
+        cmd = ["docker", "compose", "-p", PROJECT, "-f", str(REPO / "docker-compose.yml"), *args]
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
+        return done
+
+    def container(self, service: str) -> str:
+        """Id of the (single) container of ``service``, running or not."""
+        ids = self.run("ps", "-a", "-q", service).stdout.split()
+        assert len(ids) == 1, f"{service}: expected one container, got {ids}"
+        return ids[0]
+
+    def logs(self, service: str) -> str:
+        """Everything ``service`` printed so far."""
+        return self.run("logs", "--no-color", "--no-log-prefix", service, check=False).stdout
+
+    def state(self, service: str) -> dict:
+        """``docker inspect``'s State of the service's container (Status, ExitCode, Pid, ...)."""
+        out = _docker("inspect", "-f", "{{json .State}}", self.container(service)).stdout
+        return json.loads(out)
+
+    def restart_count(self, service: str) -> int:
+        """How often the engine restarted the service's container (its restart policy at work)."""
+        return int(_docker("inspect", "-f", "{{.RestartCount}}", self.container(service)).stdout)
+
+    def wait_exit(self, service: str, timeout: float) -> int:
+        """Wait until the one-shot ``service`` has exited; its exit code."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.state(service)
+            if state["Status"] in ("exited", "dead"):
+                return int(state["ExitCode"])
+            time.sleep(3)
+        raise AssertionError(f"{service} still running after {timeout:.0f} s:\n{self.logs(service)[-3000:]}")
+
+    def wait_log(self, service: str, text: str, count: int, timeout: float) -> None:
+        """Wait until ``text`` has appeared ``count`` times in the service's output."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.logs(service).count(text) >= count:
+                return
+            time.sleep(1)
+        raise AssertionError(f"{service}: {text!r} not seen {count}x in {timeout:.0f} s:\n{self.logs(service)[-3000:]}")
+
+    def copy_out(self, service: str, path: str, dest: Path) -> Path:
+        """``docker compose cp`` of ``path`` in the service's container to ``dest``."""
+        self.run("cp", f"{service}:{path}", str(dest))
+        return dest
+
+    def save_logs(self, tag: str) -> None:
+        """Keep every container's output under ``log_dir`` (read when a check fails)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.log_dir / f"{tag}.log").write_text(self.run("logs", "--no-color", "-t", check=False).stdout)
+
+
+def _docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``docker <args>``; raise with its output when ``check`` and it fails."""
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def _require_engine() -> None:
+    """Fail (never skip: the engine was requested) when no Docker engine or no Compose v2 answers."""
+    if shutil.which("docker") is None:
+        pytest.fail("FIBOS_DOCKER_TEST=1 but there is no docker client on PATH (make test-docker installs one)")
+    info = subprocess.run(["docker", "info", "-f", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=60)
+    if info.returncode != 0:
+        pytest.fail(f"FIBOS_DOCKER_TEST=1 but no Docker engine answers: {info.stderr.strip()}")
+    version = subprocess.run(["docker", "compose", "version", "--short"], capture_output=True, text=True, timeout=60)
+    if version.returncode != 0 or not version.stdout.strip().lstrip("v").startswith("2."):
+        pytest.fail(f"FIBOS_DOCKER_TEST=1 but Compose v2 is missing: {version.stdout}{version.stderr}")
+
+
+def _metrics(compose: Compose, run_name: str, tmp: Path) -> dict:
+    """The run's ``metrics.json``, copied out of the ``results`` volume with ``docker compose cp``."""
+    dest = compose.copy_out("superexec-serverapp", f"/results/{run_name}/metrics.json", tmp / f"{run_name}.json")
+    return json.loads(dest.read_text())
+
+
+def _edge_probe(compose: Compose, image: str, urls: list[str]) -> dict[str, str]:
+    """From a fresh container on the ``edge`` network: each URL's HTTP status, or the error's type.
+
+    Args:
+        compose: the deployment (its project names the network and the credentials volume).
+        image: an image with Python (the app image).
+        urls: https URLs, fetched with the deployment's CA (POST, empty body).
+    """
+    code = (
+        "import json,ssl,sys,urllib.request,urllib.error\n"
+        "ctx=ssl.create_default_context(cafile='/credentials/ca.crt')\n"
+        "out={}\n"
+        "for url in sys.argv[1:]:\n"
+        "    try:\n"
+        "        req=urllib.request.Request(url,data=b'')\n"
+        "        out[url]=str(urllib.request.urlopen(req,context=ctx,timeout=5).status)\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        out[url]=str(e.code)\n"
+        "    except Exception as e:\n"
+        "        out[url]=type(e).__name__\n"
+        "print(json.dumps(out))\n"
+    )
+    done = _docker(
+        "run", "--rm", "--network", f"{PROJECT}_edge", "-v", f"{PROJECT}_credentials:/credentials:ro",
+        "--entrypoint", "python", image, "-c", code, *urls,
+        timeout=120,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
+    """The test's compose project: built, then removed with its volumes at the end (images kept)."""
+    _require_engine()
+    env = dict(os.environ)
+    env.update(
+        FIBOS_NUM_ROUNDS=str(ROUNDS),
+        FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every={ROUNDS} local-epochs=1",
+        FIBOS_FLEET_PORT=str(_free_port()),
+        FIBOS_CONTROL_PORT=str(_free_port()),
+        # Every container shares the host's cores: one intra-op thread each avoids oversubscription.
+        OMP_NUM_THREADS="1",
+    )
+    project = Compose(env, tmp_path_factory.mktemp("docker-logs"))
+    project.run("down", "-v", "--remove-orphans", timeout=180, check=False)  # leftovers of an interrupted run
+    _docker("rm", "-f", f"{PROJECT}-rogue", check=False)
+    try:
+        t0 = time.monotonic()
+        project.run("build", timeout=1800)
+        print(f"docker compose build: {time.monotonic() - t0:.0f} s")
+        yield project
+    finally:
+        project.save_logs("final")
+        _docker("rm", "-f", f"{PROJECT}-rogue", check=False)
+        project.run("down", "-v", "--remove-orphans", timeout=180, check=False)
+        print(f"container logs: {project.log_dir}")
+
+
+@pytest.mark.timeout(3600)  # includes the image build on a fresh machine
+def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose: Compose, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    compose.run("up", "-d", timeout=600)
+    print(f"docker compose up -d (every service started, healthy where checked): {time.monotonic() - t0:.0f} s")
+    app_image = _docker("inspect", "-f", "{{.Config.Image}}", compose.container("submit")).stdout.strip()
+
+    # The Control API is published on the host's loopback only, the Fleet gateway on every interface.
+    control = compose.run("port", "superlink", "8000").stdout.strip()
+    assert control.startswith("127.0.0.1:"), control
+    assert compose.run("port", "fleet-gateway", "8443").stdout.strip().startswith("0.0.0.0:")
+
+    # Edge network: the gateway refuses the Control API, the SuperLink is not even a name there,
+    # and the Fleet API path reaches the SuperLink (its own answer to an empty request, not the 403).
+    probe = _edge_probe(
+        compose,
+        app_image,
+        [
+            "https://fleet-gateway:8443/v1/control/list-runs",
+            "https://fleet-gateway:8443/v1/runtime/anything",
+            "https://superlink:8000/v1/control/list-runs",
+            "https://fleet-gateway:8443/v1/fleet/get-run",
+        ],
+    )
+    assert probe["https://fleet-gateway:8443/v1/control/list-runs"] == "403", probe
+    assert probe["https://fleet-gateway:8443/v1/runtime/anything"] == "403", probe
+    assert probe["https://superlink:8000/v1/control/list-runs"] == "URLError", probe  # name unknown on edge
+    fleet = probe["https://fleet-gateway:8443/v1/fleet/get-run"]
+    assert fleet.isdigit() and fleet != "403" and not fleet.startswith("5"), probe
+
+    # Crash one SuperNode while it trains in round KILL_ROUND: SIGKILL to its process from the host
+    # (what an OOM kill or a power cut looks like), so the restart policy, not an operator, acts.
+    compose.wait_log(KILLED, "Receiving: train message", KILL_ROUND, timeout=900)
+    pid = compose.state(KILLED)["Pid"]
+    os.kill(pid, 9)
+    print(f"killed {KILLED} (host pid {pid}) in round {KILL_ROUND}")
+
+    # A SuperNode whose key was never registered dials the gateway like the others.
+    rogue = _docker(
+        "run", "-d", "--name", f"{PROJECT}-rogue", "--network", f"{PROJECT}_edge",
+        "-v", f"{PROJECT}_credentials:/credentials:ro", "--entrypoint", "sh", app_image, "-c",
+        "python -m server.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
+        " --root-certificates /credentials/ca.crt --superlink fleet-gateway:8443"
+        " --auth-supernode-private-key /tmp/rogue/rogue --isolation process --port 9094"
+        " --node-config 'partition-id=1 num-partitions=4 capacity=1.0'",
+    )  # fmt: skip
+    assert rogue.stdout.strip()
+
+    rc = compose.wait_exit("submit", timeout=1500)
+    compose.save_logs("first-run")
+    assert rc == 0, compose.logs("submit")[-3000:] + compose.logs("superexec-serverapp")[-3000:]
+
+    # The SuperLink refused the rogue key at activation; the rogue never became a node.
+    link_log = compose.logs("superlink")
+    assert "No SuperNode found with the given public key" in link_log, link_log[-3000:]
+    rogue_state = json.loads(_docker("inspect", "-f", "{{json .State}}", f"{PROJECT}-rogue").stdout)
+    rogue_log = _docker("logs", f"{PROJECT}-rogue", check=False)
+    assert "Receiving: train message" not in rogue_log.stdout + rogue_log.stderr
+    print(f"rogue SuperNode: {rogue_state['Status']} (exit {rogue_state['ExitCode']})")
+
+    # The engine restarted the crashed SuperNode, and it is healthy again.
+    assert compose.restart_count(KILLED) >= 1
+    assert compose.state(KILLED)["Health"]["Status"] in ("healthy", "starting")
+
+    metrics = _metrics(compose, "default", tmp_path)
+    start, *rounds = metrics["rounds"]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    for record in rounds:
+        by_capacity = {c["capacity"]: c for c in record["clients"] if c["capacity_source"] == "node-config"}
+        assert sorted(by_capacity) == [0.25, 0.5, 1.0], record["clients"]  # never the rogue (it has 1.0 too)
+        assert record["sent"] == 4, record
+        absent = [c for c in record["clients"] if c["status"] != "ok"]
+        if record["round"] == KILL_ROUND:
+            # The crashed node's absence is recorded; the other three replied.
+            assert record["replies"] == 3, record
+            assert [c["capacity"] for c in absent] == [KILLED_CAPACITY], absent
+            assert absent[0]["status"] == "no reply", absent
+        else:
+            # One reply per node per round: the killed node is back after its restart.
+            assert record["replies"] == 4 and not absent, record
+    accuracy = rounds[-1]["global"]["accuracy"]
+    print(f"accuracy: round 0 {start['global']['accuracy']:.3f}, round {ROUNDS} {accuracy:.3f}")
+    assert accuracy > ACCURACY_FLOOR, accuracy
+
+
+@pytest.mark.timeout(1800)
+def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose: Compose, tmp_path: Path) -> None:
+    before = compose.copy_out("credentials", "/credentials/ca.crt", tmp_path / "ca-before.crt").read_bytes()
+    key_before = compose.copy_out("credentials", "/credentials/supernode-1.pub", tmp_path / "k1.pub").read_bytes()
+    compose.run("down", timeout=300)  # containers and networks go; the named volumes stay
+    assert _docker("volume", "inspect", f"{PROJECT}_credentials", f"{PROJECT}_superlink-state").returncode == 0
+
+    compose.env.update(FIBOS_RUN_NAME="second", FIBOS_NUM_ROUNDS="1", FIBOS_RUN_CONFIG="eval-every=1")
+    compose.run("up", "-d", timeout=600)
+    assert compose.wait_exit("credentials", timeout=120) == 0
+    assert "keeping /credentials/server.pem" in compose.logs("credentials")
+    assert compose.wait_exit("register", timeout=300) == 0
+    # The SuperLink's database (volume `superlink-state`) still holds every key.
+    register_log = compose.logs("register")
+    for node in ("supernode-1", "supernode-2", "supernode-3", "supernode-4"):
+        assert f"{node}: already registered" in register_log, register_log
+    rc = compose.wait_exit("submit", timeout=900)
+    compose.save_logs("second-run")
+    assert rc == 0, compose.logs("submit")[-3000:]
+
+    after = compose.copy_out("credentials", "/credentials/ca.crt", tmp_path / "ca-after.crt").read_bytes()
+    key_after = compose.copy_out("credentials", "/credentials/supernode-1.pub", tmp_path / "k1-after.pub").read_bytes()
+    assert after == before and key_after == key_before
+    second = _metrics(compose, "second", tmp_path)
+    assert [r["round"] for r in second["rounds"]] == [0, 1]
+    assert second["rounds"][1]["replies"] == 4, second["rounds"][1]
+    first = _metrics(compose, "default", tmp_path)  # the first run's results survived on the volume
+    assert len(first["rounds"]) == ROUNDS + 1
