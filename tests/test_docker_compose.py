@@ -34,19 +34,26 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fibos-dockertest"
-ROUNDS = 4
+# Enough rounds that some begin after the crashed node is back: the SuperLink lets its key in again
+# only once the old session's heartbeat has lapsed (Flower: 2 x 30 s), up to ~90 s after the kill.
+ROUNDS = 8
 KILLED = "supernode-2"  # capacity 0.5 in docker-compose.yml: how its records are found in metrics.json
 KILLED_CAPACITY = 0.5
 KILL_ROUND = 2
-# Seconds the server waits for a round's replies: bounds the round the killed node misses, and leaves
-# room for four ClientApps training at once on a small, shared host (a round takes 20-60 s on 2 cores).
-ROUND_TIMEOUT = 150
+# The progress lines reach the test through the run's log stream, a few seconds late: a round counts
+# as begun after the rejoin only with this much to spare.
+REJOIN_MARGIN = 15
+# Seconds the server waits for a round's replies: bounds the round the killed node misses, with room
+# for four ClientApps training at once on 2 cores (a round takes 20-60 s there when nothing else runs;
+# a host busy with other work can set FIBOS_DOCKER_ROUND_TIMEOUT higher).
+ROUND_TIMEOUT = int(os.environ.get("FIBOS_DOCKER_ROUND_TIMEOUT", "150"))
 ACCURACY_FLOOR = 0.6  # digits, 10 classes: chance is 0.1
 
 pytestmark = [
@@ -162,6 +169,18 @@ def _require_engine() -> None:
         pytest.fail(f"FIBOS_DOCKER_TEST=1 but Compose v2 is missing: {version.stdout}{version.stderr}")
 
 
+def _stamped(compose: Compose, service: str, text: str) -> list[float]:
+    """Times (Unix seconds) at which the service printed a line containing ``text``, in order."""
+    out = compose.run("logs", "-t", "--no-color", "--no-log-prefix", service, check=False).stdout
+    stamps = []
+    for line in out.splitlines():
+        stamp, _, rest = line.partition(" ")
+        if text in rest:
+            # Docker prints nanoseconds; datetime takes microseconds.
+            stamps.append(datetime.fromisoformat(stamp[:26]).replace(tzinfo=UTC).timestamp())
+    return stamps
+
+
 def _metrics(compose: Compose, run_name: str, tmp: Path) -> dict:
     """The run's ``metrics.json``, copied out of the ``results`` volume with ``docker compose cp``."""
     dest = compose.copy_out("superexec-serverapp", f"/results/{run_name}/metrics.json", tmp / f"{run_name}.json")
@@ -205,11 +224,9 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
     env = dict(os.environ)
     env.update(
         FIBOS_NUM_ROUNDS=str(ROUNDS),
-        FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every={ROUNDS} local-epochs=1",
+        FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every={ROUNDS}",
         FIBOS_FLEET_PORT=str(_free_port()),
         FIBOS_CONTROL_PORT=str(_free_port()),
-        # Every container shares the host's cores: one intra-op thread each avoids oversubscription.
-        OMP_NUM_THREADS="1",
     )
     project = Compose(env, tmp_path_factory.mktemp("docker-logs"))
     project.run("down", "-v", "--remove-orphans", timeout=180, check=False)  # leftovers of an interrupted run
@@ -261,6 +278,7 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     compose.wait_log(KILLED, "Receiving: train message", KILL_ROUND, timeout=900)
     pid = compose.state(KILLED)["Pid"]
     os.kill(pid, 9)
+    killed_at = time.time()
     print(f"killed {KILLED} (host pid {pid}) in round {KILL_ROUND}")
 
     # A SuperNode whose key was never registered dials the gateway like the others.
@@ -286,26 +304,49 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     assert "Receiving: train message" not in rogue_log.stdout + rogue_log.stderr
     print(f"rogue SuperNode: {rogue_state['Status']} (exit {rogue_state['ExitCode']})")
 
-    # The engine restarted the crashed SuperNode, and it is healthy again.
-    assert compose.restart_count(KILLED) >= 1
+    # The engine restarted the crashed SuperNode, and it is healthy again. (The SuperLink refuses the
+    # key's re-activation, HTTP 412, until the old session's heartbeat has lapsed: the first restarts
+    # exit, and the restart policy keeps trying until one is let in.)
+    restarts = compose.restart_count(KILLED)
+    print(f"{KILLED} restarted {restarts}x")
+    assert restarts >= 1
     assert compose.state(KILLED)["Health"]["Status"] in ("healthy", "starting")
+
+    # When the SuperLink let the crashed node in again, and when each round began (the previous
+    # round's progress line): rounds that began after the rejoin must include it again.
+    node_id = compose.logs(KILLED).split("SuperNode ID: ")[1].split()[0]
+    activations = _stamped(compose, "superlink", f"Activated node_id={node_id}")
+    assert len(activations) >= 2, f"{KILLED} (node {node_id}) was not activated again: {activations}"
+    rejoined = activations[1]
+    print(f"{KILLED} rejoined {rejoined - killed_at:.0f} s after the kill")
+    round_ends = {k: _stamped(compose, "submit", f"[round {k}/{ROUNDS}]") for k in range(ROUNDS)}
 
     metrics = _metrics(compose, "default", tmp_path)
     start, *rounds = metrics["rounds"]
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    after_rejoin = 0
     for record in rounds:
-        by_capacity = {c["capacity"]: c for c in record["clients"] if c["capacity_source"] == "node-config"}
-        assert sorted(by_capacity) == [0.25, 0.5, 1.0], record["clients"]  # never the rogue (it has 1.0 too)
-        assert record["sent"] == 4, record
-        absent = [c for c in record["clients"] if c["status"] != "ok"]
-        if record["round"] == KILL_ROUND:
-            # The crashed node's absence is recorded; the other three replied.
-            assert record["replies"] == 3, record
-            assert [c["capacity"] for c in absent] == [KILLED_CAPACITY], absent
-            assert absent[0]["status"] == "no reply", absent
-        else:
-            # One reply per node per round: the killed node is back after its restart.
-            assert record["replies"] == 4 and not absent, record
+        k = record["round"]
+        capacities = sorted(c["capacity"] for c in record["clients"])
+        assert len(capacities) <= 4, record["clients"]  # never the rogue
+        present = {c["capacity"]: c["status"] for c in record["clients"]}
+        others_ok = all(status == "ok" for capacity, status in present.items() if capacity != KILLED_CAPACITY)
+        assert others_ok and record["replies"] == sum(s == "ok" for s in present.values()), record
+        began = round_ends[k - 1][0]
+        if k < KILL_ROUND:
+            assert record["replies"] == 4 and KILLED_CAPACITY in present, record
+        elif k == KILL_ROUND:
+            # The crashed node's absence is recorded: the round timed out on it, or the SuperLink
+            # answered for it once its heartbeat lapsed; the other three replied.
+            status = present[KILLED_CAPACITY]
+            assert record["replies"] == 3 and (status == "no reply" or "Node Unavailable" in status), record
+        elif began > rejoined + REJOIN_MARGIN:
+            # One reply per node per round again: the restarted node is back in the federation.
+            assert record["replies"] == 4 and present.get(KILLED_CAPACITY) == "ok", record
+            after_rejoin += 1
+        elif began < rejoined:
+            assert present.get(KILLED_CAPACITY) != "ok", record  # it cannot have replied while down
+    assert after_rejoin >= 1, f"the run ended before {KILLED} was back (rejoined at {rejoined}); raise ROUNDS"
     accuracy = rounds[-1]["global"]["accuracy"]
     print(f"accuracy: round 0 {start['global']['accuracy']:.3f}, round {ROUNDS} {accuracy:.3f}")
     assert accuracy > ACCURACY_FLOOR, accuracy

@@ -94,8 +94,14 @@ build() {
     say "building $image (target $target)"
     # Host network: on hosts whose bridge network has no route to the package mirrors, the
     # build's pip and apt still reach them; elsewhere it changes nothing.
-    docker build -q --network host --target "$target" --label "$label=1" \
-        --build-arg "BASE_IMAGE=$base" "$@" -t "$image" -f "$here/standins.Dockerfile" "$here" >/dev/null
+    local log="$cache/build-$target-$arch.log"
+    mkdir -p "$cache"
+    if ! docker build --network host --target "$target" --label "$label=1" \
+        --build-arg "BASE_IMAGE=$base" "$@" -t "$image" -f "$here/standins.Dockerfile" "$here" >"$log" 2>&1; then
+        tail -30 "$log" >&2
+        echo "building $image failed (full log: $log)" >&2
+        exit 1
+    fi
 }
 
 for image in "${flower_images[@]}"; do
