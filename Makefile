@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo bench bench-docs test test-docker lint system-deps clean
+.PHONY: install demo bench bench-docs test test-docker test-docker-arm64 lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ test: lint system-deps
 # the federation with `docker compose` (docker/e2e.sh; README, "Deployment with Docker").
 test-docker: $(VENV)/.installed
 	bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider tests/test_docker_compose.py
+
+# Plus one arm64 SuperNode and ClientApp executor under QEMU emulation (slow; not part of CI).
+test-docker-arm64: $(VENV)/.installed
+	FIBOS_DOCKER_ARM64=1 bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider \
+		tests/test_docker_compose.py -k arm64
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis

@@ -16,9 +16,10 @@
 #                        pip's default index, as PyTorch's own CPU index may be out of reach)
 #   FIBOS_STANDINS       1 (default) builds stand-ins for flwr/* and nginx images that are not
 #                        present; 0 uses what the engine has or can pull
+#   FIBOS_DOCKER_ARM64   1 also builds arm64 stand-ins (QEMU emulation) for the arm64 test
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ "$#" -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
+[ "$#" -ge 1 ] || { sed -n '2,19p' "$0"; exit 2; }
 
 STATE=/run/fibos-e2e-dockerd
 ENGINE_LOG=/var/log/fibos-e2e-dockerd.log
@@ -77,6 +78,10 @@ phase "engine answering"
 if [ "${FIBOS_STANDINS:-1}" = 1 ]; then
     timeout 1800 docker/standins/build.sh
     phase "stand-in images"
+    if [ "${FIBOS_DOCKER_ARM64:-0}" = 1 ]; then
+        timeout 5400 docker/standins/build.sh --arch arm64 --only "supernode superexec"
+        phase "arm64 stand-in images (emulated)"
+    fi
 fi
 export FIBOS_DOCKER_TEST=1
 export FIBOS_BUILD_NETWORK="${FIBOS_BUILD_NETWORK-host}"

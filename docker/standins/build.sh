@@ -4,32 +4,46 @@
 # flwr/superexec at exactly the names and tags the compose file and docker/app.Dockerfile name,
 # and the nginx image of the Fleet gateway (Debian's nginx-light).
 #
-#   docker/standins/build.sh            # as root (debootstrap); idempotent, cached
-#   docker/standins/build.sh --force    # also replace images of those names not built here
+#   docker/standins/build.sh               # as root (debootstrap); idempotent, cached
+#   docker/standins/build.sh --force       # also replace images of those names not built here
+#   docker/standins/build.sh --arch arm64 --only "supernode superexec"
+#                                          # another architecture (QEMU user-mode emulation), some images
 #
 # Everything starts from a Debian bookworm root file system made by debootstrap and imported
 # with `docker import` (fibos-fl/debian-base:bookworm-<arch>). The base is made once per
-# machine and remade only when its inputs (suite, packages, architecture) change; the images
-# on top are ordinary `docker build`s, so Docker's layer cache rebuilds only what changed.
+# machine and remade only when its inputs (suite, packages, architecture, CA bundle) change; the
+# images on top are ordinary `docker build`s, so Docker's layer cache rebuilds only what changed.
 # An image of the same name that this script did not build (e.g. the official one, pulled) is
 # left alone unless --force is given: operators keep the official images by default.
 #
+# For an architecture other than the host's, the images get the architecture appended to their
+# tag (flwr/supernode:<tag>-arm64), since one engine holds one image per name; the host needs
+# binfmt_misc (the script installs Debian's qemu-user-static and binfmt-support and registers
+# the emulators where missing). The arm64 debootstrap runs in two stages, the second under QEMU.
+#
 # Environment: FIBOS_STANDIN_CACHE (default /var/cache/fibos-docker) holds the debootstrap
-# tree while it is imported; DEBIAN_MIRROR overrides debootstrap's default mirror.
+# tree while it is imported, and the build logs; DEBIAN_MIRROR overrides debootstrap's mirror.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 force=0
-for arg in "$@"; do
-    case "$arg" in
+only=""
+host_arch="$(dpkg --print-architecture)"
+arch="$host_arch"
+while [ "$#" -gt 0 ]; do
+    case "$1" in
         --force) force=1 ;;
-        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
-        *) echo "unknown argument: $arg" >&2; exit 2 ;;
+        --arch) arch="$2"; shift ;;
+        --only) only="$2"; shift ;;
+        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
+    shift
 done
+suffix=""
+[ "$arch" = "$host_arch" ] || suffix="-$arch"
 
-arch="$(dpkg --print-architecture)"
 suite=bookworm
 packages=python3,python3-venv,python3-pip,ca-certificates
 cache="${FIBOS_STANDIN_CACHE:-/var/cache/fibos-docker}"
@@ -54,6 +68,22 @@ may_replace() {
     fi
 }
 
+# QEMU user-mode emulation for $arch binaries, registered with the fix-binary flag so that it
+# also works inside containers and chroots (Debian's qemu-user-static registers it that way).
+ensure_emulation() {
+    local qemu_arch
+    case "$arch" in arm64) qemu_arch=aarch64 ;; armhf) qemu_arch=arm ;; *) qemu_arch="$arch" ;; esac
+    [ -e /proc/sys/fs/binfmt_misc/register ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    if [ ! -e "/proc/sys/fs/binfmt_misc/qemu-$qemu_arch" ]; then
+        say "installing qemu-user-static and binfmt-support"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user-static binfmt-support >/dev/null
+        update-binfmts --enable "qemu-$qemu_arch"
+    fi
+    grep -q '^flags:.*F' "/proc/sys/fs/binfmt_misc/qemu-$qemu_arch" \
+        || { echo "qemu-$qemu_arch is registered without the fix-binary flag" >&2; exit 1; }
+}
+
 # --- base: debootstrap + docker import, remade when its inputs change ---
 # The host's CA bundle is an input: where outbound TLS passes through an inspecting proxy, its CA
 # is in that bundle, and pip inside the builds needs it (a changed bundle remakes the base).
@@ -69,20 +99,29 @@ if [ "$have" != "$inputs" ]; then
     rm -rf "$root"
     mkdir -p "$cache"
     say "debootstrap $suite ($arch) into $root"
+    foreign=()
+    [ -z "$suffix" ] || { ensure_emulation; foreign=(--foreign); }
     # shellcheck disable=SC2086  # DEBIAN_MIRROR is one optional word
-    debootstrap --variant=minbase --arch="$arch" --include="$packages" "$suite" "$root" ${DEBIAN_MIRROR:-} \
-        >"$cache/debootstrap-$arch.log" 2>&1 || { tail -20 "$cache/debootstrap-$arch.log" >&2; exit 1; }
+    debootstrap "${foreign[@]}" --variant=minbase --arch="$arch" --include="$packages" "$suite" "$root" \
+        ${DEBIAN_MIRROR:-} >"$cache/debootstrap-$arch.log" 2>&1 || { tail -20 "$cache/debootstrap-$arch.log" >&2; exit 1; }
+    if [ -n "$suffix" ]; then
+        say "debootstrap second stage under emulation (slow)"
+        chroot "$root" /debootstrap/debootstrap --second-stage >>"$cache/debootstrap-$arch.log" 2>&1 \
+            || { tail -20 "$cache/debootstrap-$arch.log" >&2; exit 1; }
+    fi
     # The host's trust anchors, for pip (told to use the system bundle) and Python's ssl.
     install -m 0644 "$bundle" "$root$bundle"
     printf '[global]\ncert = %s\n' "$bundle" >"$root/etc/pip.conf"
     # apt's lists and the package cache are not part of a base image.
     rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
-    say "importing $base"
-    tar -C "$root" -c . | docker import \
-        --change "LABEL $label=1 $label.inputs=$inputs" \
-        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'CMD ["bash"]' - "$base" >/dev/null
-    rm -rf "$root"
+    say "loading $base"
+    # Not `docker import`: Debian 12's engine records the host's architecture on imported images.
+    tar -C "$root" --numeric-owner -cf "$cache/layer-$arch.tar" .
+    python3 "$here/rootfs_image.py" --layer "$cache/layer-$arch.tar" --arch "$arch" --tag "$base" \
+        --label "$label=1" --label "$label.inputs=$inputs" \
+        --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --out "$cache/image-$arch.tar"
+    docker load -q -i "$cache/image-$arch.tar" >/dev/null
+    rm -rf "$root" "$cache/layer-$arch.tar" "$cache/image-$arch.tar"
 else
     say "$base is up to date"
 fi
@@ -90,13 +129,14 @@ fi
 build() {
     local target="$1" image="$2"
     shift 2
+    [ -z "$only" ] || [[ " $only " == *" $target "* ]] || return 0
     may_replace "$image" || return 0
     say "building $image (target $target)"
     # Host network: on hosts whose bridge network has no route to the package mirrors, the
     # build's pip and apt still reach them; elsewhere it changes nothing.
     local log="$cache/build-$target-$arch.log"
     mkdir -p "$cache"
-    if ! docker build --network host --target "$target" --label "$label=1" \
+    if ! docker build --platform "linux/$arch" --network host --target "$target" --label "$label=1" \
         --build-arg "BASE_IMAGE=$base" "$@" -t "$image" -f "$here/standins.Dockerfile" "$here" >"$log" 2>&1; then
         tail -30 "$log" >&2
         echo "building $image failed (full log: $log)" >&2
@@ -108,7 +148,7 @@ for image in "${flower_images[@]}"; do
     name="${image%%:*}"
     tag="${image#*:}"
     # The tag's leading version is the Flower release (1.42.0-py3.13-ubuntu24.04 -> 1.42.0).
-    build "${name#flwr/}" "$image" --build-arg "FLWR_VERSION=${tag%%-*}"
+    build "${name#flwr/}" "$image$suffix" --build-arg "FLWR_VERSION=${tag%%-*}"
 done
-build nginx "$nginx_image"
-say "done: ${flower_images[*]} $nginx_image"
+build nginx "$nginx_image$suffix"
+say "done ($arch): ${flower_images[*]/%/$suffix} $nginx_image$suffix"
