@@ -151,4 +151,4 @@ for image in "${flower_images[@]}"; do
     build "${name#flwr/}" "$image$suffix" --build-arg "FLWR_VERSION=${tag%%-*}"
 done
 build nginx "$nginx_image$suffix"
-say "done ($arch): ${flower_images[*]/%/$suffix} $nginx_image$suffix"
+say "done ($arch)"
