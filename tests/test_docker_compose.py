@@ -398,6 +398,10 @@ def test_arm64_supernode_trains_in_the_federation(compose: Compose, tmp_path: Pa
     compose.run("down", timeout=300)
     compose.files.append(REPO / "docker" / "compose.arm64.yml")
     compose.env.setdefault("FIBOS_ARM64_SUFFIX", "-arm64")  # the stand-ins docker/e2e.sh builds
+    if compose.env.get("FIBOS_TORCH_INDEX") == "":
+        # The default index's aarch64 torch 2.14 pulls CUDA libraries; 2.9.1 is its CPU-only one.
+        compose.env.setdefault("FIBOS_ARM64_TORCH_VERSION", "2.9.1")
+        compose.env.setdefault("FIBOS_ARM64_TORCHVISION_VERSION", "0.24.1")
     compose.env.update(
         FIBOS_NUM_PARTITIONS="5",
         FIBOS_MIN_NODES="5",
