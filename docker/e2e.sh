@@ -51,6 +51,7 @@ start_engine() {
     return 1
 }
 
+# shellcheck disable=SC2317  # run by the EXIT trap
 stop_engine() {
     [ -f "$STATE/pid" ] || return 0
     local pid

@@ -56,7 +56,10 @@ say() { printf '[standins %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 mapfile -t flower_images < <(grep -hoE 'flwr/(superlink|supernode|superexec):[A-Za-z0-9._-]+' \
     "$repo/docker-compose.yml" "$repo/docker/app.Dockerfile" | sort -u)
 nginx_image="$(grep -hoE 'image: nginx:[A-Za-z0-9._-]+' "$repo/docker-compose.yml" | head -1 | cut -d' ' -f2)"
-[ "${#flower_images[@]}" -ge 3 ] && [ -n "$nginx_image" ] || { echo "image names not found in the compose file" >&2; exit 1; }
+if [ "${#flower_images[@]}" -lt 3 ] || [ -z "$nginx_image" ]; then
+    echo "image names not found in the compose file" >&2
+    exit 1
+fi
 
 # Refuse to shadow an image this script did not build.
 may_replace() {
