@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo bench bench-docs test lint system-deps clean
+.PHONY: install demo bench bench-docs test test-docker test-docker-arm64 lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,8 @@ bench-docs: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(VENV)/bin/hadolint docker/*.Dockerfile
-	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
+	$(VENV)/bin/hadolint docker/*.Dockerfile docker/standins/*.Dockerfile
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml docker/compose.arm64.yml
 
 # The compose topology test runs each service in a network namespace (root) behind nginx.
 # As root on Debian/Ubuntu the missing tools are installed; otherwise this says what to install.
@@ -47,6 +47,17 @@ system-deps:
 
 test: lint system-deps
 	$(PY) -m pytest -q -ra
+
+# Docker end to end (root): installs the engine and Compose v2 where missing, starts the engine
+# (stopped again after), builds stand-ins for the public images, then builds the app image and runs
+# the federation with `docker compose` (docker/e2e.sh; README, "Deployment with Docker").
+test-docker: $(VENV)/.installed
+	bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider tests/test_docker_compose.py
+
+# Plus one arm64 SuperNode and ClientApp executor under QEMU emulation (slow; not part of CI).
+test-docker-arm64: $(VENV)/.installed
+	FIBOS_DOCKER_ARM64=1 bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider \
+		tests/test_docker_compose.py -k arm64
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis

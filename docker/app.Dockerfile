@@ -8,6 +8,7 @@ ARG FLWR_IMAGE=flwr/superexec:1.42.0-py3.13-ubuntu24.04
 FROM ${FLWR_IMAGE}
 
 # CPU wheels of torch from PyTorch's index: the PyPI x86 wheel bundles CUDA (gigabytes unused here).
+# Empty = pip's default index (where PyTorch's is out of reach; on x86 that is the CUDA build).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
@@ -23,8 +24,9 @@ RUN mkdir -p /credentials /results /state /app/.cache /app/.fibos-fl \
 USER 49999:49999
 WORKDIR /app
 
-# Largest and slowest-changing layer first.
-RUN python -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" \
+# Largest and slowest-changing layer first. (DL3013: hadolint reads the optional --index-url as a package.)
+# hadolint ignore=DL3013
+RUN python -m pip install --no-cache-dir ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"} \
     "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 
 # The project's dependencies, without its code (empty packages), so code edits reuse this layer.

@@ -99,6 +99,8 @@ class Service:
 def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | frozenset = frozenset()) -> dict:
     """Parse ``compose_file`` into :class:`Service` objects (only the active profiles)."""
     doc = interpolate(yaml.safe_load(compose_file.read_text()), env)
+    # Services that run an image another service builds (Compose builds it once) hold the project too.
+    built_images = {spec.get("image") for spec in doc["services"].values() if "build" in spec}
     services = {}
     for name, spec in doc["services"].items():
         if spec.get("profiles") and not set(spec["profiles"]) & set(profiles):
@@ -135,7 +137,7 @@ def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | 
             networks=networks,
             depends_on=deps,
             healthcheck=health,
-            built="build" in spec,
+            built="build" in spec or spec.get("image") in built_images,
             working_dir=spec.get("working_dir", "/app"),
         )
     for svc in services.values():
