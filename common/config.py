@@ -32,9 +32,7 @@ def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, .
     if not isinstance(value, str):
         raise ConfigError(f"{key}={value!r}: expected a string like '1,1/4,1/16'")
     out = []
-    for item in (i.strip() for i in value.split(",")) if value.strip() else ():
-        if not item:
-            raise ConfigError(f"{key}={value!r}: empty entry (two commas in a row, or a trailing comma)")
+    for item in filter(None, (i.strip() for i in value.split(","))):
         num, _, den = item.partition("/")
         try:
             gamma = float(num) / float(den) if den else float(num)
@@ -229,6 +227,16 @@ def _describe(err: ValidationError, raw: Mapping[str, Any], prefix: str = "") ->
     return "; ".join(lines)
 
 
+def common_keys() -> set[str]:
+    """The run-config keys of :class:`RunConfig` itself (kebab case)."""
+    return {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
+
+
+def run_config_keys() -> set[str]:
+    """Every run-config key: the common ones and each registered method's, with its prefix."""
+    return common_keys() | {m.options_prefix + k for m in registry().values() for k in m.option_keys()}
+
+
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a run configuration (e.g. ``context.run_config``).
 
@@ -237,11 +245,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     whichever method is selected.
     """
     methods = registry()
-    common_keys = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
+    common = common_keys()
     by_method: dict[str, dict[str, Any]] = {name: {} for name, cls in methods.items() if cls.options}
     unknown = []
     for key, value in raw.items():
-        if key in common_keys:
+        if key in common:
             continue
         owner = next((n for n in by_method if key.startswith(methods[n].options_prefix)), None)
         if owner is None:
@@ -249,8 +257,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         else:
             by_method[owner][key.removeprefix(methods[owner].options_prefix)] = value
     if unknown:
-        known = sorted(common_keys | {m.options_prefix + k for m in methods.values() for k in m.option_keys()})
-        raise ConfigError(f"unknown run-config key(s) {sorted(unknown)}; known keys: {known}")
+        raise ConfigError(f"unknown run-config key(s) {sorted(unknown)}; known keys: {sorted(run_config_keys())}")
     options = {}
     for name, values in by_method.items():
         cls = methods[name]
@@ -259,9 +266,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         except ValidationError as err:
             raise ConfigError(_describe(err, raw, cls.options_prefix)) from None
     try:
-        return RunConfig.model_validate(
-            {k: v for k, v in raw.items() if k in common_keys} | {"method_options": options}
-        )
+        return RunConfig.model_validate({k: v for k, v in raw.items() if k in common} | {"method_options": options})
     except ValidationError as err:
         raise ConfigError(_describe(err, raw)) from None
 
@@ -271,8 +276,7 @@ def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
 
     Entries that are not run-config keys (``d``, ``upload_encoding``, ...) are ignored.
     """
-    known = {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n != "method_options"}
-    known |= {m.options_prefix + k for m in registry().values() for k in m.option_keys()}
+    known = run_config_keys()
     return parse_run_config({kebab(k): v for k, v in flat.items() if kebab(k) in known})
 
 

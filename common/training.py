@@ -106,15 +106,12 @@ class LoopResult:
         Mean training loss over all steps.
     num_examples : int
         Training examples (per epoch).
-    counted : int
-        Steps the accumulators saw.
     stats_seconds : float
         Seconds spent in the accumulators (the overhead of the statistics).
     """
 
     loss: float
     num_examples: int
-    counted: int
     stats_seconds: float
 
 
@@ -218,7 +215,7 @@ def train_loop(
             opt.step()
             loss_sum += float(loss.detach())
             steps += 1
-    return LoopResult(loss_sum / max(steps, 1), len(data), counted, stats_seconds)
+    return LoopResult(loss_sum / max(steps, 1), len(data), stats_seconds)
 
 
 def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]) -> list[tuple[nn.Module, str]]:

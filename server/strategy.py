@@ -9,7 +9,7 @@ replies, evaluates, and keeps the per-round bookkeeping written to metrics.json.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -70,16 +70,9 @@ class ClientRound:
     capacity_source: str = "node-config"
 
 
-def to_arrays(layout: ParamLayout, flat: NDArray[np.float32]) -> ArrayRecord:
-    """A flat vector as an ArrayRecord of named tensors."""
-    return ArrayRecord({n: Array(np.ascontiguousarray(v)) for n, v in layout.unflatten(flat).items()})
-
-
-def _records(arrays: dict[str, dict[str, NDArray]]) -> dict[str, ArrayRecord]:
-    return {
-        name: ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in record.items()})
-        for name, record in arrays.items()
-    }
+def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
+    """Named numpy arrays as an ArrayRecord (each made contiguous, as Flower serialises it)."""
+    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
 
 
 class SubmodelStrategy(Strategy):
@@ -128,7 +121,7 @@ class SubmodelStrategy(Strategy):
 
     def to_arrays(self, flat: NDArray[np.float32]) -> ArrayRecord:
         """The flat vector as an ArrayRecord of named tensors."""
-        return to_arrays(self.layout, flat)
+        return array_record(self.layout.unflatten(flat))
 
     def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
         """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
@@ -173,7 +166,7 @@ class SubmodelStrategy(Strategy):
         prof = self.nodes[node_id]
         mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
         download = self.method.encode(self.x, mask)
-        records = _records(download.records)
+        records = {name: array_record(arrays) for name, arrays in download.records.items()}
         round_config = ConfigRecord(
             {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
         )
@@ -279,10 +272,6 @@ class SubmodelStrategy(Strategy):
         metrics["num-examples"] = sum(r.metrics["num-examples"] for r in accepted)
         return self.to_arrays(self.x), metrics
 
-    def accept(self, server_round: int, p: ReplyParts, sent: SentSubmodel) -> TrainReply:
-        """Validate one reply against what was sent (``ReplyError`` says why not)."""
-        return self.method.validate(p.arrays, p.metrics, p.meta, sent, self.x)
-
     def record_reply(self, info: ClientRound | None, p: ReplyParts, reply: TrainReply) -> None:
         """Note an accepted reply in its node's bookkeeping entry."""
         if info is None:
@@ -304,7 +293,7 @@ class SubmodelStrategy(Strategy):
             info = self.clients.get(p.node_id)
             try:
                 sent = expected_sent(p, self.sent, accepted)
-                reply = self.accept(server_round, p, sent)
+                reply = self.method.validate(p.arrays, p.metrics, p.meta, sent, self.x)
             except ReplyError as err:
                 log(WARNING, "round %d: reply from node %d rejected: %s", server_round, p.node_id, err)
                 if info is not None and info.status in ("no reply",):

@@ -61,9 +61,9 @@ def allowed(key: str, field: FieldInfo) -> str:
         return str(extra["allowed"])
     if key == "method":
         return ", ".join(f"`{m}`" for m in registry())
-    if get_origin(field.annotation) is Literal or (isinstance(field.annotation, str) and "Literal" in field.annotation):
-        return ", ".join(f"`{v}`" for v in _literal_values(field))
-    if field.annotation in (bool, "bool"):
+    if get_origin(field.annotation) is Literal:
+        return ", ".join(f"`{v}`" for v in get_args(field.annotation))
+    if field.annotation is bool:
         return "true, false"
     ge, gt, le, lt = (_bound(field, a) for a in ("ge", "gt", "le", "lt"))
     lo = ge if ge is not None else gt
@@ -73,10 +73,6 @@ def allowed(key: str, field: FieldInfo) -> str:
     if hi is None or hi >= 1_000_000:
         return f"{'>=' if ge is not None else '>'} {lo:g}"
     return f"{'[' if ge is not None else '('}{lo:g}, {hi:g}{']' if le is not None else ')'}"
-
-
-def _literal_values(field: FieldInfo) -> tuple[Any, ...]:
-    return get_args(field.annotation)
 
 
 def _toml(value: Any) -> str:
