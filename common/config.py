@@ -155,6 +155,20 @@ class RunConfig(Schema):
         description="connected SuperNodes to wait for before discovery (at most `round-timeout` s; then it starts "
         "with those connected)",
     )
+    fraction_train: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the eligible nodes that train each round, sampled per round from the run `seed` "
+        "over the clients' stable keys (Flower's `fraction_train`); 1 = every node every round",
+    )
+    min_train_nodes: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="nodes a round trains at least (Flower's `min_train_nodes`); with fewer eligible nodes "
+        "the server waits up to `round-timeout` s for more, then stops with an error",
+    )
     resume: bool = Field(
         False,
         description="continue from `<results-dir>/checkpoint.npz` (written atomically after every round)",

@@ -27,6 +27,7 @@ from common.config import RunConfig
 from common.layout import ParamLayout
 from common.methods import create_method
 from common.methods.base import Accepted, Method
+from common.participation import sample_clients
 from common.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
 from server.grid_io import exchange, wait_for_nodes
 from server.replies import ReplyParts, expected_sent, reply_parts
@@ -135,6 +136,31 @@ class SubmodelStrategy(Strategy):
     def participants(self) -> list[int]:
         """Discovered nodes that train, by node id (the method may leave some out, e.g. by capacity)."""
         return [nid for nid in sorted(self.nodes) if self.method.participates(self.nodes[nid].capacity)]
+
+    def round_participants(self, server_round: int) -> list[int]:
+        """The participants that train in ``server_round``: a seeded sample of ``fraction-train`` of them."""
+        eligible = self.participants()
+        if self.cfg.fraction_train == 1:
+            return eligible
+        by_key = {self.nodes[nid].key: nid for nid in eligible}
+        keys = sample_clients(
+            list(by_key), self.cfg.fraction_train, self.cfg.min_train_nodes, self.cfg.seed, server_round
+        )
+        return sorted(by_key[k] for k in keys)
+
+    def await_train_nodes(self, grid: Grid, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until ``min-train-nodes`` participants are known; else stop with why."""
+        deadline = time.monotonic() + timeout
+        while len(self.participants()) < self.cfg.min_train_nodes:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"min-train-nodes={self.cfg.min_train_nodes}: only {len(self.participants())} node(s) "
+                    f"can train after waiting {timeout:.0f} s ({len(grid.get_node_ids())} connected, "
+                    f"{len(self.excluded)} excluded for a bad node config); start more SuperNodes or lower "
+                    "min-train-nodes"
+                )
+            time.sleep(max(self.cfg.poll_interval, 0.5))
+            self.refresh_nodes(grid, min(timeout, 60.0))
 
     def submodel_message(
         self,
@@ -253,7 +279,7 @@ class SubmodelStrategy(Strategy):
         self.x = self._flat(arrays)
         self.sent, self.clients = {}, {}
         msgs = []
-        for node_id in self.participants():
+        for node_id in self.round_participants(server_round):
             msg, info = self.submodel_message(node_id, server_round, MessageType.TRAIN, self.sent, config=config)
             msgs.append(msg)
             self.clients[node_id] = info
@@ -426,6 +452,7 @@ class SubmodelStrategy(Strategy):
             t_round = time.perf_counter()
             if rnd > self.first_round:
                 self.refresh_nodes(grid, min(timeout, 60.0))
+            self.await_train_nodes(grid, timeout)
             t0 = time.perf_counter()
             msgs = list(self.configure_train(rnd, arrays, train_config, grid))
             server_seconds = time.perf_counter() - t0
@@ -456,6 +483,7 @@ class SubmodelStrategy(Strategy):
                 "local": local,
                 "replies": sum(c.status == "ok" for c in self.clients.values()),
                 "sent": len(self.clients),
+                "eligible": len(self.participants()),
                 "clients": [asdict(c) for c in self.clients.values()],
                 "server_seconds": server_seconds,
                 "round_seconds": time.perf_counter() - t_round,

@@ -85,10 +85,15 @@ class FedGMR(FisherRankedMethod):
 
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
-        """An asynchronous run has no rounds to resume from."""
+        """An asynchronous run has no rounds to resume from, nor rounds to sample clients for."""
         if run.options(cls.name).mode == "async" and run.resume:
             raise ValueError(
                 "resume=true: the asynchronous FedGMR loop (gmr-mode='async') has no rounds to resume from"
+            )
+        if run.options(cls.name).mode == "async" and run.fraction_train < 1:
+            raise ValueError(
+                f"fraction-train={run.fraction_train}: the asynchronous FedGMR loop (gmr-mode='async') sends work "
+                "to every node as soon as it is free; partial participation applies to synchronous rounds"
             )
 
     @property
