@@ -67,8 +67,7 @@ class WidthOptions(Schema):
     )
     label_split: bool = Field(
         True,
-        description="average each classifier row only over the nodes that hold its class (nodes report "
-        "their classes)",
+        description="average each classifier row only over the nodes that hold its class (nodes report their classes)",
     )
     weighting: Literal["uniform", "examples"] = Field(
         "uniform",
