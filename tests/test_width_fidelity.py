@@ -37,7 +37,7 @@ from common.models import (
     trainable_arrays,
 )
 from common.structured_models import build_structured_model
-from common.training import TrainConfig
+from common.training import TrainConfig, train_masked
 from common.validation import ReplyError, SentSubmodel
 from common.width_masks import channel_graph, held_width, width_mask, width_ratio
 
@@ -356,13 +356,30 @@ def test_width_keys_are_per_method_and_checked():
     run = parse_run_config({"method": "fedrolex", "fedrolex-scaler": False})
     assert run.options("fedrolex").scaler is False and run.options("heterofl").scaler is True
     defaults = parse_run_config({}).options("heterofl")
-    assert (defaults.scaler, defaults.label_mask, defaults.label_split, defaults.weighting) == (
+    assert (defaults.scaler, defaults.label_mask, defaults.label_split, defaults.clip_grad, defaults.weighting) == (
         True,
         True,
         True,
+        1.0,
         "uniform",
     )
     with pytest.raises(ConfigError, match="heterofl-weighting"):
         parse_run_config({"heterofl-weighting": "median"})
     with pytest.raises(ConfigError, match="fedrolex-label-split"):
         parse_run_config({"fedrolex-label-split": "yes"})
+
+
+@pytest.mark.parametrize("clip", [0.01, 0.0])
+def test_gradient_clipping_bounds_a_step(clip):
+    """One full-batch SGD step without momentum moves the weights by ``lr * min(|g|, clip)``."""
+    data = _two_class_client(32)
+    model = build_model("cnn-bn", 10, 1, 0)
+    layout = model_layout(model)
+    x = layout.flatten(trainable_arrays(model))
+    mask = np.ones(layout.size, dtype=bool)
+    cfg = TrainConfig(epochs=1, batch_size=len(data), lr=0.1, clip_grad_norm=clip)
+    step = np.linalg.norm(train_masked(build_model("cnn-bn", 10, 1, 0), layout, x, mask, data, cfg, CPU).params - x)
+    if clip:
+        assert step == pytest.approx(0.1 * clip, rel=1e-3)
+    else:
+        assert step > 0.1 * 0.01 * 10  # the raw gradient is far above the clip above

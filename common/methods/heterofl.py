@@ -10,6 +10,7 @@ FedRolex has the same keys under ``fedrolex-*``):
   (:class:`common.models.Scaler`); the client reads the rate off the mask it was sent
   (:func:`common.width_masks.held_width`). Evaluation is unscaled.
 * ``label-mask``: masked cross-entropy, the logits of classes absent from the client's data set to 0.
+* ``clip-grad``: local training clips each step's gradient to L2 norm 1 (``clip_grad_norm_``).
 * ``label-split``: the client reports which classes it holds (``classes`` in the reply) and the
   server averages each classifier row only over the clients that hold its class
   (:mod:`common.label_split`).
@@ -69,6 +70,13 @@ class WidthOptions(Schema):
         True,
         description="average each classifier row only over the nodes that hold its class (nodes report their classes)",
     )
+    clip_grad: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        description="largest L2 norm of a local step's gradient (published: `clip_grad_norm_(..., 1)` in local "
+        "training); 0 = no clipping",
+    )
     weighting: Literal["uniform", "examples"] = Field(
         "uniform",
         description="aggregation weight of a node: uniform (published: every node counts once), or its "
@@ -97,7 +105,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         o = self.opts
         return (
             f"method={self.name} scaler={o.scaler} label-mask={o.label_mask or self.run.label_mask} "
-            f"label-split={o.label_split} weighting={o.weighting}"
+            f"label-split={o.label_split} clip-grad={o.clip_grad:g} weighting={o.weighting}"
         )
 
     def roll(self, server_round: float) -> int:
@@ -151,7 +159,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         params, mask = decode_received(received, layout)
         if self.opts.scaler:
             set_scaler_rate(model, held_width(layout, channel_graph(self.run.model, layout), mask))
-        cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask)
+        cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask, clip_grad_norm=self.opts.clip_grad)
         encoding = self.run.upload_encoding
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
