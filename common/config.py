@@ -70,8 +70,9 @@ class RunConfig(Schema):
     )
     model: Literal[MODELS] = Field(  # type: ignore[valid-type]
         "cnn",
-        description="small CNN for grey images; ResNet-18 for 32x32 (static BatchNorm); fastText-style bag of "
-        "hashed-token embeddings (64-wide, 2^15 rows) for text",
+        description="small CNN for grey images, with static BatchNorm after each convolution (`cnn-bn`, what "
+        "`fibos bench` uses) or without normalisation (`cnn`); ResNet-18 for 32x32 (static BatchNorm); "
+        "fastText-style bag of hashed-token embeddings (64-wide, 2^15 rows) for text",
     )
     partitioner: Literal[PARTITIONERS] = Field(  # type: ignore[valid-type]
         "iid",
