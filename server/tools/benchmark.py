@@ -242,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for part in partitions:
             for seed in seeds:
                 for method in methods:
-                    probe = parse_run_config({"model": DEFAULT_MODEL, **extra, "method": method})  # fail early, naming the bad key
+                    # fail early, naming the bad key
+                    probe = parse_run_config({"model": DEFAULT_MODEL, **extra, "method": method})
                     uploads = probe.upload_encoding != "none"
                     for enc in encodings if uploads else encodings[:1]:
                         cfg = {
