@@ -98,6 +98,13 @@ class RunConfig(Schema):
     momentum: float = Field(0.9, ge=0, le=0.999, description="client SGD momentum")
     weight_decay: float = Field(0.0, ge=0, le=1, description="client SGD weight decay")
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
+    clip_grad_norm: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="largest L2 norm of a local step's gradient (larger ones are scaled down to it); 0 = no "
+        "clipping; any method (`heterofl` and `fedrolex` use their own `*-clip-grad`, published default 1)",
+    )
     label_mask: bool = Field(
         False,
         description="local training sets the logits of classes absent from the client's own data to 0, so a "

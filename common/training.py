@@ -88,6 +88,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         label_mask=run.label_mask,
         fisher_batches=run.fisher_batches,
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
+        clip_grad_norm=run.clip_grad_norm,
     )
 
 

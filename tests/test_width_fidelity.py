@@ -14,7 +14,7 @@ from common import protocol as P
 from common.aggregation import MaskedUpdate, aggregate_masked
 from common.array_dataset import ArrayDataset
 from common.channel_slicing import selection_of_mask, slice_arrays
-from common.config import ConfigError, parse_run_config
+from common.config import ConfigError, NodeConfig, parse_run_config
 from common.datasets import load_dataset
 from common.label_split import (
     check_class_flags,
@@ -37,7 +37,7 @@ from common.models import (
     trainable_arrays,
 )
 from common.structured_models import build_structured_model
-from common.training import TrainConfig, train_masked
+from common.training import TrainConfig, round_train_config, train_masked
 from common.validation import ReplyError, SentSubmodel
 from common.width_masks import channel_graph, held_width, width_mask, width_ratio
 
@@ -383,3 +383,26 @@ def test_gradient_clipping_bounds_a_step(clip):
         assert step == pytest.approx(0.1 * clip, rel=1e-3)
     else:
         assert step > 0.1 * 0.01 * 10  # the raw gradient is far above the clip above
+
+
+def test_clip_keys_reach_local_training(monkeypatch):
+    """``clip-grad-norm`` clips any method's local steps; the width methods use their own key instead."""
+    node = NodeConfig(0, 1, 1.0)
+    assert round_train_config(parse_run_config({"clip-grad-norm": 0.5}), node, 1).clip_grad_norm == 0.5
+    assert round_train_config(parse_run_config({}), node, 1).clip_grad_norm == 0.0
+    with pytest.raises(ConfigError, match="clip-grad-norm"):
+        parse_run_config({"clip-grad-norm": -1.0})
+    run = parse_run_config({"method": "heterofl", "model": "cnn-bn", "clip-grad-norm": 0.5})
+    r = _round(run, gamma=1 / 4)
+    import common.methods.heterofl as heterofl
+
+    seen = []
+    real = heterofl.train_masked
+
+    def spy(model, layout, params, mask, data, cfg, *args, **kwargs):
+        seen.append(cfg.clip_grad_norm)
+        return real(model, layout, params, mask, data, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(heterofl, "train_masked", spy)
+    r.method.client_train(r.received, r.data, round_train_config(run, node, 1), CPU)
+    assert seen == [1.0]
