@@ -3,7 +3,7 @@
 The channel graph of the architecture (:mod:`common.width_masks`) keeps residual sums and their
 shortcuts on the same channels; input and output channels of the model stay whole. Besides the
 slice, the published code (diaoenmao/HeteroFL, ``src/config.yml`` with ``norm: bn``, ``scale: 1``,
-``mask: 1``) has three elements, each a key here with the published default (``heterofl-*``;
+``mask: 1``) has the elements below, each a key here with the published default (``heterofl-*``;
 FedRolex has the same keys under ``fedrolex-*``):
 
 * ``scaler``: in local training every hidden layer's output is divided by the submodel's width rate
