@@ -70,8 +70,9 @@ class RunConfig(Schema):
     )
     model: Literal[MODELS] = Field(  # type: ignore[valid-type]
         "cnn",
-        description="small CNN for grey images; ResNet-18 for 32x32 (static BatchNorm); fastText-style bag of "
-        "hashed-token embeddings (64-wide, 2^15 rows) for text",
+        description="small CNN for grey images, with static BatchNorm after each convolution (`cnn-bn`, what "
+        "`fibos bench` uses) or without normalisation (`cnn`); ResNet-18 for 32x32 (static BatchNorm); "
+        "fastText-style bag of hashed-token embeddings (64-wide, 2^15 rows) for text",
     )
     partitioner: Literal[PARTITIONERS] = Field(  # type: ignore[valid-type]
         "iid",
@@ -97,6 +98,13 @@ class RunConfig(Schema):
     momentum: float = Field(0.9, ge=0, le=0.999, description="client SGD momentum")
     weight_decay: float = Field(0.0, ge=0, le=1, description="client SGD weight decay")
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
+    clip_grad_norm: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="largest L2 norm of a local step's gradient (larger ones are scaled down to it); 0 = no "
+        "clipping; any method (`heterofl` and `fedrolex` use their own `*-clip-grad`, published default 1)",
+    )
     label_mask: bool = Field(
         False,
         description="local training sets the logits of classes absent from the client's own data to 0, so a "

@@ -1,9 +1,25 @@
 """Model architectures the federation trains.
 
-* ``cnn``: a small CNN for single-channel images (8x8 digits, 28x28 MNIST-like).
+* ``cnn-bn``: a small CNN for single-channel images (8x8 digits, 28x28 MNIST-like)
+  with static BatchNorm after each convolution (the benchmark's default).
+* ``cnn``: the same CNN without normalisation (the model of earlier results).
 * ``resnet18``: torchvision's ResNet-18 adapted to 32x32 inputs (3x3 stem, no
-  max-pool) with static BatchNorm (no running statistics), as HeteroFL and
-  FIARSE use for submodels, whose statistics differ per width.
+  max-pool) with static BatchNorm.
+
+*Static* BatchNorm keeps no running statistics (``track_running_stats=False``):
+it normalises with the statistics of the batch it sees, in training and in
+evaluation alike. Submodels of different widths produce differently scaled
+activations, so statistics averaged across widths would fit none of them;
+HeteroFL's and FedRolex's published models build their norms the same way
+(``momentum=None, track_running_stats=track`` with ``track=False`` for training).
+
+Every hidden layer is followed by a *scaler* (:class:`Scaler`, or
+:class:`ScaledBatchNorm2d` in ResNet-18, where each scaler precedes a norm as in
+the published ResNet): in training it divides the layer's output by the width
+rate of the client's submodel, so a submodel holding a share ``r`` of a layer's
+input channels sees activations of the full model's magnitude; in evaluation it
+is the identity. The rate is 1 (a no-op) unless a width method sets it
+(:func:`set_scaler_rate`).
 * ``fasttext``: a bag of hashed-token embeddings and a one-hidden-layer
   classifier (fastText-style) for AG News token ids (``common.hf_datasets``).
 """
@@ -19,8 +35,65 @@ from torch import nn
 
 from common.layout import ParamLayout
 
-MODELS: tuple[str, ...] = ("cnn", "resnet18", "fasttext")
+MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18", "fasttext")
 TEXT_MODELS: tuple[str, ...] = ("fasttext",)  # models whose input is token ids, not images
+
+
+class Scaler(nn.Module):
+    """Divides its input by ``rate`` in training mode; the identity in evaluation mode.
+
+    HeteroFL's ``modules.Scaler`` (``input / self.rate if self.training else input``).
+
+    Attributes
+    ----------
+    rate : float
+        The width rate of the submodel being trained, in (0, 1] (1 = no-op).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rate = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / self.rate if self.training and self.rate != 1.0 else x
+
+
+class ScaledBatchNorm2d(nn.BatchNorm2d):
+    """A BatchNorm2d whose input first passes a :class:`Scaler` (``norm(scaler(x))`` as one module).
+
+    Keeps ``BatchNorm2d``'s parameter names, so the layout, the channel graph and stored models of
+    the ResNet are unchanged; ``rate`` is the scaler's (1 = plain BatchNorm2d).
+    """
+
+    def __init__(self, num_features: int, **kwargs: object) -> None:
+        super().__init__(num_features, **kwargs)  # type: ignore[arg-type]
+        self.rate = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x / self.rate if self.training and self.rate != 1.0 else x)
+
+
+def set_scaler_rate(model: nn.Module, rate: float) -> int:
+    """Set the rate of every scaler of ``model``; returns how many there are.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A model of this module.
+    rate : float
+        Width rate of the submodel, in (0, 1].
+    """
+    if not 0 < rate <= 1:
+        raise ValueError(f"scaler rate must be in (0, 1], got {rate}")
+    scalers = [m for m in model.modules() if isinstance(m, (Scaler, ScaledBatchNorm2d))]
+    for m in scalers:
+        m.rate = float(rate)
+    return len(scalers)
+
+
+def static_bn(channels: int) -> nn.BatchNorm2d:
+    """BatchNorm without running statistics (batch statistics in training and evaluation)."""
+    return nn.BatchNorm2d(channels, momentum=None, track_running_stats=False)
 
 
 class SmallCNN(nn.Module):
@@ -41,23 +114,56 @@ class SmallCNN(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(4)  # 8x8 and 28x28 inputs both end as 4x4 maps
         self.fc1 = nn.Linear(64 * 4 * 4, 128)
         self.fc2 = nn.Linear(128, num_classes)
+        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.conv1(x))
-        x = torch.relu(self.conv2(x))
+        x = torch.relu(self.scale1(self.conv1(x)))
+        x = torch.relu(self.scale2(self.conv2(x)))
         x = torch.flatten(self.pool(x), 1)
-        return self.fc2(torch.relu(self.fc1(x)))
+        return self.fc2(torch.relu(self.scale3(self.fc1(x))))
+
+
+class SmallBNCNN(nn.Module):
+    """:class:`SmallCNN` with static BatchNorm after each convolution.
+
+    Each block is conv -> scaler -> norm -> ReLU, the order of HeteroFL's ``models/conv.py``; the
+    hidden linear layer has a scaler but no norm. BatchNorm weights start at 1 and biases at 0.
+
+    Parameters
+    ----------
+    num_classes : int
+        Output classes.
+    in_channels : int
+        Input image channels (1 for grey images).
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 32, 3, padding=1)
+        self.bn1 = static_bn(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = static_bn(64)
+        self.pool = nn.AdaptiveMaxPool2d(4)
+        self.fc1 = nn.Linear(64 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.scale1(self.conv1(x))))
+        x = torch.relu(self.bn2(self.scale2(self.conv2(x))))
+        x = torch.flatten(self.pool(x), 1)
+        return self.fc2(torch.relu(self.scale3(self.fc1(x))))
 
 
 def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
-    """torchvision ResNet-18 for 32x32 inputs with static BatchNorm."""
+    """torchvision ResNet-18 for 32x32 inputs with static BatchNorm, each norm preceded by a scaler."""
     from torchvision.models import (
         resnet18,
     )  # imported here: torchvision costs ~1 s per client process
 
     model = resnet18(
         num_classes=num_classes,
-        norm_layer=partial(nn.BatchNorm2d, track_running_stats=False),
+        norm_layer=partial(ScaledBatchNorm2d, track_running_stats=False),
     )
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
@@ -94,7 +200,7 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
 
     Parameters
     ----------
-    name : {"cnn", "resnet18", "fasttext"}
+    name : {"cnn-bn", "cnn", "resnet18", "fasttext"}
         Architecture.
     num_classes : int
         Output classes.
@@ -105,6 +211,8 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
     """
     with torch.random.fork_rng():
         torch.manual_seed(seed)
+        if name == "cnn-bn":
+            return SmallBNCNN(num_classes, in_channels)
         if name == "cnn":
             return SmallCNN(num_classes, in_channels)
         if name == "resnet18":

@@ -11,6 +11,8 @@ Client -> server (TRAIN)::
 
     arrays "update":    delta   float32[k]   trained minus received, same order
                         fisher.*             the Fisher payload (common.fisher_codec)
+                        classes uint8[C]     HeteroFL / FedRolex with label split: 1 per class in the
+                                             client's training data (common.label_split)
     metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds
     config "meta":      round, mask-digest, fisher-encoding
 
@@ -62,6 +64,7 @@ METRICS = "metrics"
 META = "meta"
 PROFILE = "profile"
 DELTA = "delta"
+CLASSES = "classes"
 VALUES = "values"
 MASK = "mask"
 CHANNELS = "submodel-channels"

@@ -54,6 +54,10 @@ class TrainConfig:
         Training steps whose gradients the accumulators see (0 = all).
     seed : int
         Seed of the minibatch order.
+    clip_grad_norm : float
+        Largest L2 norm of a step's gradient over all trained parameters; larger gradients are scaled
+        down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local training
+        does with 1). 0 = no clipping.
     """
 
     epochs: int
@@ -65,6 +69,7 @@ class TrainConfig:
     label_mask: bool = False
     fisher_batches: int = 0
     seed: int = 0
+    clip_grad_norm: float = 0.0
 
 
 def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
@@ -83,6 +88,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         label_mask=run.label_mask,
         fisher_batches=run.fisher_batches,
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
+        clip_grad_norm=run.clip_grad_norm,
     )
 
 
@@ -212,6 +218,8 @@ def train_loop(
                     for p, p0 in zip(params, anchor):
                         if p.grad is not None:
                             p.grad.add_(p - p0, alpha=cfg.proximal_mu)
+            if cfg.clip_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
             opt.step()
             loss_sum += float(loss.detach())
             steps += 1

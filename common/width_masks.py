@@ -56,6 +56,16 @@ SMALL_CNN_GRAPH: dict[str, TensorChannels] = {
     "fc2.bias": TensorChannels(None),
 }
 
+# The small CNN with BatchNorm (common.models.SmallBNCNN): a norm's scale and shift belong to the
+# channels of the convolution it normalises, so a width submodel keeps exactly its channels' norms.
+SMALL_BN_CNN_GRAPH: dict[str, TensorChannels] = {
+    **SMALL_CNN_GRAPH,
+    "bn1.weight": TensorChannels("conv1"),
+    "bn1.bias": TensorChannels("conv1"),
+    "bn2.weight": TensorChannels("conv2"),
+    "bn2.bias": TensorChannels("conv2"),
+}
+
 
 def resnet_graph(layout: ParamLayout) -> dict[str, TensorChannels]:
     """Channel graph of torchvision's ResNet (``common.models.resnet18_32x32``).
@@ -79,7 +89,7 @@ def resnet_graph(layout: ParamLayout) -> dict[str, TensorChannels]:
     return graph
 
 
-WIDTH_MODELS: tuple[str, ...] = ("cnn", "resnet18")
+WIDTH_MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18")
 
 
 def require_channel_graph(method: str, model: str) -> None:
@@ -94,6 +104,8 @@ def channel_graph(model: str, layout: ParamLayout) -> dict[str, TensorChannels]:
     """The channel graph of a model architecture (see ``common.models``)."""
     if model == "cnn":
         return SMALL_CNN_GRAPH
+    if model == "cnn-bn":
+        return SMALL_BN_CNN_GRAPH
     if model == "resnet18":
         return resnet_graph(layout)
     raise ValueError(f"no channel graph for model {model!r}; available for {', '.join(WIDTH_MODELS)}")
@@ -169,3 +181,37 @@ def channel_mask(
         inner = int(np.prod(t.shape[2:], dtype=np.int64))
         parts.append(np.repeat(np.outer(rows, cols), inner, axis=1).reshape(-1))
     return np.concatenate(parts)
+
+
+def held_width(layout: ParamLayout, graph: Mapping[str, TensorChannels], mask: NDArray[np.bool_]) -> float:
+    """The width rate of a channel submodel: the smallest share of kept channels over the groups.
+
+    A client derives its scaler rate (:func:`common.models.set_scaler_rate`) from the mask it was
+    sent, so the rate can never disagree with the submodel. For :func:`width_mask` of ratio ``r``
+    this is ``min_g ceil(r c_g) / c_g``: exactly ``r`` whenever every ``r c_g`` is whole (the
+    benchmark's capacities 1, 1/4, 1/16, 1/64 on the CNNs and ResNet-18), otherwise above ``r`` by
+    less than ``1 / c_g``.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        Flat layout of the full model.
+    graph : Mapping[str, TensorChannels]
+        Channel graph of the model.
+    mask : NDArray[bool]
+        Flat mask of the submodel (held positions).
+    """
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != (layout.size,):
+        raise ValueError(f"mask has shape {mask.shape}, expected ({layout.size},)")
+    shares = {}
+    for t, m in zip(layout.tensors, layout.unflatten(mask).values()):
+        g = graph[t.name].out_group
+        if g is not None and g not in shares:
+            shares[g] = np.count_nonzero(m.reshape(t.shape[0], -1).any(axis=1)) / t.shape[0]
+    if not shares:
+        raise ValueError("the channel graph has no channel groups")
+    rate = min(shares.values())
+    if rate == 0:
+        raise ValueError("the mask keeps no channel of some group")
+    return float(rate)

@@ -1,18 +1,87 @@
-"""HeteroFL's static width slice: the first ``ceil(r c)`` channels of every hidden layer, ``r = sqrt(gamma)``.
+"""HeteroFL: the first ``ceil(r c)`` channels of every hidden layer, ``r = sqrt(gamma)``, trained as published.
 
 The channel graph of the architecture (:mod:`common.width_masks`) keeps residual sums and their
-shortcuts on the same channels; input and output channels of the model stay whole.
+shortcuts on the same channels; input and output channels of the model stay whole. Besides the
+slice, the published code (diaoenmao/HeteroFL, ``src/config.yml`` with ``norm: bn``, ``scale: 1``,
+``mask: 1``) has the elements below, each a key here with the published default (``heterofl-*``;
+FedRolex has the same keys under ``fedrolex-*``):
+
+* ``scaler``: in local training every hidden layer's output is divided by the submodel's width rate
+  (:class:`common.models.Scaler`); the client reads the rate off the mask it was sent
+  (:func:`common.width_masks.held_width`). Evaluation is unscaled.
+* ``label-mask``: masked cross-entropy, the logits of classes absent from the client's data set to 0.
+* ``clip-grad``: local training clips each step's gradient to L2 norm 1 (``clip_grad_norm_``).
+* ``label-split``: the client reports which classes it holds (``classes`` in the reply) and the
+  server averages each classifier row only over the clients that hold its class
+  (:mod:`common.label_split`).
+* ``weighting``: the published ``combine`` counts every client once (``uniform``); ``examples``
+  weights by local training examples like the other methods.
+
+Static BatchNorm comes with the model (``model = "cnn-bn"`` or ``"resnet18"``, :mod:`common.models`).
+The published code also recomputes BatchNorm statistics on the server from training data before it
+tests (``sBN``); here the server holds no training data, and static BatchNorm evaluates with the
+statistics of each test batch. The table of published elements: ``docs/FIDELITY.md``.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.typing import NDArray
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from pydantic import Field
+
+from common import protocol as P
+from common.array_dataset import ArrayDataset
+from common.fisher_codec import encode_fisher
+from common.label_split import check_class_flags, class_of_position, num_outputs, restrict_to_classes
+from common.layout import ParamLayout
 from common.methods import register
+from common.methods.base import LocalUpdate, Received
 from common.methods.channels import ChannelMethod
-from common.methods.masked import MaskedMethod
-from common.width_masks import width_mask, width_ratio
+from common.methods.masked import MaskedMethod, decode_received
+from common.models import set_scaler_rate
+from common.schema import Schema
+from common.training import TrainConfig, train_masked
+from common.validation import ReplyError, SentSubmodel, TrainReply
+from common.width_masks import channel_graph, held_width, width_mask, width_ratio
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
+
+
+class WidthOptions(Schema):
+    """The published elements of the width methods, each with the published default."""
+
+    scaler: bool = Field(
+        True,
+        description="in local training divide each hidden layer's output by the submodel's width rate "
+        "(published `scale: 1`); identity in evaluation",
+    )
+    label_mask: bool = Field(
+        True,
+        description="masked cross-entropy: logits of classes absent from the node's data set to 0 "
+        "(published `mask: 1`; the common `label-mask` does the same for any method)",
+    )
+    label_split: bool = Field(
+        True,
+        description="average each classifier row only over the nodes that hold its class (nodes report their classes)",
+    )
+    clip_grad: float = Field(
+        1.0,
+        ge=0,
+        le=1000,
+        description="largest L2 norm of a local step's gradient (published: `clip_grad_norm_(..., 1)` in local "
+        "training); 0 = no clipping",
+    )
+    weighting: Literal["uniform", "examples"] = Field(
+        "uniform",
+        description="aggregation weight of a node: uniform (published: every node counts once), or its "
+        "training examples",
+    )
 
 
 @register
@@ -20,7 +89,24 @@ class HeteroFL(ChannelMethod, MaskedMethod):
     """First-channels width submodels."""
 
     name = "heterofl"
-    summary = "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)` (HeteroFL's static slice)"
+    summary = (
+        "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)`, with HeteroFL's scaler, "
+        "masked cross-entropy and label-split classifier aggregation"
+    )
+    options = WidthOptions
+    options_prefix = "heterofl-"
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.opts: WidthOptions = run.options(self.name) or WidthOptions()
+
+    def describe(self) -> str:
+        """Method and the published elements switched on."""
+        o = self.opts
+        return (
+            f"method={self.name} scaler={o.scaler} label-mask={o.label_mask or self.run.label_mask} "
+            f"label-split={o.label_split} clip-grad={o.clip_grad:g} weighting={o.weighting}"
+        )
 
     def roll(self, server_round: float) -> int:
         """Channels the window is shifted by in ``server_round`` (HeteroFL: never)."""
@@ -31,3 +117,54 @@ class HeteroFL(ChannelMethod, MaskedMethod):
     ) -> tuple[NDArray[np.bool_], str]:
         """The channel window of width ratio ``sqrt(gamma)`` (``width``)."""
         return width_mask(self.layout, self.graph, width_ratio(gamma), self.roll(server_round)), "width"
+
+    def start_server(self, layout: ParamLayout) -> None:
+        """The channel graph, and which flat positions belong to which classifier row."""
+        super().start_server(layout)
+        self.position_class = class_of_position(layout)
+        self.num_classes = num_outputs(layout)
+
+    def validate(
+        self,
+        arrays: Mapping[str, NDArray] | None,
+        metrics: Mapping[str, Any] | None,
+        meta: Mapping[str, Any] | None,
+        sent: SentSubmodel,
+        x: NDArray[np.float32],
+    ) -> TrainReply:
+        """The masked reply; with label split, its ``classes`` too, and the classifier rows cut to them."""
+        flags = None
+        if arrays is not None and self.opts.label_split:
+            arrays = dict(arrays)
+            if P.CLASSES not in arrays:
+                raise ReplyError(f"array {P.CLASSES!r} missing ({self.options_prefix}label-split is on)")
+            try:
+                flags = check_class_flags(arrays.pop(P.CLASSES), self.num_classes)
+            except ValueError as err:
+                raise ReplyError(str(err)) from err
+        reply = super().validate(arrays, metrics, meta, sent, x)
+        update = reply.update
+        if flags is not None:
+            update = restrict_to_classes(update, self.position_class, flags)
+        if self.opts.weighting == "uniform":
+            update = replace(update, weight=1.0)
+        return replace(reply, update=update)
+
+    # -------------------------------------------------------------- client side
+    def client_train(
+        self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
+    ) -> LocalUpdate:
+        """Train the width submodel with the scaler and masked cross-entropy; report the classes held."""
+        model, layout = self._model(train)
+        params, mask = decode_received(received, layout)
+        if self.opts.scaler:
+            set_scaler_rate(model, held_width(layout, channel_graph(self.run.model, layout), mask))
+        cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask, clip_grad_norm=self.opts.clip_grad)
+        encoding = self.run.upload_encoding
+        result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
+        arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
+        arrays.update(encode_fisher(result.fisher, mask, layout, encoding))
+        if self.opts.label_split:
+            counts = np.bincount(train.y, minlength=train.num_classes)[: train.num_classes]
+            arrays[P.CLASSES] = (counts > 0).astype(np.uint8)
+        return LocalUpdate(arrays, result.num_examples, result.loss, result.train_seconds, result.fisher_seconds)

@@ -9,6 +9,10 @@ Usage::
 
     fibos bench --datasets digits --partitions dirichlet:0.1 --seeds 0,1,2 --out results/bench
 
+Every run uses ``model = "cnn-bn"`` (the CNN with static BatchNorm, which the width methods'
+published code assumes) unless ``-c model=...`` says otherwise; the model without normalisation
+that earlier results used is ``-c model=cnn``.
+
 Writes ``results.csv`` (one row per run), ``summary.md`` (mean +- std over
 seeds), ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``,
 and prints the summary table.
@@ -35,6 +39,7 @@ from server.launcher import parse_capacities, run_local_federation
 
 HIGHLIGHT = RunConfig.model_fields["method"].default  # the product's method: drawn thicker in the plots
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
+DEFAULT_MODEL = "cnn-bn"  # every method on the BatchNorm CNN, so the width methods are not handicapped
 
 
 @dataclass(frozen=True)
@@ -237,10 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for part in partitions:
             for seed in seeds:
                 for method in methods:
-                    probe = parse_run_config({**extra, "method": method})  # fail early, naming the bad key
+                    # fail early, naming the bad key
+                    probe = parse_run_config({"model": DEFAULT_MODEL, **extra, "method": method})
                     uploads = probe.upload_encoding != "none"
                     for enc in encodings if uploads else encodings[:1]:
                         cfg = {
+                            "model": DEFAULT_MODEL,
                             **extra,
                             "method": method,
                             "dataset": dataset,
