@@ -498,8 +498,19 @@ class LocalFederation:
         self._stop_node_processes(i, grace=0.0)
 
     def _watch_nodes(self) -> None:
-        """Background: when a SuperNode process dies, stop what it spawned, which would otherwise run on."""
+        """Background: when a SuperNode process dies, stop what it spawned, which would otherwise run on.
+
+        A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
+        """
+        superlink, reported = self.group.procs[0], False
         while not self._watch_stop.wait(0.5):
+            if not reported and superlink.poll() is not None:
+                reported = True
+                self.echo(
+                    f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
+                    f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
+                    "completed round"
+                )
             with self._nodes_lock:
                 dead = {i: p for i, p in self.nodes.items() if p.poll() is not None}
                 for i in dead:
@@ -612,6 +623,7 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
     last_exception = last_error = ""
+    box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             cmd,
@@ -633,6 +645,12 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
                 elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
                     echo(line.rstrip())
                     failed = failed or "Traceback" in line
+                if "\u256d\u2500 Error" in line:
+                    box = []
+                elif box is not None and line.lstrip().startswith("\u2502"):
+                    box.append(line.strip().strip("\u2502").strip())
+                elif box is not None:
+                    last_exception, box = " ".join(box), None
                 if EXCEPTION_LINE.match(line):
                     last_exception = line.strip()
                 elif "ERROR" in line:
@@ -645,6 +663,8 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
                 _signal_group(proc, signal.SIGTERM)
                 proc.wait(timeout=10)
     if proc.returncode != 0 or failed:
+        if box:
+            last_exception = " ".join(box)
         why = last_exception or last_error or f"flwr run exited with status {proc.returncode}"
         raise RuntimeError(f"the run failed: {why}\n(full log: {log_path})")
 
