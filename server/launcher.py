@@ -212,13 +212,9 @@ def check_run_config(overrides: Mapping[str, object], app_dir: Path = APP_DIR) -
     """Validate the run config ``flwr run`` would give the ServerApp: the app's defaults with ``overrides``.
 
     The same schema the ServerApp and ClientApp parse (:func:`common.config.parse_run_config`), so a bad
-    value is refused here, before any process starts, with the message that names the key. A ``data-path``
-    must also exist on this machine, where every node of a local federation reads it.
+    value is refused here, before any process starts, with the message that names the key.
     """
-    cfg = parse_run_config({**app_run_config(app_dir), **overrides})
-    if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
-        raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
-    return cfg
+    return parse_run_config({**app_run_config(app_dir), **overrides})
 
 
 def _same_setting(key: str, a: object, b: object) -> bool:
@@ -525,7 +521,7 @@ class LocalFederation:
 
         Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
         ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
-        config with :func:`check_run_config`. Starts nothing.
+        config with :func:`check_run_config` (and that ``data-path``, if any, exists). Starts nothing.
         """
         flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
         if self.simulation:
@@ -536,7 +532,10 @@ class LocalFederation:
                 "node config, and every SuperNode this launcher starts has one; give capacities with --capacities"
             )
         overrides = merge_flag_settings(run_config, flags)
-        check_run_config(overrides, app_dir)
+        cfg = check_run_config(overrides, app_dir)
+        # Every node of a local federation reads data-path on this machine.
+        if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
+            raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
         return overrides
 
     def run(

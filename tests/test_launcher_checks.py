@@ -149,3 +149,16 @@ def test_a_failed_run_names_its_last_error_line(tmp_path):
     )
     with pytest.raises(RuntimeError, match="Connection to the SuperLink is unavailable. Please check your network."):
         launcher.run_federation_command([sys.executable, "-c", boxed], dict(os.environ), log, 60, echoed.append)
+
+
+def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(capsys, monkeypatch):
+    from server import control
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("nothing may be sent for a bad run config")
+
+    monkeypatch.setattr(control.subprocess, "run", refuse)
+    monkeypatch.setattr(control.subprocess, "Popen", refuse)
+    code = control.main(["submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(ROOT), "-c", "lr=-1"])
+    assert code == 2
+    assert "lr=-1" in capsys.readouterr().err
