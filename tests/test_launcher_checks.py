@@ -162,3 +162,15 @@ def test_a_submission_through_the_control_api_is_validated_before_anything_is_se
     code = control.main(["submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(ROOT), "-c", "lr=-1"])
     assert code == 2
     assert "lr=-1" in capsys.readouterr().err
+
+
+def test_the_schema_refuses_empty_capacity_items_and_a_data_path_without_use():
+    from common.config import parse_capacity_list, parse_run_config
+
+    assert parse_capacity_list("") == () and parse_capacity_list(" 1, 1/3 ") == (1.0, 1 / 3)
+    for bad in ("1,,1", "1,", ",1", " , "):
+        with pytest.raises(ConfigError, match="capacity-mix=.*is empty"):
+            parse_run_config({"capacity-mix": bad})
+    for dataset in ("digits", "mnist5k"):
+        with pytest.raises(ConfigError, match=f"data-path='/data' is set, but dataset='{dataset}' is built in"):
+            parse_run_config({"dataset": dataset, "data-path": "/data"})
