@@ -96,7 +96,7 @@ def pids_with_env(match: Callable[[list[bytes]], bool]) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if match((entry / "environ").read_bytes().split(b"\0")):
+            if match([e for e in (entry / "environ").read_bytes().split(b"\0") if e]):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -133,6 +133,8 @@ class ProcessGroup:
     """
 
     def __init__(self, marker: str) -> None:
+        if "=" not in marker or marker.endswith("="):
+            raise ValueError(f"the marker must be a KEY=value environment entry, got {marker!r}")
         self.marker = marker.encode()
         self.procs: list[subprocess.Popen] = []
 
@@ -311,7 +313,7 @@ class LocalFederation:
         self.logs = self.home / "logs"
         self.flwr_home = self.home / ".flwr"
         self.env: dict[str, str] = {}
-        self.group = ProcessGroup("")
+        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")  # no process has it: launches get their own
         self.runs = 0
         self.nodes: dict[int, subprocess.Popen] = {}
         self.node_markers: dict[int, bytes] = {}
@@ -352,7 +354,8 @@ class LocalFederation:
             self._watcher.join(timeout=5)
             self._watcher = None
         self.group.stop()
-        shutil.rmtree(self.flwr_home, ignore_errors=True)
+        if self.launch:
+            shutil.rmtree(self.flwr_home, ignore_errors=True)
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
