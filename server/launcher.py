@@ -497,7 +497,10 @@ class LocalFederation:
         self._stop_node_processes(i, grace=0.0)
 
     def _watch_nodes(self) -> None:
-        """Background: when a SuperNode process dies, stop what it spawned, which would otherwise run on.
+        """Background: when a SuperNode process dies, reap it and stop what it spawned.
+
+        Flower's executor and ClientApp processes exit when their parent's PID disappears, but an unreaped
+        SuperNode stays a zombie whose PID exists: without this they would run on until the launch ends.
 
         A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
         """

@@ -31,25 +31,32 @@ def _wait_until(condition, timeout: float) -> bool:
 
 def test_misconfigured_node_says_why_and_a_killed_node_leaves_no_children(tmp_path):
     lines: list[str] = []
-    with LocalFederation((1.0,), tmp_path, echo=lines.append) as fed:
-        fed.start_node(1, "partition-id=1 num-partitions=2 capacity=2.0")
-        metrics = fed.run({**QUICK, "num-rounds": 1, "min-nodes": 2}, tmp_path, timeout=600)
+    result: dict = {}
+    # SuperNode 1 sleeps 120 s in its ClientApp after training (bench-delay-s): it is killed meanwhile.
+    with LocalFederation((1.0, 0.5), tmp_path, echo=lines.append, delays=(0, 120)) as fed:
+        fed.start_node(2, "partition-id=2 num-partitions=3 capacity=2.0")
+        config = {**QUICK, "num-rounds": 1, "min-nodes": 3, "round-timeout": 30.0}
+        thread = threading.Thread(target=lambda: result.update(fed.run(config, tmp_path, timeout=600)))
+        thread.start()
 
-        # The server recorded why it left the node out ...
-        out = [o for r in metrics["rounds"] for o in r["nodes_out"]]
+        # Killed from outside (a crash, the OOM killer) while its flwr-clientapp works on a TRAIN message:
+        # Flower's detached children (executor, ClientApp) would run on; they are stopped within seconds.
+        assert _wait_until(lambda: "Receiving: train message" in (fed.logs / "supernode-1.log").read_text(), 300)
+        assert _wait_until(lambda: len(fed.node_processes(1)) >= 3, 60), fed.node_processes(1)
+        os.kill(fed.nodes[1].pid, signal.SIGKILL)
+        assert _wait_until(lambda: fed.node_processes(1) == [], 15), fed.node_processes(1)
+        assert any(line.startswith("SuperNode 1 exited (code -9)") for line in lines), lines
+        assert fed.node_processes(0), "the other nodes are left alone"
+        thread.join(timeout=600)
+
+        # The server recorded why it left the misconfigured node out ...
+        out = [o for r in result["rounds"] for o in r["nodes_out"]]
         assert len(out) == 1 and out[0]["event"] == "excluded", out
         assert "capacity=2.0" in out[0]["reason"]
         # ... and the node's own log says it too, instead of only "Sent successfully".
-        node_log = (fed.logs / "supernode-1.log").read_text()
+        node_log = (fed.logs / "supernode-2.log").read_text()
         assert "cannot take part" in node_log and "capacity=2.0" in node_log
-
-        # A SuperNode killed from outside (a crash, the OOM killer): what it spawned is stopped too.
-        spawned = fed.node_processes(0)
-        assert len(spawned) >= 2, spawned  # the SuperNode and Flower's detached executor at least
-        os.kill(fed.nodes[0].pid, signal.SIGKILL)
-        assert _wait_until(lambda: fed.node_processes(0) == [], 30), fed.node_processes(0)
-        assert any(line.startswith("SuperNode 0 exited (code -9)") for line in lines), lines
-        assert fed.node_processes(1), "the other node must be left alone"
+    assert [c["status"] for c in result["rounds"][1]["clients"]] == ["ok", "no reply"]
 
 
 def test_a_second_launcher_on_the_same_folder_is_refused_and_the_first_is_unaffected(tmp_path):
