@@ -105,7 +105,7 @@ class SubmodelStrategy(Strategy):
         self.on_round = on_round
         self.evaluate_fn: EvaluateFn | None = None
         self.nodes: dict[int, NodeProfile] = {}
-        self.excluded: set[int] = set()  # misconfigured nodes, not asked again
+        self.excluded: set[int] = set()  # left out at discovery (misconfigured, or Flower answered for them)
         # Nodes excluded at discovery or departed since the last round record, with why (``nodes_out``).
         self.nodes_out: list[dict[str, Any]] = []
         self.sent: dict[int, SentSubmodel] = {}
