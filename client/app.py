@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from logging import ERROR
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
@@ -42,10 +44,10 @@ def query(msg: Message, context: Context) -> Message:
         device = pick_device(node.device)
         probe = cached_probe(device, cache_dir()) if node.capacity is None else None
     except Exception as err:  # a misconfigured node reports why instead of failing silently
-        return Message(
-            RecordDict({P.PROFILE: ConfigRecord({"error": f"{type(err).__name__}: {err}"})}),
-            reply_to=msg,
-        )
+        reason = f"{type(err).__name__}: {err}"
+        # In the node's own log too: the server leaves this node out, and it would otherwise sit idle silently.
+        log(ERROR, "this node cannot take part in the run, the server will leave it out: %s", reason)
+        return Message(RecordDict({P.PROFILE: ConfigRecord({"error": reason})}), reply_to=msg)
     metrics = MetricRecord(
         {
             "capacity": probe.capacity if probe else node.capacity,

@@ -17,30 +17,38 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from common.datasets import DATASETS, TEXT_DATASETS
+from common.datasets import DATASETS, HUB_DATASET_NAMES, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.methods import method_class, registry
 from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
+from common.rational import capacity_fraction
 from common.schema import ConfigError, Schema, kebab
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
 
 
 def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, ...]:
-    """``"1,1/4,1/16"`` -> capacities, each in (0, 1]; ``""`` -> none. Errors name ``key``."""
+    """``"1,1/4,1/16"`` -> capacities, each in (0, 1]; ``""`` -> none. Errors name ``key``.
+
+    An empty item (``"1,,1"``, a trailing comma) is an error, not skipped: it is a typo whose intent
+    (a missing node, or one too many commas) cannot be guessed.
+    """
     if not isinstance(value, str):
         raise ConfigError(f"{key}={value!r}: expected a string like '1,1/4,1/16'")
+    if not value.strip():
+        return ()
     out = []
-    for item in filter(None, (i.strip() for i in value.split(","))):
-        num, _, den = item.partition("/")
+    for position, item in enumerate((i.strip() for i in value.split(",")), start=1):
+        if not item:
+            raise ConfigError(f"{key}={value!r}: item {position} is empty (two commas in a row, or one at an end)")
         try:
-            gamma = float(num) / float(den) if den else float(num)
-        except (ValueError, ZeroDivisionError) as err:
+            gamma = capacity_fraction(item)
+        except ValueError as err:
             raise ConfigError(f"{key}={value!r}: {item!r} is not a number or fraction") from err
         if not 0 < gamma <= 1:
             raise ConfigError(f"{key}={value!r}: {item!r} is outside (0, 1]")
-        out.append(gamma)
+        out.append(float(gamma))
     return tuple(out)
 
 
@@ -204,6 +212,11 @@ class RunConfig(Schema):
             raise ValueError(
                 f"model={self.model!r} does not fit dataset={self.dataset!r}: text datasets "
                 f"({', '.join(TEXT_DATASETS)}) take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
+            )
+        if self.data_path and self.dataset not in HUB_DATASET_NAMES:
+            raise ValueError(
+                f"data-path={self.data_path!r} is set, but dataset={self.dataset!r} is built in and reads no "
+                f"files (data-path is for {', '.join(HUB_DATASET_NAMES)}); leave data-path empty"
             )
         if self.partitioner == "natural" and self.dataset != "femnist":
             raise ValueError(

@@ -19,7 +19,6 @@ Guards (documented in README, "Selection guards"):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -27,26 +26,32 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.layout import ParamLayout
+from common.rational import Capacity, capacity_fraction, ceil_times
 
 Rule = Literal["fisher", "magnitude"]
 RULES: tuple[str, ...] = ("fisher", "magnitude")
 
 
-def budget(gamma: float, d: int) -> int:
-    """Number of parameters a client of capacity ``gamma`` holds: ``ceil(gamma * d)``.
+def budget(gamma: Capacity, d: int) -> int:
+    """Number of parameters a client of capacity ``gamma`` holds: ``ceil(gamma * d)``, exactly.
+
+    Computed in integer arithmetic on the rational the capacity stands for
+    (:func:`common.rational.capacity_fraction`: a float is the simplest rational that rounds to it, so
+    ``budget(0.07, 100) == 7`` and ``budget(k / d, d) == k``; a fraction string is exact).
 
     Parameters
     ----------
-    gamma : float
+    gamma : float, Fraction or str
         Capacity, the fraction of the global model the client can hold, in (0, 1].
     d : int
         Total number of trainable parameters.
     """
-    if not (0.0 < gamma <= 1.0) or math.isnan(gamma):
+    exact = capacity_fraction(gamma)
+    if not 0 < exact.numerator <= exact.denominator:
         raise ValueError(f"capacity gamma must be in (0, 1], got {gamma}")
     if d < 0:
         raise ValueError(f"d must be non-negative, got {d}")
-    return min(d, math.ceil(gamma * d))
+    return min(d, ceil_times(exact, d))
 
 
 def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:

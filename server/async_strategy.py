@@ -262,6 +262,7 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
             "replies": len(applied),
             "sent": len(self.window),
             "clients": self.window,
+            "nodes_out": self.take_nodes_out(),
             "staleness_max": max((c["staleness"] for c in applied), default=0),
             "staleness_mean": float(np.mean([c["staleness"] for c in applied])) if applied else 0.0,
             "server_seconds": self.server_seconds,

@@ -55,12 +55,13 @@ for _name, (_module, _help) in COMMANDS.items():
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fibos`` script (and ``python -m server.cli``)."""
     try:
-        app(args=list(sys.argv[1:] if argv is None else argv), prog_name="fibos", standalone_mode=False)
+        # Outside standalone mode click returns a command's exit status instead of raising it.
+        code = app(args=list(sys.argv[1:] if argv is None else argv), prog_name="fibos", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
     except SystemExit as done:  # argparse's --help and usage errors
         return int(done.code or 0) if not isinstance(done.code, str) else 2
-    return 0
+    return int(code or 0)
 
 
 if __name__ == "__main__":

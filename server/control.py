@@ -23,7 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from server.launcher import flower_env, parse_overrides, run_federation_command, toml_overrides
+from common.config import ConfigError
+from server.launcher import check_run_config, flower_env, parse_overrides, run_federation_command, toml_overrides
 
 
 def connection_toml(name: str, superlink: str, root_certificates: Path | None) -> str:
@@ -86,11 +87,18 @@ def _register(args: argparse.Namespace, env: dict[str, str]) -> int:
 def submit(args: argparse.Namespace) -> int:
     """``flwr run APP --stream`` with the given run-config overrides; fails if the run fails.
 
-    The full log stays in a fresh ``fibos-control-*`` folder (printed at the end).
+    The run config is validated first, with the schema the ServerApp uses: a bad value is refused with
+    the message that names the key, before anything is sent. The full log stays in a fresh
+    ``fibos-control-*`` folder (printed at the end).
     """
+    overrides = parse_overrides(args.run_config)
+    try:
+        check_run_config(overrides, args.app)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
     wait_for_control_api(env, args.connection, args.wait)
-    overrides = parse_overrides(args.run_config)
     cmd = ["flwr", "run", str(args.app), args.connection, "--stream"]
     if overrides:
         cmd += ["-c", toml_overrides(overrides)]

@@ -39,15 +39,20 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float, poll_interval: fl
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
-    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout`` s pass."""
+    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout`` s pass.
+
+    Every reply comes back from the node it concerns: see :func:`attributed`.
+    """
     if not messages:
         return []
-    pending = set(grid.push_messages(messages))
+    ids = list(grid.push_messages(messages))
+    requests = {mid: msg for mid, msg in zip(ids, messages, strict=False) if mid}
+    pending = set(requests)
     replies: list[Message] = []
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         got = list(grid.pull_messages(pending))
-        replies.extend(got)
+        replies.extend(attributed(m, requests.get(m.metadata.reply_to_message_id)) for m in got)
         pending.difference_update(m.metadata.reply_to_message_id for m in got)
         if pending:
             time.sleep(poll_interval)
@@ -60,3 +65,15 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
             timeout,
         )
     return replies
+
+
+def attributed(reply: Message, request: Message | None) -> Message:
+    """``reply`` as coming from the node ``request`` was sent to.
+
+    An error reply that Flower generates itself (the SuperLink's "node unavailable" or "reply message
+    unavailable") carries the SuperLink's own id as its source; rebuilt as the destination's error
+    reply, it is logged against, and excludes, the node it concerns.
+    """
+    if request is None or reply.metadata.src_node_id == request.metadata.dst_node_id or not reply.has_error():
+        return reply
+    return Message(reply.error, reply_to=request)

@@ -18,22 +18,27 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from contextlib import closing
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing, nullcontext
 from pathlib import Path
 from types import FrameType
 
-from common.config import ConfigError, parse_capacity_list
+from common.config import ConfigError, RunConfig, parse_capacity_list, parse_run_config
+from server.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.tools.report import summary_table, write_accuracy_plot
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
 APP_DIR = Path(__file__).resolve().parents[1]
 ROUND_LINE = re.compile(r"\[(?:round|update) \d+/\d+\].*")
+#: The last line of a Python traceback: ``package.module.SomeError: message``.
+EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
 
 
 def free_port() -> int:
@@ -77,13 +82,49 @@ def _bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
+def pids_with_env(match: Callable[[list[bytes]], bool]) -> list[int]:
+    """PIDs of live processes (other than this one) whose environment entries satisfy ``match`` (Linux ``/proc``).
+
+    Every process the launcher starts carries marker entries in its environment, and so does everything
+    Flower spawns from it, even in sessions of its own; this finds them all. Elsewhere than Linux: none.
+    """
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return []
+    found = []
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if match([e for e in (entry / "environ").read_bytes().split(b"\0") if e]):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def stop_pids(find: Callable[[], list[int]], grace: float, reap: Callable[[], None] = lambda: None) -> None:
+    """SIGTERM every PID ``find()`` returns, SIGKILL what is still found after ``grace`` s."""
+    for pid in find():
+        _signal_pid(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        reap()
+        if not find():
+            return
+        time.sleep(0.2)
+    for pid in find():
+        _signal_pid(pid, signal.SIGKILL)
+
+
 class ProcessGroup:
     """Processes started in their own sessions, stopped together with every descendant.
 
     Flower's daemons start ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp``
     in sessions of their own, which a process-group signal misses. Every process
-    the launcher starts carries ``marker`` (the private FLWR_HOME) in its
-    environment, and so does everything they spawn: stopping signals all of them.
+    the launcher starts carries ``marker`` (the launch's private FLWR_HOME) in its
+    environment, and so does everything they spawn: stopping signals all of them,
+    and nothing else (another launch has another FLWR_HOME).
 
     Parameters
     ----------
@@ -92,6 +133,8 @@ class ProcessGroup:
     """
 
     def __init__(self, marker: str) -> None:
+        if "=" not in marker or marker.endswith("="):
+            raise ValueError(f"the marker must be a KEY=value environment entry, got {marker!r}")
         self.marker = marker.encode()
         self.procs: list[subprocess.Popen] = []
 
@@ -107,37 +150,22 @@ class ProcessGroup:
 
     def members(self) -> list[int]:
         """PIDs of live processes that carry the marker (Linux ``/proc``; elsewhere the direct children)."""
-        proc_dir = Path("/proc")
-        if not proc_dir.is_dir():
+        if not Path("/proc").is_dir():
             return [p.pid for p in self.procs if p.poll() is None]
-        found = []
-        for entry in proc_dir.iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if self.marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-        return found
+        return pids_with_env(lambda entries: self.marker in entries)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM everything (newest first), then SIGKILL what is left after ``grace`` s."""
         for proc in reversed(self.procs):
             _signal_group(proc, signal.SIGTERM)
-        for pid in self.members():
-            _signal_pid(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
+
+        def reap() -> None:  # our direct children must not linger as zombies
             for proc in self.procs:
-                proc.poll()  # reap our direct children so they do not linger as zombies
-            if not self.members():
-                break
-            time.sleep(0.2)
+                proc.poll()
+
+        stop_pids(self.members, grace, reap)
         for proc in self.procs:
             _signal_group(proc, signal.SIGKILL)
-        for pid in self.members():
-            _signal_pid(pid, signal.SIGKILL)
         for proc in self.procs:
             try:
                 proc.wait(timeout=5)
@@ -175,11 +203,63 @@ def parse_capacities(text: str) -> list[float]:
     return out
 
 
+def app_run_config(app_dir: Path) -> dict[str, object]:
+    """The app's run-config defaults (``[tool.flwr.app.config]`` of its pyproject.toml), as Flower reads them."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    return dict(flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {})))
+
+
+def check_run_config(overrides: Mapping[str, object], app_dir: Path = APP_DIR) -> RunConfig:
+    """Validate the run config ``flwr run`` would give the ServerApp: the app's defaults with ``overrides``.
+
+    The same schema the ServerApp and ClientApp parse (:func:`common.config.parse_run_config`), so a bad
+    value is refused here, before any process starts, with the message that names the key.
+    """
+    return parse_run_config({**app_run_config(app_dir), **overrides})
+
+
+def _same_setting(key: str, a: object, b: object) -> bool:
+    """Whether two values of run-config ``key`` mean the same (paths resolved, capacity lists parsed)."""
+    try:
+        if key == "results-dir":
+            return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
+        if key == "capacity-mix":
+            return parse_capacity_list(a) == parse_capacity_list(b)
+    except ConfigError:
+        return False
+    return type(a) is type(b) and a == b
+
+
+def merge_flag_settings(run_config: Mapping[str, object], flags: Mapping[str, tuple[str, object]]) -> dict[str, object]:
+    """``run_config`` plus the keys a launcher flag sets; a ``-c`` key that a flag sets differently is refused.
+
+    Parameters
+    ----------
+    run_config : Mapping
+        The ``-c`` overrides.
+    flags : Mapping
+        Run-config key -> (the flag as the operator wrote it, the value it sets).
+    """
+    out = dict(run_config)
+    for key, (flag, value) in flags.items():
+        if key in out and not _same_setting(key, out[key], value):
+            raise ConfigError(
+                f"{key}={out[key]!r} (from -c) and {flag} set {key} to different values; give it once, "
+                f"either as {flag} or as -c {key}=..."
+            )
+        out[key] = value
+    return out
+
+
 class LocalFederation:
     """A SuperLink and its SuperNodes (or virtual ones) on loopback, for one or more ``flwr run``.
 
-    Use as a context manager: entering starts the daemons, leaving stops every
-    process they started, also on errors, Ctrl-C and SIGTERM.
+    Use as a context manager: entering locks ``home`` (:mod:`server.run_folder`; a second launch on it
+    is refused) and starts the daemons; leaving stops every process they started, and nothing else,
+    also on errors, Ctrl-C and SIGTERM. Each launch has its own Flower state (FLWR_HOME and SuperLink
+    database under ``home/.flwr/<launch>``, removed at the end) and its own log folder
+    (``home/logs/<launch>``, linked as ``home/logs/latest``).
 
     Parameters
     ----------
@@ -226,31 +306,73 @@ class LocalFederation:
         self.home = home.resolve()
         self.simulation = simulation
         self.echo = echo
-        self.logs = self.home / "logs"
         self.certs = self.home / "certs"
+        self.lock = RunFolderLock(self.home)
+        # Set when entering: this launch's name, log folder, Flower state and environment.
+        self.launch = ""
+        self.logs = self.home / "logs"
         self.flwr_home = self.home / ".flwr"
-        self.env = flower_env(self.flwr_home)
-        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
+        self.env: dict[str, str] = {}
+        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")  # no process has it: launches get their own
         self.runs = 0
         self.nodes: dict[int, subprocess.Popen] = {}
+        self.node_markers: dict[int, bytes] = {}
+        self._nodes_lock = threading.Lock()
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
         self.link_port = 0
         self._old_term = None
 
     def __enter__(self) -> LocalFederation:
-        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            self._refuse_leftovers()
+            self.launch = launch_id()
+            while (self.home / "logs" / self.launch).exists():  # two launches in one second from one process
+                self.launch += "+"
+            self.logs = new_log_folder(self.home / "logs", self.launch)
+            self.flwr_home = self.home / ".flwr" / self.launch
+            self.flwr_home.mkdir(parents=True)
+            self.env = flower_env(self.flwr_home)
+            self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
+        except BaseException:
+            self.lock.release()
+            raise
         self._old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self._start()
+            self._watcher = threading.Thread(target=self._watch_nodes, name="supernode-watch", daemon=True)
+            self._watcher.start()
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
         self.group.stop()
+        if self.launch:
+            shutil.rmtree(self.flwr_home, ignore_errors=True)
         if self._old_term is not None:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
+        self.lock.release()
+
+    def _refuse_leftovers(self) -> None:
+        """Refuse the folder while processes of an earlier launch in it (a killed launcher's) still run.
+
+        They would go on writing the same outputs as this launch.
+        """
+        prefix = f"FLWR_HOME={self.home / '.flwr'}{os.sep}".encode()
+        left = pids_with_env(lambda entries: any(e.startswith(prefix) for e in entries))
+        if left:
+            raise RunFolderBusy(
+                f"processes of an earlier launch in {self.home} are still running (PIDs {', '.join(map(str, left))}); "
+                "stop them first"
+            )
 
     def _start(self) -> None:
         link_port = free_port()
@@ -308,13 +430,28 @@ class LocalFederation:
             raise RuntimeError(f"registering node-{i} failed: {done.stdout}{done.stderr}")
         self.echo(f"registered node-{i}")
 
-    def start_node(self, i: int) -> None:
-        """Start SuperNode ``i`` (partition ``i``, capacity ``capacities[i]``); also restarts a stopped one."""
-        gamma = self.capacities[i]
-        node_config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={gamma!r}"
+    def node_config(self, i: int) -> str:
+        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)``, capacity ``capacities[i]``."""
+        config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={self.capacities[i]!r}"
         if self.delays and self.delays[i]:
-            node_config += f" bench-delay-s={float(self.delays[i])!r}"
-        self.nodes[i] = self.group.start(
+            config += f" bench-delay-s={float(self.delays[i])!r}"
+        return config
+
+    def start_node(self, i: int, node_config: str | None = None) -> None:
+        """Start SuperNode ``i`` (also restarts a stopped one).
+
+        Parameters
+        ----------
+        i : int
+            The node's number: its log is ``supernode-<i>.log``.
+        node_config : str, optional
+            Its ``--node-config`` (default :meth:`node_config`; a test may give a wrong one).
+        """
+        config = self.node_config(i) if node_config is None else node_config
+        # Every process of this node, Flower's detached children included, carries this entry: when the
+        # node dies they are found and stopped (:meth:`_watch_nodes`).
+        marker = f"{self.launch}/node-{i}/{time.monotonic_ns()}"
+        proc = self.group.start(
             [
                 _bin("flower-supernode"),
                 *(
@@ -332,19 +469,80 @@ class LocalFederation:
                 "--port",
                 str(free_port()),
                 "--node-config",
-                node_config,
+                config,
             ],
             self.logs / f"supernode-{i}.log",
             # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
-            {**self.env, "OMP_NUM_THREADS": "1"},
+            {**self.env, "OMP_NUM_THREADS": "1", "FIBOS_SUPERNODE": marker},
         )
-        self.echo(f"SuperNode {i}: capacity {gamma:g}")
+        with self._nodes_lock:
+            self.nodes[i] = proc
+            self.node_markers[i] = f"FIBOS_SUPERNODE={marker}".encode()
+        self.echo(f"SuperNode {i}: {config}")
+
+    def node_processes(self, i: int) -> list[int]:
+        """PIDs of SuperNode ``i``'s processes still alive (the node and everything it spawned)."""
+        marker = self.node_markers.get(i)
+        return [] if marker is None else pids_with_env(lambda entries: marker in entries)
+
+    def _stop_node_processes(self, i: int, grace: float) -> None:
+        stop_pids(lambda: self.node_processes(i), grace)
 
     def kill_node(self, i: int) -> None:
-        """SIGKILL SuperNode ``i`` and its process group, as a crash or power loss would."""
-        proc = self.nodes.pop(i)
+        """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too."""
+        with self._nodes_lock:
+            proc = self.nodes.pop(i)
         _signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
+        self._stop_node_processes(i, grace=0.0)
+
+    def _watch_nodes(self) -> None:
+        """Background: when a SuperNode process dies, reap it and stop what it spawned.
+
+        Flower's executor and ClientApp processes exit when their parent's PID disappears, but an unreaped
+        SuperNode stays a zombie whose PID exists: without this they would run on until the launch ends.
+
+        A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
+        """
+        superlink, reported = self.group.procs[0], False
+        while not self._watch_stop.wait(0.5):
+            if not reported and superlink.poll() is not None:
+                reported = True
+                self.echo(
+                    f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
+                    f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
+                    "completed round"
+                )
+            with self._nodes_lock:
+                dead = {i: p for i, p in self.nodes.items() if p.poll() is not None}
+                for i in dead:
+                    del self.nodes[i]
+            for i, proc in dead.items():
+                left = self.node_processes(i)
+                self.echo(f"SuperNode {i} exited (code {proc.returncode}); stopping the {len(left)} processes it left")
+                self._stop_node_processes(i, grace=5.0)
+
+    def run_overrides(self, run_config: Mapping[str, object], results_dir: Path, app_dir: Path = APP_DIR) -> dict:
+        """The validated ``-c`` overrides of a run of this federation writing to ``results_dir``.
+
+        Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
+        ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
+        config with :func:`check_run_config` (and that ``data-path``, if any, exists). Starts nothing.
+        """
+        flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
+        if self.simulation:
+            flags["capacity-mix"] = ("--capacities", ",".join(repr(float(c)) for c in self.capacities))
+        elif parse_capacity_list(run_config.get("capacity-mix", "")):
+            raise ConfigError(
+                f"capacity-mix={run_config['capacity-mix']!r}: applies only to nodes without a capacity in their "
+                "node config, and every SuperNode this launcher starts has one; give capacities with --capacities"
+            )
+        overrides = merge_flag_settings(run_config, flags)
+        cfg = check_run_config(overrides, app_dir)
+        # Every node of a local federation reads data-path on this machine.
+        if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
+            raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
+        return overrides
 
     def run(
         self, run_config: dict[str, object], results_dir: Path, app_dir: Path = APP_DIR, timeout: float = 3600.0
@@ -356,18 +554,18 @@ class LocalFederation:
         run_config : dict
             Run-config overrides (``results-dir`` is set to ``results_dir``).
         results_dir : Path
-            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz).
+            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz); locked for the run
+            when it is not the federation's own folder.
         app_dir : Path
             The Flower app (folder with pyproject.toml).
         timeout : float
             Seconds the run may take before it is stopped.
         """
         results_dir = results_dir.resolve()
+        overrides = self.run_overrides(run_config, results_dir, app_dir)
         self.runs += 1
-        overrides = {**run_config, "results-dir": str(results_dir)}
         cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream", "-c"]
         if self.simulation:
-            overrides["capacity-mix"] = ",".join(repr(float(c)) for c in self.capacities)
             cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
             self.echo(
                 f"Simulation Engine: {len(self.capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}"
@@ -375,7 +573,8 @@ class LocalFederation:
         cmd.append(toml_overrides(overrides))
         self.echo("$ " + shlex.join(cmd))
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
-        run_federation_command(cmd, self.env, log, timeout, self.echo)
+        with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
+            run_federation_command(cmd, self.env, log, timeout, self.echo)
         metrics_path = results_dir / "metrics.json"
         if not metrics_path.exists():
             raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
@@ -396,10 +595,13 @@ def run_local_federation(
 ) -> dict:
     """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
 
+    The run config is validated before any process starts (:meth:`LocalFederation.run_overrides`).
     ``delays`` (test/benchmark knob): extra seconds per local epoch per SuperNode.
     Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
     """
-    with LocalFederation(capacities, results_dir, simulation, echo, delays=delays) as federation:
+    federation = LocalFederation(capacities, results_dir, simulation, echo, delays=delays)
+    federation.run_overrides(run_config, results_dir, app_dir)
+    with federation:
         return federation.run(run_config, results_dir, app_dir, timeout)
 
 
@@ -417,9 +619,16 @@ def toml_overrides(values: dict[str, object]) -> str:
 
 
 def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, echo) -> None:
-    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log."""
+    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
+
+    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
+    ServerApp raised): the message carries the last error line of the log (the exception that ended the
+    ServerApp), so the operator sees why without opening the log.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
+    last_exception = last_error = ""
+    box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(
             cmd,
@@ -441,15 +650,28 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
                 elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
                     echo(line.rstrip())
                     failed = failed or "Traceback" in line
+                if "\u256d\u2500 Error" in line:
+                    box = []
+                elif box is not None and line.lstrip().startswith("\u2502"):
+                    box.append(line.strip().strip("\u2502").strip())
+                elif box is not None:
+                    last_exception, box = " ".join(box), None
+                if EXCEPTION_LINE.match(line):
+                    last_exception = line.strip()
+                elif "ERROR" in line:
+                    last_error = line.strip()
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the run exceeded {timeout:.0f} s")
+                    raise TimeoutError(f"the run exceeded {timeout:.0f} s; see {log_path}")
             proc.wait()
         finally:
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
                 proc.wait(timeout=10)
     if proc.returncode != 0 or failed:
-        raise RuntimeError(f"flwr run failed (exit {proc.returncode}); see {log_path}")
+        if box:
+            last_exception = " ".join(box)
+        why = last_exception or last_error or f"flwr run exited with status {proc.returncode}"
+        raise RuntimeError(f"the run failed: {why}\n(full log: {log_path})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -490,13 +712,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     delays = [float(v) for v in args.delays.split(",") if v.strip()]
     if delays and len(delays) != len(args.capacities):
         parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
-    overrides = parse_overrides(args.run_config)
-    if args.rounds is not None:
-        overrides["num-rounds"] = args.rounds
-    signal.signal(signal.SIGINT, _raise_interrupt)
     started = time.monotonic()
     try:
-        metrics = run_local_federation(args.capacities, args.results, overrides, timeout=args.timeout, delays=delays)
+        # Everything is checked before any process starts: a bad setting costs no SuperLink start-up.
+        flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
+        overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
+        federation = LocalFederation(args.capacities, args.results, delays=delays)
+        federation.run_overrides(overrides, args.results)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    try:
+        with federation:
+            metrics = federation.run(overrides, args.results, timeout=args.timeout)
     except KeyboardInterrupt:
         print("interrupted; every process was stopped", file=sys.stderr)
         return 130

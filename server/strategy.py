@@ -69,6 +69,7 @@ class ClientRound:
     fisher_seconds: float | None = None
     num_examples: int | None = None
     capacity_source: str = "node-config"
+    client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
 
 
 def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
@@ -105,7 +106,9 @@ class SubmodelStrategy(Strategy):
         self.on_round = on_round
         self.evaluate_fn: EvaluateFn | None = None
         self.nodes: dict[int, NodeProfile] = {}
-        self.excluded: set[int] = set()  # misconfigured nodes, not asked again
+        self.excluded: set[int] = set()  # left out at discovery (misconfigured, or Flower answered for them)
+        # Nodes excluded at discovery or departed since the last round record, with why (``nodes_out``).
+        self.nodes_out: list[dict[str, Any]] = []
         self.sent: dict[int, SentSubmodel] = {}
         self.sent_eval: dict[int, SentSubmodel] = {}
         self.clients: dict[int, ClientRound] = {}
@@ -200,6 +203,7 @@ class SubmodelStrategy(Strategy):
         k = int(mask.sum())
         info = ClientRound(
             node_id=node_id,
+            client_key=prof.key,
             capacity=prof.capacity,
             device=prof.device,
             mask_source=source,
@@ -226,7 +230,9 @@ class SubmodelStrategy(Strategy):
         """
         connected = set(grid.get_node_ids())
         for node_id in sorted(set(self.nodes) - connected):
-            log(WARNING, "node %d (%s) left the federation", node_id, self.nodes.pop(node_id).key)
+            key = self.nodes.pop(node_id).key
+            log(WARNING, "node %d (%s) left the federation", node_id, key)
+            self.node_out(node_id, key, "departed", "no longer connected to the SuperLink")
         new = sorted(connected - set(self.nodes) - self.excluded)
         if new:
             self.discover(grid, timeout, new)
@@ -247,6 +253,7 @@ class SubmodelStrategy(Strategy):
             except ReplyError as e:
                 log(WARNING, "node %d excluded at discovery: %s", parts.node_id, e)
                 self.excluded.add(parts.node_id)
+                self.node_out(parts.node_id, parts.extras.get("client-key"), "excluded", str(e))
                 continue
             device = str(parts.extras.get("device", "unknown"))
             key = str(parts.extras.get("client-key") or f"node-{parts.node_id}")
@@ -270,6 +277,17 @@ class SubmodelStrategy(Strategy):
                 n_train,
                 n_test,
             )
+
+    def node_out(self, node_id: int, key: Any, event: str, reason: str) -> None:
+        """Note that a node was left out (``excluded``) or left (``departed``), for the next round record."""
+        self.nodes_out.append(
+            {"node_id": node_id, "client_key": None if key is None else str(key), "event": event, "reason": reason}
+        )
+
+    def take_nodes_out(self) -> list[dict[str, Any]]:
+        """The nodes left out or departed since the last call (a round record's ``nodes_out``)."""
+        out, self.nodes_out = self.nodes_out, []
+        return out
 
     # ------------------------------------------------------------------- train
     def configure_train(
@@ -446,7 +464,7 @@ class SubmodelStrategy(Strategy):
         if start_eval:
             log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])
             if self.on_round:
-                self.on_round({"round": 0, "global": start_eval, "clients": []})
+                self.on_round({"round": 0, "global": start_eval, "clients": [], "nodes_out": self.take_nodes_out()})
         arrays = initial_arrays
         for rnd in range(self.first_round, num_rounds + 1):
             t_round = time.perf_counter()
@@ -485,6 +503,7 @@ class SubmodelStrategy(Strategy):
                 "sent": len(self.clients),
                 "eligible": len(self.participants()),
                 "clients": [asdict(c) for c in self.clients.values()],
+                "nodes_out": self.take_nodes_out(),
                 "server_seconds": server_seconds,
                 "round_seconds": time.perf_counter() - t_round,
                 "prior_influence": influence,
