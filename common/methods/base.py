@@ -186,6 +186,18 @@ class Method:
         """Set up the server-side state for a global model of ``layout``."""
         self.layout = layout
 
+    def node_joined(self, key: str, info: Mapping[str, Any]) -> None:
+        """A node answered discovery (default: nothing to record).
+
+        Parameters
+        ----------
+        key : str
+            The client's stable key.
+        info : Mapping[str, Any]
+            What the node reported about itself besides its capacity (the ``device`` config record:
+            ``device``, ``client-key``, ``capacity-source``, and ``capacity-kind`` when its node config sets it).
+        """
+
     def participates(self, capacity: float) -> bool:
         """Whether a node of ``capacity`` trains (default: every node)."""
         return True
