@@ -112,3 +112,18 @@ def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
     assert method.capacity_kind("mem") == "bandwidth"
     memory_run = create_method(parse_run_config({"method": "fedgmr", "gmr-capacity-kind": "memory"}))
     assert memory_run.capacity_kind("anyone") == "memory" and memory_run.capacity_kind(None) == "memory"
+
+
+def test_the_discovery_reply_carries_the_node_capacity_kind():
+    from flwr.app import Message, MessageType, RecordDict
+
+    from tests.inprocess_grid import InProcessGrid
+
+    node = {"partition-id": 0, "num-partitions": 2, "capacity": 0.25, "device": "cpu"}
+    run = {"method": "fedgmr", "dataset": "digits"}
+    grid = InProcessGrid({1: {**node, "capacity-kind": "memory"}, 2: node, 3: {**node, "capacity-kind": "disk"}}, run)
+    msgs = [Message(content=RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2, 3)]
+    replies = {m.metadata.src_node_id: m.content for m in grid.send_and_receive(msgs)}
+    assert replies[1].config_records["device"]["capacity-kind"] == "memory"
+    assert "capacity-kind" not in replies[2].config_records["device"]
+    assert "capacity-kind" in replies[3].config_records["profile"]["error"]
