@@ -2,7 +2,8 @@
 
 A method decides, for one round,
 
-* **server side**: which nodes take part (:meth:`Method.participates`), what each is sent
+* **server side**: what it records about a node at discovery (:meth:`Method.node_joined`), which nodes
+  take part (:meth:`Method.participates`), what each is sent
   (:meth:`Method.mask_for`, :meth:`Method.encode`), what a reply must carry
   (:meth:`Method.validate`), how accepted replies change the global model
   (:meth:`Method.aggregate`), and what it keeps between rounds (:meth:`Method.state_bytes`);
