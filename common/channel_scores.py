@@ -260,6 +260,11 @@ def personal_state(own: ChannelScoreState | None, pooled: ChannelScoreState) -> 
 
     A channel the client never held takes the pooled (all clients') score, as a client without its own
     Fisher takes the prior; a channel nobody measured stays unmeasured (ranked first, by weight norm).
+    The pooled scores are first put on the client's scale, per group: multiplied by
+    ``sum own / sum pooled`` over the channels the client measured. Without it a small client's scores,
+    summed over the few weights its small model has per channel, are systematically below the pooled ones
+    (which larger models report over more weights), so every channel it holds would be swapped for one it
+    does not at the next round.
 
     Parameters
     ----------
@@ -270,10 +275,15 @@ def personal_state(own: ChannelScoreState | None, pooled: ChannelScoreState) -> 
     """
     if own is None:
         return pooled
-    return ChannelScoreState(
-        {g: np.where(own.measured[g], own.score[g], pooled.score[g]) for g in pooled.score},
-        {g: own.measured[g] | pooled.measured[g] for g in pooled.score},
-    )
+    score, measured = {}, {}
+    for g, pooled_score in pooled.score.items():
+        mine = own.measured[g]
+        both = mine & pooled.measured[g]
+        ref = float(pooled_score[both].sum())
+        scale = float(own.score[g][both].sum()) / ref if both.any() and ref > 0 else 1.0
+        score[g] = np.where(mine, own.score[g], scale * pooled_score)
+        measured[g] = mine | pooled.measured[g]
+    return ChannelScoreState(score, measured)
 
 
 def score_capacity(budget_mb: float, sizes: Mapping[str, int]) -> int:

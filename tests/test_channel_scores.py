@@ -188,7 +188,9 @@ def test_client_states_are_their_own_and_fall_back_to_the_pooled_scores():
     clients = ClientChannelScores({"A": 4}, max_clients=3)
     clients.update("a", _report([1, 3], [9.0, 0.5]))
     own = personal_state(clients.get("a"), pooled)
-    assert own.score["A"].tolist() == [1.0, 9.0, 3.0, 0.5]  # own where measured, pooled elsewhere
+    # own where measured; elsewhere the pooled score on the client's scale: channel 1 is the only one both
+    # measured, 9.0 (own) against 2.0 (pooled), so pooled scores count 4.5 times
+    assert own.score["A"].tolist() == [4.5, 9.0, 13.5, 0.5]
     assert own.measured["A"].tolist() == [True, True, True, True]
     assert personal_state(None, pooled) is pooled
     norms = {"A": np.zeros(4)}

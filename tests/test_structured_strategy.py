@@ -171,8 +171,14 @@ def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
         picks[node_id] = selection_of_mask(strategy.layout, strategy.method.graph, mask)
     for g, n in sizes.items():
         large = replies[LARGE].arrays[P.score_name(g)].astype(np.float64)  # LARGE held every channel
-        own = large.copy()  # SMALL: its own score where it held the channel, else the pooled one (LARGE's)
-        own[small_held[g]] = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        # SMALL: its own score where it held the channel, else the pooled one (the example-weighted mean of
+        # both clients' scores), rescaled by sum(own) / sum(pooled) over the channels SMALL held
+        small = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        w_small, w_large = replies[SMALL].metrics["num-examples"], replies[LARGE].metrics["num-examples"]
+        pooled = large.copy()
+        pooled[small_held[g]] = (w_small * small + w_large * large[small_held[g]]) / (w_small + w_large)
+        own = pooled * small.sum() / pooled[small_held[g]].sum()
+        own[small_held[g]] = small
         k = kept_count(n, 0.25)
         for node_id, priority in ((LARGE, large), (SMALL, own)):
             expected = np.sort(np.lexsort((np.arange(n), -priority))[:k])
