@@ -57,6 +57,8 @@ def query(msg: Message, context: Context) -> Message:
         }
     )
     info = {"device": str(device), "client-key": node.key, "capacity-source": "auto" if probe else "node-config"}
+    if node.capacity_kind is not None:
+        info["capacity-kind"] = node.capacity_kind
     return Message(RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)}), reply_to=msg)
 
 

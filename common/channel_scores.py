@@ -253,3 +253,90 @@ class ChannelScoreState:
             priority = np.where(unmeasured, np.asarray(fallback[g], dtype=np.float64), score)
             out[g] = top_channels(priority, kept_count(score.size, gamma), first=unmeasured)
         return out
+
+
+def personal_state(own: ChannelScoreState | None, pooled: ChannelScoreState) -> ChannelScoreState:
+    """The scores one client's channels are ranked by: its own where it measured them, else the pooled ones.
+
+    A channel the client never held takes the pooled (all clients') score, as a client without its own
+    Fisher takes the prior; a channel nobody measured stays unmeasured (ranked first, by weight norm).
+    The pooled scores are first put on the client's scale, per group: multiplied by
+    ``sum own / sum pooled`` over the channels the client measured. Without it a small client's scores,
+    summed over the few weights its small model has per channel, are systematically below the pooled ones
+    (which larger models report over more weights), so every channel it holds would be swapped for one it
+    does not at the next round.
+
+    Parameters
+    ----------
+    own : ChannelScoreState or None
+        The client's own scores (``None``: it has reported none, or was evicted).
+    pooled : ChannelScoreState
+        The example-weighted scores of all clients.
+    """
+    if own is None:
+        return pooled
+    score, measured = {}, {}
+    for g, pooled_score in pooled.score.items():
+        mine = own.measured[g]
+        both = mine & pooled.measured[g]
+        ref = float(pooled_score[both].sum())
+        scale = float(own.score[g][both].sum()) / ref if both.any() and ref > 0 else 1.0
+        score[g] = np.where(mine, own.score[g], scale * pooled_score)
+        measured[g] = mine | pooled.measured[g]
+    return ChannelScoreState(score, measured)
+
+
+def score_capacity(budget_mb: float, sizes: Mapping[str, int]) -> int:
+    """How many clients' channel scores fit in ``budget_mb`` MiB (at least 1).
+
+    A client's state is one float64 score and one bool per channel of every group.
+    """
+    per_client = 9 * sum(sizes.values())
+    return max(1, int(budget_mb * 2**20 // max(per_client, 1)))
+
+
+@dataclass
+class ClientChannelScores:
+    """Per-client channel scores on the server, at most ``max_clients`` of them.
+
+    Each accepted client's report replaces the scores of the channels it held in *its own* state; a new
+    client beyond ``max_clients`` evicts the one that reported least recently, which then ranks by the
+    pooled scores again (:func:`personal_state`).
+
+    Parameters
+    ----------
+    sizes : Mapping[str, int]
+        Channels per group.
+    max_clients : int
+        Most client states kept (>= 1), e.g. :func:`score_capacity` of a memory budget.
+    """
+
+    sizes: Mapping[str, int]
+    max_clients: int
+    clients: dict[str, ChannelScoreState] = field(default_factory=dict)
+    evictions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_clients < 1:
+            raise ValueError(f"max_clients must be >= 1, got {self.max_clients}")
+
+    def update(self, key: str, report: ChannelReport) -> None:
+        """Fold one client's report into its own state (most recent last)."""
+        state = self.clients.pop(key, None)
+        if state is None:
+            if len(self.clients) >= self.max_clients:
+                del self.clients[next(iter(self.clients))]  # dicts keep insertion order: the least recent
+                self.evictions += 1
+            state = ChannelScoreState.empty(self.sizes)
+        state.update([report])
+        self.clients[key] = state
+
+    def get(self, key: str) -> ChannelScoreState | None:
+        """The client's own state, if kept."""
+        return self.clients.get(key)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the kept scores and flags."""
+        return sum(
+            a.nbytes for state in self.clients.values() for a in (*state.score.values(), *state.measured.values())
+        )

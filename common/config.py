@@ -23,6 +23,7 @@ from common.methods import method_class, registry
 from common.models import MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
 from common.rational import capacity_fraction
+from common.restoration import CAPACITY_KINDS
 from common.schema import ConfigError, Schema, kebab
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
@@ -355,6 +356,10 @@ class NodeConfig:
     bench_delay_s : float
         TEST/BENCHMARK KNOB ONLY (``bench-delay-s``): extra seconds the node waits per
         local epoch, to emulate a slower device in wall-clock comparisons. Default 0.
+    capacity_kind : str or None
+        What ``capacity`` limits (``capacity-kind``): ``bandwidth`` (a slow link: FedGMR may grow
+        the submodel past it, to the full model) or ``memory`` (a hard cap). ``None``: the run's
+        default (``gmr-capacity-kind``).
     """
 
     partition_id: int
@@ -363,6 +368,7 @@ class NodeConfig:
     device: str = "auto"
     client_id: str = ""
     bench_delay_s: float = 0.0
+    capacity_kind: str | None = None
 
     @property
     def key(self) -> str:
@@ -404,4 +410,7 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     if "client-id" in raw and (not isinstance(client_id, str) or not client_id):
         raise ConfigError(f"client-id={client_id!r}: expected a non-empty string")
     delay = float(_num("bench-delay-s", raw["bench-delay-s"], 0, 3600)) if "bench-delay-s" in raw else 0.0
-    return NodeConfig(partition_id, num_partitions, capacity, str(device), client_id, delay)
+    kind = raw.get("capacity-kind")
+    if kind is not None and kind not in CAPACITY_KINDS:
+        raise ConfigError(f"capacity-kind={kind!r}: allowed values are {', '.join(CAPACITY_KINDS)}")
+    return NodeConfig(partition_id, num_partitions, capacity, str(device), client_id, delay, kind)

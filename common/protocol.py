@@ -37,7 +37,8 @@ Client -> server (QUERY), a node that could read its configuration::
 
     metrics "profile":  capacity, num-train-examples, num-test-examples
                         (+ probe-memory-gib, probe-gflops with capacity=auto)
-    config "device":    device, client-key, capacity-source ("node-config" or "auto")
+    config "device":    device, client-key, capacity-source ("node-config" or "auto"),
+                        capacity-kind ("bandwidth" or "memory", when the node config sets it)
 
 and a misconfigured node::
 

@@ -1,12 +1,17 @@
 """FedGMR gradual model restoration: how large each client's submodel is over time, and what it adds.
 
-A client of capacity ``c`` (the fraction of the global model it reported it can
-hold) starts small and its submodel *grows* toward ``min(ceiling, c)``; it never
-shrinks and never exceeds ``c``. Semantics chosen here (FedGMR, seed 002, gives
-the idea but no formula):
+A client of capacity ``c`` (the fraction of the global model it reported) starts
+small and its submodel *grows*; it never shrinks. How far depends on what the
+capacity limits (``capacity-kind``):
+
+* ``bandwidth`` (FedGMR's setting: slow links, not small memories): the submodel
+  grows toward ``ceiling`` (the full model by default), whatever ``c`` is;
+* ``memory``: ``c`` is a hard cap, the submodel grows toward ``min(ceiling, c)``.
+
+Semantics chosen here (the paper gives the idea but no formula):
 
 * start density ``g0 = min(g_end, max(MIN_DENSITY, start * c))``, end density
-  ``g_end = min(ceiling, c)``;
+  ``g_end = ceiling`` (bandwidth) or ``min(ceiling, c)`` (memory);
 * the clock ``t >= 0`` counts rounds since the start (sync: ``round - 1``;
   async: applied updates divided by the number of nodes, a fractional
   "round equivalent");
@@ -42,6 +47,8 @@ from common.selection import budget, fisher_scores, magnitude_scores, row_guard,
 
 Schedule = Literal["linear", "step"]
 SCHEDULES: tuple[str, ...] = ("linear", "step")
+CapacityKind = Literal["bandwidth", "memory"]
+CAPACITY_KINDS: tuple[str, ...] = ("bandwidth", "memory")
 RESTORE_RULES: tuple[str, ...] = ("random", "fisher")
 
 # Smallest start density: below ~1 % a CNN submodel cannot learn anything useful, and every
@@ -57,6 +64,7 @@ def restoration_budget(
     ceiling: float,
     restore_rounds: int,
     factor: float = 2.0,
+    kind: CapacityKind = "memory",
 ) -> float:
     """Density (fraction of ``d``) a client holds at time ``t``.
 
@@ -67,20 +75,23 @@ def restoration_budget(
     t : float
         Rounds elapsed since the start of training, ``>= 0`` (may be fractional).
     capacity : float
-        Fraction of the global model the client can hold, in (0, 1]; a hard upper bound.
+        Fraction of the global model the client reported, in (0, 1]: the start scale, and with
+        ``kind = "memory"`` a hard upper bound.
     start : float
         Start density as a fraction of ``capacity``, in (0, 1].
     ceiling : float
-        Density the schedule grows toward, in (0, 1] (clipped to ``capacity``).
+        Density the schedule grows toward, in (0, 1] (clipped to ``capacity`` when ``kind = "memory"``).
     restore_rounds : int
         Rounds ``T`` (>= 1) after which the end density is reached.
     factor : float
         ``step`` only: growth factor per step, > 1.
+    kind : {"memory", "bandwidth"}
+        What the capacity limits (see the module docstring).
 
     Returns
     -------
     float
-        Density in ``(0, min(ceiling, capacity)]``, non-decreasing in ``t``.
+        Density in ``(0, g_end]``, non-decreasing in ``t``.
     """
     if not 0 < capacity <= 1 or not 0 < start <= 1 or not 0 < ceiling <= 1:
         raise ValueError(f"capacity, start and ceiling must be in (0, 1], got {capacity}, {start}, {ceiling}")
@@ -88,7 +99,9 @@ def restoration_budget(
         raise ValueError(f"restore_rounds must be >= 1, got {restore_rounds}")
     if not t >= 0:
         raise ValueError(f"t must be >= 0, got {t}")
-    end = min(ceiling, capacity)
+    if kind not in CAPACITY_KINDS:
+        raise ValueError(f"unknown capacity kind {kind!r}; expected one of {CAPACITY_KINDS}")
+    end = ceiling if kind == "bandwidth" else min(ceiling, capacity)
     g0 = min(end, max(MIN_DENSITY, start * capacity))
     progress = min(1.0, t / restore_rounds)
     if schedule == "linear":
@@ -163,6 +176,7 @@ def restore_mask(
 @dataclass
 class _ClientMask:
     capacity: float
+    kind: str
     t: float
     mask: NDArray[np.bool_]
 
@@ -207,11 +221,18 @@ class RestorationMasks:
         self.min_per_row = min_per_row
         self.clients: dict[str, _ClientMask] = {}
 
-    def density(self, t: float, capacity: float) -> float:
-        """Scheduled density at time ``t`` (rounds since the start) for a client of ``capacity``."""
+    def density(self, t: float, capacity: float, kind: str = "memory") -> float:
+        """Scheduled density at time ``t`` (rounds since the start) for a client of ``capacity`` and ``kind``."""
         return restoration_budget(
-            self.schedule, t, capacity, self.start, self.ceiling, self.restore_rounds, self.factor
-        )  # type: ignore[arg-type]
+            self.schedule,  # type: ignore[arg-type]
+            t,
+            capacity,
+            self.start,
+            self.ceiling,
+            self.restore_rounds,
+            self.factor,
+            kind,  # type: ignore[arg-type]
+        )
 
     def _scores(self, key: str | None, x: NDArray, fisher: NDArray | None) -> tuple[NDArray[np.float64], str]:
         if self.rule == "random":
@@ -230,15 +251,21 @@ class RestorationMasks:
         return self.clients[keys[0]].mask if keys else None
 
     def mask(
-        self, key: str | None, t: float, capacity: float, x: NDArray, fisher: NDArray | None
+        self,
+        key: str | None,
+        t: float,
+        capacity: float,
+        x: NDArray,
+        fisher: NDArray | None,
+        kind: str = "memory",
     ) -> tuple[NDArray[np.bool_], str]:
         """The mask of client ``key`` at time ``t``, containing every earlier mask of that client.
 
         ``key=None`` gives a fresh (un-remembered) mask for a capacity level, used
         by central evaluation. Asking again at the same or an earlier ``t`` returns
         the remembered mask unchanged. A client whose capacity changed (e.g. a
-        restarted node with a smaller device) starts over, because its old mask
-        may not fit any more.
+        restarted node with a smaller device) or capacity kind starts over, because
+        its old mask may not fit any more.
 
         Parameters
         ----------
@@ -252,6 +279,8 @@ class RestorationMasks:
             Current global parameters (the ``fisher`` rule ranks by ``F^2 x^2``).
         fisher : NDArray or None
             The client's Fisher estimate (``fisher`` rule), or ``None`` if none exists yet.
+        kind : {"memory", "bandwidth"}
+            What the client's capacity limits: ``memory`` caps the growth at ``capacity``.
 
         Returns
         -------
@@ -260,11 +289,11 @@ class RestorationMasks:
             ``fisher`` or ``magnitude``), or ``kept`` when nothing changed.
         """
         prev = self.clients.get(key) if key is not None else None
-        if prev is not None and prev.capacity != capacity:
+        if prev is not None and (prev.capacity != capacity or prev.kind != kind):
             prev = None
         if prev is not None and t <= prev.t:
             return prev.mask, "kept"
-        k = budget(self.density(t, capacity), self.layout.size)
+        k = budget(self.density(t, capacity, kind), self.layout.size)
         scores, source = self._scores(key, x, fisher)
         if prev is None:
             forced = self.layout.always_kept | row_guard(scores, self.layout, self.min_per_row)
@@ -274,5 +303,5 @@ class RestorationMasks:
             # changed (Fisher) scores would add positions beyond the budget.
             new = restore_mask(prev.mask, k, scores)
         if key is not None:
-            self.clients[key] = _ClientMask(capacity, t, new)
+            self.clients[key] = _ClientMask(capacity, kind, t, new)
         return new, source

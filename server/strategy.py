@@ -262,6 +262,7 @@ class SubmodelStrategy(Strategy):
                 key = f"node-{parts.node_id}"
             source = "auto" if parts.extras.get("capacity-source") == "auto" else "node-config"
             self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key, source)
+            self.method.node_joined(key, parts.extras)
             probe = ""
             if source == "auto" and parts.metrics is not None:
                 gib = float(parts.metrics.get("probe-memory-gib", float("nan")))

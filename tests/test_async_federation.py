@@ -23,6 +23,7 @@ def federation(tmp_path_factory):
             "method": "fedgmr",
             "gmr-mode": "async",
             "gmr-restore-rounds": 2,
+            "gmr-capacity-kind": "memory",  # capacities are hard caps here, checked below
             "num-rounds": ROUNDS,
             "eval-every": 0,
             "local-epochs": 2,

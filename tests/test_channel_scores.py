@@ -12,9 +12,12 @@ from hypothesis import strategies as st
 from common.channel_scores import (
     ChannelReport,
     ChannelScoreState,
+    ClientChannelScores,
     channel_scores,
     channel_sums,
     kept_count,
+    personal_state,
+    score_capacity,
     top_channels,
 )
 from common.layout import ParamLayout, TensorSpec
@@ -173,3 +176,42 @@ def test_state_rejects_bad_reports():
         state.update([ChannelReport({"A": np.array([0, 1])}, {"A": [1.0, np.inf]}, 1.0)])
     with pytest.raises(ValueError, match="scores"):
         state.update([ChannelReport({"A": np.array([0, 1])}, {"A": [1.0]}, 1.0)])
+
+
+def _report(a, scores):
+    return ChannelReport({"A": np.array(a)}, {"A": scores}, 5.0)
+
+
+def test_client_states_are_their_own_and_fall_back_to_the_pooled_scores():
+    pooled = ChannelScoreState.empty({"A": 4})
+    pooled.update([_report([0, 1, 2], [1.0, 2.0, 3.0])])
+    clients = ClientChannelScores({"A": 4}, max_clients=3)
+    clients.update("a", _report([1, 3], [9.0, 0.5]))
+    own = personal_state(clients.get("a"), pooled)
+    # own where measured; elsewhere the pooled score on the client's scale: channel 1 is the only one both
+    # measured, 9.0 (own) against 2.0 (pooled), so pooled scores count 4.5 times
+    assert own.score["A"].tolist() == [4.5, 9.0, 13.5, 0.5]
+    assert own.measured["A"].tolist() == [True, True, True, True]
+    assert personal_state(None, pooled) is pooled
+    norms = {"A": np.zeros(4)}
+    assert own.select(norms, 0.25)["A"].tolist() == [1, 2]
+    assert pooled.select(norms, 0.25)["A"].tolist() == [2, 3]  # channel 3 unmeasured in the pool: first
+    clients.update("a", _report([0], [4.0]))
+    assert clients.get("a").score["A"].tolist() == [4.0, 9.0, 0.0, 0.5]  # its last report per channel
+
+
+def test_client_states_evict_the_least_recent_within_the_budget():
+    sizes = {"A": 100, "B": 28}
+    cap = score_capacity(0.01, sizes)
+    assert cap == int(0.01 * 2**20 // (9 * 128))
+    clients = ClientChannelScores(sizes, max_clients=cap)
+    both = ChannelReport({"A": np.array([0]), "B": np.array([0])}, {"A": [1.0], "B": [1.0]}, 1.0)
+    for i in range(cap + 3):
+        clients.update(f"c{i}", both)
+        if i == cap - 1:
+            clients.update("c0", both)  # c0 reported again just before the state is full: c1 is the least recent
+    assert len(clients.clients) == cap and clients.evictions == 3
+    assert [k for k in ("c0", "c1", "c2", "c3", "c4") if clients.get(k) is not None] == ["c0", "c4"]
+    assert clients.memory_bytes() <= 0.01 * 2**20
+    with pytest.raises(ValueError, match="max_clients"):
+        ClientChannelScores(sizes, max_clients=0)

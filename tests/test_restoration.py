@@ -13,6 +13,7 @@ from common.selection import budget
 
 unit = st.floats(min_value=1e-3, max_value=1.0)
 schedules = st.sampled_from(["linear", "step"])
+kinds = st.sampled_from(["memory", "bandwidth"])
 
 
 @settings(max_examples=300, deadline=None)
@@ -24,28 +25,44 @@ schedules = st.sampled_from(["linear", "step"])
     rounds=st.integers(1, 50),
     factor=st.floats(1.05, 8.0),
     times=st.lists(st.floats(0, 120), min_size=2, max_size=20),
+    kind=kinds,
 )
-def test_budget_monotone_and_bounded(schedule, capacity, start, ceiling, rounds, factor, times):
+def test_budget_monotone_and_bounded(schedule, capacity, start, ceiling, rounds, factor, times, kind):
     times = sorted(times)
-    g = [restoration_budget(schedule, t, capacity, start, ceiling, rounds, factor) for t in times]
-    end = min(ceiling, capacity)
+    g = [restoration_budget(schedule, t, capacity, start, ceiling, rounds, factor, kind) for t in times]
+    end = min(ceiling, capacity) if kind == "memory" else ceiling
     assert all(b >= a for a, b in zip(g, g[1:])), g
     assert all(0 < v <= end for v in g), (g, end)
-    assert all(v <= capacity for v in g)
+    assert kind == "bandwidth" or all(v <= capacity for v in g)  # memory: a hard cap
     # from the start on, never below the start density
-    g0 = restoration_budget(schedule, 0, capacity, start, ceiling, rounds, factor)
+    g0 = restoration_budget(schedule, 0, capacity, start, ceiling, rounds, factor, kind)
     assert g0 == pytest.approx(min(end, max(MIN_DENSITY, start * capacity)))
     assert all(v >= g0 for v in g)
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    schedule=schedules, capacity=unit, start=unit, ceiling=unit, rounds=st.integers(1, 50), factor=st.floats(1.05, 8)
+    schedule=schedules,
+    capacity=unit,
+    start=unit,
+    ceiling=unit,
+    rounds=st.integers(1, 50),
+    factor=st.floats(1.05, 8),
+    kind=kinds,
 )
-def test_budget_reaches_the_ceiling_at_restore_rounds(schedule, capacity, start, ceiling, rounds, factor):
-    end = min(ceiling, capacity)
-    assert restoration_budget(schedule, rounds, capacity, start, ceiling, rounds, factor) == end
-    assert restoration_budget(schedule, rounds + 7.5, capacity, start, ceiling, rounds, factor) == end
+def test_budget_reaches_the_ceiling_at_restore_rounds(schedule, capacity, start, ceiling, rounds, factor, kind):
+    end = min(ceiling, capacity) if kind == "memory" else ceiling
+    assert restoration_budget(schedule, rounds, capacity, start, ceiling, rounds, factor, kind) == end
+    assert restoration_budget(schedule, rounds + 7.5, capacity, start, ceiling, rounds, factor, kind) == end
+
+
+def test_bandwidth_kind_grows_a_small_client_to_the_full_model():
+    # capacity 1/16 starts at 0.25 / 16 in both kinds; memory stops at 1/16, bandwidth reaches the whole model
+    for kind, end in (("memory", 0.0625), ("bandwidth", 1.0)):
+        g = [restoration_budget("linear", t, 0.0625, 0.25, 1.0, 10, kind=kind) for t in (0, 5, 10)]
+        assert g == pytest.approx([0.015625, 0.015625 + (end - 0.015625) / 2, end])
+    with pytest.raises(ValueError, match="capacity kind"):
+        restoration_budget("linear", 0, 0.5, 0.25, 1.0, 10, kind="disk")  # type: ignore[arg-type]
 
 
 def test_budget_exact_values():
@@ -156,12 +173,14 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
     assert small.sum() == budget(0.5, layout.size)
 
 
-def test_sync_strategy_masks_grow_with_rounds():
+@pytest.mark.parametrize("kind", ["memory", "bandwidth"])
+def test_sync_strategy_masks_grow_with_rounds(kind):
     from common.config import parse_run_config
     from server.strategy import NodeProfile, SubmodelStrategy
 
     layout = _layout()
-    cfg = parse_run_config({"method": "fedgmr", "gmr-restore-rounds": 3, "gmr-start": 0.5})
+    options = {"gmr-restore-rounds": 3, "gmr-start": 0.5, "gmr-capacity-kind": kind}
+    cfg = parse_run_config({"method": "fedgmr", **options})
     strategy = SubmodelStrategy(cfg, layout)
     strategy.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
     strategy.x = np.random.default_rng(1).normal(size=layout.size).astype(np.float32)
@@ -170,7 +189,8 @@ def test_sync_strategy_masks_grow_with_rounds():
         sizes = [int(m.sum()) for m in masks]
         assert all(np.all(b[a]) for a, b in zip(masks, masks[1:]))  # nested
         assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
-        assert sizes[3] == sizes[4] == budget(capacity, layout.size)  # ceiling reached at round 1 + 3
+        end = capacity if kind == "memory" else 1.0  # a bandwidth-limited node grows to the full model
+        assert sizes[3] == sizes[4] == budget(end, layout.size)  # ceiling reached at round 1 + 3
     # central evaluation of a capacity level: the submodel a client of that capacity holds, not a fresh one
     level, source = strategy.level_mask(6 - 1, 0.5)
     assert source == "held" and np.array_equal(level, strategy.method.restoration.clients["edge-7"].mask)

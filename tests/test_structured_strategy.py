@@ -30,7 +30,8 @@ GAMMA = {SMALL: 0.25, LARGE: 1.0}
 
 
 def _setup():
-    cfg = parse_run_config({"method": "cahfp"})
+    # The holder mean and one pooled score state; the published defaults are tested on copies below.
+    cfg = parse_run_config({"method": "cahfp", "cahfp-aggregation": "holders", "cahfp-scores": "pooled"})
     pool = load_dataset("digits", 0.2, 0).train
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
@@ -124,6 +125,70 @@ def test_channels_held_by_nobody_keep_global_values_and_scores(base):
         np.testing.assert_array_equal(s.method.state.score[g][idx], expected)
 
 
+def _with_options(strategy, **changes):
+    s = copy.deepcopy(strategy)
+    s.method.opts = s.method.opts.model_copy(update=changes)
+    return s
+
+
+def _trained_flat(strategy, reply):
+    small = {n: a for n, a in reply.arrays.items() if not n.startswith(P.SCORE_PREFIX)}
+    return np.concatenate([small[n].reshape(-1) for n in strategy.layout.names])
+
+
+def test_fedavg_over_reconstructed_models_against_brute_force(base):
+    """``x + sum_k p_k M_k delta_k``, ``p_k = n_k / sum n``: reconstruct each model, then plain FedAvg."""
+    strategy, replies = base
+    s = _with_options(strategy, aggregation="fedavg")
+    accepted = s.apply_train_replies(ROUND, list(replies.values()))
+    assert len(accepted) == 2
+    total = sum(r.metrics["num-examples"] for r in replies.values())
+    expected = np.zeros(strategy.layout.size)
+    for node_id, r in replies.items():
+        mask = strategy.sent[node_id].mask
+        rebuilt = strategy.x.astype(np.float64).copy()  # missing channels from the global model
+        rebuilt[mask] = _trained_flat(strategy, r)  # the small tensors, in mask order
+        expected += r.metrics["num-examples"] / total * rebuilt
+    np.testing.assert_allclose(s.x, expected, rtol=1e-5, atol=1e-6)
+    holders, _ = _run(base, list(replies.values()))
+    small_only = strategy.sent[SMALL].mask & ~strategy.sent[LARGE].mask
+    assert not small_only.any()  # the capacity-1 client held everything: the rules differ by weights only
+    assert not np.allclose(s.x, holders.x)
+
+
+def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
+    strategy, replies = base
+    s = _with_options(strategy, scores="client")
+    s.apply_train_replies(ROUND, list(replies.values()))
+    key = {n: s.nodes[n].key for n in (SMALL, LARGE)}
+    assert set(s.method.client_scores.clients) == set(key.values())
+    sizes = group_sizes(strategy.layout, strategy.method.graph)
+    small_held = selection_of_mask(strategy.layout, strategy.method.graph, strategy.sent[SMALL].mask)
+    picks = {}
+    for node_id in (SMALL, LARGE):
+        mask, source = s.method.mask_for(key[node_id], ROUND + 1, 0.25, s.x)
+        assert source == "client"
+        picks[node_id] = selection_of_mask(strategy.layout, strategy.method.graph, mask)
+    for g, n in sizes.items():
+        large = replies[LARGE].arrays[P.score_name(g)].astype(np.float64)  # LARGE held every channel
+        # SMALL: its own score where it held the channel, else the pooled one (the example-weighted mean of
+        # both clients' scores), rescaled by sum(own) / sum(pooled) over the channels SMALL held
+        small = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        w_small, w_large = replies[SMALL].metrics["num-examples"], replies[LARGE].metrics["num-examples"]
+        pooled = large.copy()
+        pooled[small_held[g]] = (w_small * small + w_large * large[small_held[g]]) / (w_small + w_large)
+        own = pooled * small.sum() / pooled[small_held[g]].sum()
+        own[small_held[g]] = small
+        k = kept_count(n, 0.25)
+        for node_id, priority in ((LARGE, large), (SMALL, own)):
+            expected = np.sort(np.lexsort((np.arange(n), -priority))[:k])
+            assert picks[node_id][g].tolist() == expected.tolist()
+    assert any(not np.array_equal(picks[SMALL][g], picks[LARGE][g]) for g in sizes)
+    pooled, _ = s.method.mask_for(None, ROUND + 1, 0.25, s.x)
+    unknown, source = s.method.mask_for("never-seen", ROUND + 1, 0.25, s.x)
+    assert source == "curvature" and np.array_equal(unknown, pooled)
+
+
 def _tensor_name(r):
     return next(n for n in r.arrays if not n.startswith(P.SCORE_PREFIX))
 
@@ -181,12 +246,13 @@ def test_curvature_selected_small_submodels_learn_in_process():
 
     Guards the score's sign: ranking by the signed sum ``sum g w + sum h w^2`` keeps the channels training
     shrinks and leaves the 1/16 submodel at chance (0.10) after two rounds; ``|sum g w| + sum h w^2`` reaches
-    about 0.85.
+    about 0.85 (pooled scores, holder mean: the rules this guard was measured with).
     """
     split = load_dataset("digits", 0.2, 42)
     model = build_model("cnn", 10, 1, 42)
     layout = model_layout(model)
-    s = SubmodelStrategy(parse_run_config({"method": "cahfp"}), layout)
+    cfg = parse_run_config({"method": "cahfp", "cahfp-scores": "pooled", "cahfp-aggregation": "holders"})
+    s = SubmodelStrategy(cfg, layout)
     s.x = layout.flatten(trainable_arrays(model))
     capacities = (1.0, 0.25, 0.0625)
     datas = [split.train.subset(partition_indices(split.train.y, "iid", 3, i, 42)) for i in range(3)]

@@ -120,7 +120,7 @@ def test_resnet18_width_submodel_ties_residual_channels_and_matches_a_narrow_for
 
 
 @pytest.mark.parametrize(
-    "method,source", [("heterofl", "width"), ("fedrolex", "width"), ("fedavg", "full"), ("fiarse", "magnitude")]
+    "method,source", [("heterofl", "width"), ("fedrolex", "width"), ("fedavg", "full"), ("fiarse", "threshold")]
 )
 def test_strategy_dispatches_mask_by_method(cnn, method, source):
     model, layout = cnn

@@ -2,7 +2,8 @@
 
 A method decides, for one round,
 
-* **server side**: which nodes take part (:meth:`Method.participates`), what each is sent
+* **server side**: what it records about a node at discovery (:meth:`Method.node_joined`), which nodes
+  take part (:meth:`Method.participates`), what each is sent
   (:meth:`Method.mask_for`, :meth:`Method.encode`), what a reply must carry
   (:meth:`Method.validate`), how accepted replies change the global model
   (:meth:`Method.aggregate`), and what it keeps between rounds (:meth:`Method.state_bytes`);
@@ -185,6 +186,18 @@ class Method:
     def start_server(self, layout: ParamLayout) -> None:
         """Set up the server-side state for a global model of ``layout``."""
         self.layout = layout
+
+    def node_joined(self, key: str, info: Mapping[str, Any]) -> None:
+        """A node answered discovery (default: nothing to record).
+
+        Parameters
+        ----------
+        key : str
+            The client's stable key.
+        info : Mapping[str, Any]
+            What the node reported about itself besides its capacity (the ``device`` config record:
+            ``device``, ``client-key``, ``capacity-source``, and ``capacity-kind`` when its node config sets it).
+        """
 
     def participates(self, capacity: float) -> bool:
         """Whether a node of ``capacity`` trains (default: every node)."""

@@ -2,16 +2,23 @@
 
 Per round and client (maths in :mod:`common.channel_scores`, shapes in :mod:`common.channel_slicing`):
 
-1. the server selects the kept channels of every channel group, the top ``ceil(r c)`` by the score
-   state (``r = sqrt(gamma)``; squared weight norm for channels never measured);
+1. the server selects the kept channels of every channel group, the top ``ceil(r c)`` by the client's
+   score state (``r = sqrt(gamma)``; squared weight norm for channels never measured);
 2. it sends the small model's tensors and the kept channel indices;
 3. the client builds the small model without ever allocating the full one (the architecture on
    PyTorch's ``meta`` device), trains it with the one training loop, and accumulates the mean gradient
    ``g`` and the mean squared gradient ``h`` of every held weight (:class:`common.training.GradientMoments`);
    it replies with the trained small tensors and each held channel's score ``|sum g w| + sum h w^2``;
 4. the server checks the reply against the small shapes sent, reconstructs it into the full space
-   (missing channels from the current global model), aggregates mask-aware like every other method,
-   then folds the accepted clients' channel scores into the state.
+   (missing channels from the current global model) and aggregates (``cahfp-aggregation``): ``fedavg``
+   is FedAvg over the reconstructed models, ``x + sum_k p_k M_k delta_k`` with ``p_k`` the example share
+   of the round's participants (:func:`common.update_means.participant_mean_step`); ``holders`` is the
+   mask-aware mean over the clients that held each position (:func:`common.aggregation.aggregate_masked`);
+5. it folds the accepted clients' channel scores into the pooled state and, with
+   ``cahfp-scores = "client"``, each into that client's own state (at most ``cahfp-score-memory-mb`` of
+   them, least recent evicted), so clients of equal capacity hold different channels
+   (:class:`common.channel_scores.ClientChannelScores`); a channel a client never measured ranks by the
+   pooled score (:func:`common.channel_scores.personal_state`).
 
 Design notes and measurements: ``docs/STRUCTURED.md``.
 """
@@ -20,17 +27,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
+from pydantic import Field
 from torch import nn
 
 from common import protocol as P
 from common.aggregation import aggregate_masked
 from common.array_dataset import ArrayDataset
-from common.channel_scores import ChannelReport, ChannelScoreState, channel_scores, channel_sums
+from common.channel_scores import (
+    ChannelReport,
+    ChannelScoreState,
+    ClientChannelScores,
+    channel_scores,
+    channel_sums,
+    personal_state,
+    score_capacity,
+)
 from common.channel_slicing import (
     check_small_arrays,
     reconstruct,
@@ -44,10 +60,37 @@ from common.methods import register
 from common.methods.base import Accepted, Download, LocalUpdate, Received
 from common.methods.channels import ChannelMethod
 from common.models import build_model
+from common.schema import Schema
 from common.structured_models import build_structured_model, skeleton_layout
 from common.training import SmallTrainResult, TrainConfig, train_small
+from common.update_means import participant_mean_step
 from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
 from common.width_masks import TensorChannels, channel_graph, group_sizes
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
+
+
+class CAHFPOptions(Schema):
+    """CA-HFP's own run-config keys (``cahfp-*``)."""
+
+    scores: Literal["client", "pooled"] = Field(
+        "client",
+        description="whose channel scores rank a client's channels: client (its own, per-client masks) or "
+        "pooled (one example-weighted state for all clients)",
+    )
+    aggregation: Literal["fedavg", "holders"] = Field(
+        "fedavg",
+        description="fedavg: FedAvg over the reconstructed models (`x + sum_k p_k M_k delta_k`, `sum p_k = 1`); "
+        "holders: mean over the clients that held each position",
+    )
+    score_memory_mb: float = Field(
+        64.0,
+        ge=0.001,
+        le=10_000_000,
+        description="budget for per-client channel scores; beyond it the least recent client is evicted and "
+        "ranks by the pooled scores",
+    )
 
 
 @dataclass(frozen=True)
@@ -98,25 +141,43 @@ class CAHFP(ChannelMethod):
 
     name = "cahfp"
     summary = (
-        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by curvature score "
-        "`|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the server "
-        "(`docs/STRUCTURED.md`)"
+        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by the client's "
+        "own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the "
+        "server, then FedAvg over the reconstructed models (`docs/STRUCTURED.md`)"
     )
+    options = CAHFPOptions
+    options_prefix = "cahfp-"
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.opts: CAHFPOptions = run.options(self.name)
+
+    def describe(self) -> str:
+        """Method and its settings."""
+        return f"method={self.name} scores={self.opts.scores} aggregation={self.opts.aggregation}"
 
     # -------------------------------------------------------------- server side
     def start_server(self, layout: ParamLayout) -> None:
-        """Channel graph and an empty per-channel score state."""
+        """Channel graph, an empty pooled score state and the (empty, bounded) per-client states."""
         super().start_server(layout)
         self.sizes = group_sizes(layout, self.graph)
         self.state = ChannelScoreState.empty(self.sizes)
+        self.client_scores = ClientChannelScores(self.sizes, score_capacity(self.opts.score_memory_mb, self.sizes))
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:
-        """Held positions of the kept channels: ``curvature`` once any channel has a score, else ``norm``."""
+        """Held positions of the kept channels, ranked by the client's scores (the pooled ones for ``key=None``).
+
+        The source is ``client`` when the client has scores of its own, ``curvature`` when only pooled
+        scores exist, ``norm`` before any channel was measured.
+        """
         norms = channel_sums(self.layout, self.graph, np.square(x, dtype=np.float64))
-        selection = self.state.select(norms, gamma)
-        return selection_mask(self.layout, self.graph, selection), "curvature" if self.state.any_measured else "norm"
+        own = self.client_scores.get(key) if key is not None and self.opts.scores == "client" else None
+        state = personal_state(own, self.state)
+        selection = state.select(norms, gamma)
+        source = "client" if own is not None else "curvature" if state.any_measured else "norm"
+        return selection_mask(self.layout, self.graph, selection), source
 
     def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
         """The small model's tensors and the kept channel indices per group."""
@@ -167,9 +228,17 @@ class CAHFP(ChannelMethod):
         return StructuredReply(base.update, base.fisher, base.metrics, report)
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """Mask-aware mean of the reconstructed updates, then the channel scores into the state."""
-        new = aggregate_masked(x, [a.reply.update for a in accepted], self.run.server_lr)
-        self.state.update([a.reply.report for a in accepted if isinstance(a.reply, StructuredReply)])
+        """``cahfp-aggregation`` over the reconstructed updates, then the channel scores into the states."""
+        updates = [a.reply.update for a in accepted]
+        if self.opts.aggregation == "fedavg":
+            new = participant_mean_step(x, updates, self.run.server_lr)
+        else:
+            new = aggregate_masked(x, updates, self.run.server_lr)
+        reports = [(a.key, a.reply.report) for a in accepted if isinstance(a.reply, StructuredReply)]
+        self.state.update([r for _, r in reports])
+        if self.opts.scores == "client":
+            for key, report in reports:
+                self.client_scores.update(key, report)
         return new
 
     # -------------------------------------------------------------- client side

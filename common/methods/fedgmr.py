@@ -1,8 +1,10 @@
 """FedGMR: submodels that grow over training toward ``gmr-ceiling``, optionally aggregated asynchronously.
 
 Each client starts from a fraction ``gmr-start`` of its capacity and restores positions on a schedule
-(:func:`common.restoration.restoration_budget`) until ``min(gmr-ceiling, capacity)``; every mask
-contains the client's previous one (:class:`common.restoration.RestorationMasks`). Positions are
+(:func:`common.restoration.restoration_budget`) until ``gmr-ceiling`` (the full model by default) when its
+capacity is a bandwidth limit, or until ``min(gmr-ceiling, capacity)`` when it is a memory limit
+(``capacity-kind`` in the node config, else ``gmr-capacity-kind``); every mask contains the client's previous
+one (:class:`common.restoration.RestorationMasks`). Positions are
 restored in a seeded random order per client, or by ``F^2 x^2`` with the client's Fisher
 (``gmr-selection``). ``gmr-mode = "async"`` applies each reply on arrival, weighted by staleness and
 mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
@@ -11,7 +13,9 @@ mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping
+from logging import WARNING, getLogger
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -22,11 +26,13 @@ from common.async_aggregation import AsyncStep, apply_async_update
 from common.layout import ParamLayout
 from common.methods import register
 from common.methods.masked import FisherRankedMethod
-from common.restoration import RESTORE_RULES, SCHEDULES, RestorationMasks
+from common.restoration import CAPACITY_KINDS, RESTORE_RULES, SCHEDULES, RestorationMasks
 from common.schema import Schema
 
 if TYPE_CHECKING:
     from common.config import RunConfig
+
+logger = getLogger("flwr")
 
 
 class FedGMROptions(Schema):
@@ -39,7 +45,15 @@ class FedGMROptions(Schema):
         0.25, gt=0, le=1, description="start density as a fraction of the node's capacity (at least 1 % of the model)"
     )
     ceiling: float = Field(
-        1.0, gt=0, le=1, description="density the submodels grow toward; never above a node's capacity"
+        1.0,
+        gt=0,
+        le=1,
+        description="density the submodels grow toward; never above the capacity of a `memory`-kind node",
+    )
+    capacity_kind: Literal[CAPACITY_KINDS] = Field(  # type: ignore[valid-type]
+        "bandwidth",
+        description="what a node's capacity limits when its node config sets no `capacity-kind`: bandwidth "
+        "(the paper's setting: restoration grows past it to `gmr-ceiling`) or memory (a hard cap)",
     )
     restore_rounds: int = Field(
         10, ge=1, le=1_000_000, description="rounds (async: applied updates / nodes) until the ceiling is reached"
@@ -67,8 +81,9 @@ class FedGMR(FisherRankedMethod):
 
     name = "fedgmr"
     summary = (
-        "a submodel that grows over training toward `min(gmr-ceiling, gamma)` (random or Fisher-ranked "
-        "restoration, nested); `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask "
+        "a submodel that grows over training from `gmr-start * gamma` toward `gmr-ceiling` (bandwidth-limited "
+        "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), random or Fisher-ranked "
+        "restoration, nested; `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask "
         "overlap (FedGMR, `docs/FEDGMR.md`)"
     )
     options = FedGMROptions
@@ -77,6 +92,26 @@ class FedGMR(FisherRankedMethod):
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
         self.opts: FedGMROptions = run.options(self.name)
+        self.kinds: dict[str, str] = {}  # capacity kind by client key, as the nodes reported it
+
+    def describe(self) -> str:
+        """Method, the Fisher settings and the default capacity kind."""
+        return f"{super().describe()} capacity-kind={self.opts.capacity_kind}"
+
+    def node_joined(self, key: str, info: Mapping[str, Any]) -> None:
+        """Record the node's ``capacity-kind`` (an unknown value is logged and the run's default used)."""
+        kind = info.get("capacity-kind")
+        if kind is None:
+            self.kinds.pop(key, None)
+        elif kind in CAPACITY_KINDS:
+            self.kinds[key] = str(kind)
+        else:
+            logger.log(WARNING, "client %s reports capacity-kind=%r; using %s", key, kind, self.opts.capacity_kind)
+            self.kinds.pop(key, None)
+
+    def capacity_kind(self, key: str | None) -> str:
+        """What the capacity of client ``key`` limits: its own report, else ``gmr-capacity-kind``."""
+        return self.kinds.get(key, self.opts.capacity_kind) if key is not None else self.opts.capacity_kind
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
@@ -138,7 +173,7 @@ class FedGMR(FisherRankedMethod):
             fisher_round = int(t) + 1
             known = key is not None and key in self.fisher.clients
             fisher = self.fisher.estimate(key, fisher_round) if known else self.fisher.global_prior()
-        return self.restoration.mask(key, t, gamma, x, fisher)
+        return self.restoration.mask(key, t, gamma, x, fisher, self.capacity_kind(key))
 
     def eval_updates(self) -> int:
         """``gmr-eval-updates``."""

@@ -1,24 +1,130 @@
-"""FIARSE's selection rule: each client holds the ``ceil(gamma d)`` largest-magnitude positions of ``x``."""
+"""FIARSE: importance-aware submodels by one magnitude threshold, trained through a surrogate gradient.
+
+As the published code does it (maths in :mod:`common.threshold_masks`):
+
+1. **Server, per client**: ``theta`` = the ``max(1, floor(gamma n))``-th largest ``|x_j|`` over the ``n``
+   gated positions (convolution, linear and embedding weights and biases); the client holds every
+   gated position with ``|x_j| >= theta`` and every normalisation parameter. No per-row guard
+   (``min-per-row`` does not apply).
+2. **Client**: the threshold is recovered from the download (its smallest held gated magnitude); each
+   gated tensor is trained as ``w * 1[|w| >= theta]``, recomputed at every step, with the surrogate
+   gradient ``2 theta / (|w| + theta)^2`` of the indicator (``fiarse-surrogate``), so held weights that
+   shrink below ``theta`` drop out inside the round. The reply is the delta of the held positions.
+3. **Server aggregation** (``fiarse-aggregation``): ``nonzero`` (published) moves each position by
+   ``server-lr * sum delta / count(delta != 0)``, unweighted; ``holders`` is the example-weighted mean over
+   the clients that held it (the rule the other element-wise methods use).
+
+Central evaluation of a capacity level uses the same threshold mask, as the published evaluation does.
+"""
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.typing import NDArray
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from pydantic import Field
+
+from common import protocol as P
+from common.aggregation import aggregate_masked
+from common.array_dataset import ArrayDataset
+from common.layout import ParamLayout
 from common.methods import register
-from common.methods.masked import MaskedMethod
-from common.selection import select_mask
+from common.methods.base import Accepted, LocalUpdate, Received
+from common.methods.masked import MaskedMethod, decode_received
+from common.models import build_model, load_flat
+from common.schema import Schema
+from common.threshold_masks import (
+    attach_threshold_gates,
+    detach_threshold_gates,
+    gated_names,
+    gated_positions,
+    received_threshold,
+    threshold_for,
+    threshold_mask,
+)
+from common.training import TrainConfig, train_loop
+from common.update_means import nonzero_mean_step
+
+if TYPE_CHECKING:
+    from common.config import RunConfig
+
+
+class FIARSEOptions(Schema):
+    """FIARSE's own run-config keys (``fiarse-*``)."""
+
+    surrogate: bool = Field(
+        True,
+        description="train through the threshold with the surrogate gradient `2 theta / (|w| + theta)^2` "
+        "(false: the indicator is a constant)",
+    )
+    aggregation: Literal["nonzero", "holders"] = Field(
+        "nonzero",
+        description="nonzero: `sum delta / count(delta != 0)`, unweighted; holders: example-weighted mean over holders",
+    )
 
 
 @register
 class FIARSE(MaskedMethod):
-    """Magnitude top-k submodels (same guards as FedFIbOS)."""
+    """Threshold submodels, in-round re-masking with a surrogate gradient, non-zero-count aggregation."""
 
     name = "fiarse"
-    summary = "top-`ceil(gamma d)` of `|x_j|` (FIARSE's magnitude rule)"
+    summary = (
+        "every weight with `|x_j| >= theta`, `theta` the `floor(gamma n)`-th largest magnitude; the mask follows "
+        "the weights inside the round, trained through the surrogate gradient `2 theta / (|w| + theta)^2` "
+        "(FIARSE's threshold rule)"
+    )
+    options = FIARSEOptions
+    options_prefix = "fiarse-"
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.opts: FIARSEOptions = run.options(self.name)
+
+    def describe(self) -> str:
+        """Method and its settings."""
+        return f"method={self.name} surrogate={self.opts.surrogate} aggregation={self.opts.aggregation}"
+
+    # -------------------------------------------------------------- server side
+    def start_server(self, layout: ParamLayout) -> None:
+        """Find the gated positions of the architecture (module types only: built on the meta device)."""
+        super().start_server(layout)
+        with torch.device("meta"):
+            probe = build_model(self.run.model, 2, 1, self.run.seed)
+        self.gated = gated_positions(layout, gated_names(probe))
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:
-        """Top-k of ``|x|`` (``magnitude``)."""
-        return select_mask(self.layout, x, gamma, "magnitude", None, self.run.min_per_row), "magnitude"
+        """Every ungated position and the gated ones at or above the capacity's threshold (``threshold``)."""
+        return threshold_mask(x, self.gated, threshold_for(x, self.gated, gamma)), "threshold"
+
+    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+        """``fiarse-aggregation``: the non-zero-count mean (published) or the holder mean."""
+        updates = [a.reply.update for a in accepted]
+        if self.opts.aggregation == "nonzero":
+            return nonzero_mean_step(x, updates, self.run.server_lr)
+        return aggregate_masked(x, updates, self.run.server_lr)
+
+    # -------------------------------------------------------------- client side
+    def client_train(
+        self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
+    ) -> LocalUpdate:
+        """Train the gated model ``w * 1[|w| >= theta]``; reply with the change of the held positions."""
+        start = time.perf_counter()
+        model, layout = self._model(train)
+        params, mask = decode_received(received, layout)
+        names = gated_names(model)
+        theta = received_threshold(params, gated_positions(layout, names), mask)
+        load_flat(model, layout, params)
+        model.to(device)
+        gates = attach_threshold_gates(model, names, theta, self.opts.surrogate)
+        result = train_loop(model, train, cfg, device)
+        detach_threshold_gates(gates)
+        named = dict(model.named_parameters())
+        trained = np.concatenate([named[n].detach().cpu().numpy().reshape(-1) for n in layout.names])
+        delta = (trained[mask] - params[mask]).astype(np.float32)
+        return LocalUpdate({P.DELTA: delta}, result.num_examples, result.loss, time.perf_counter() - start, 0.0)
