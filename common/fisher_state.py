@@ -54,6 +54,12 @@ def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
     return max(3, int((budget_mb * 2**20 - 12 * d) // per_client))
 
 
+def _spans(d: int) -> Iterator[slice]:
+    """Consecutive blocks of :data:`PRIOR_BLOCK` positions covering ``0..d-1``."""
+    for start in range(0, d, PRIOR_BLOCK):
+        yield slice(start, start + PRIOR_BLOCK)
+
+
 @dataclass
 class ClientFisher:
     """A client's current estimate.
@@ -114,7 +120,7 @@ class FisherState:
         self.staleness_decay = staleness_decay
         self.ema = ema
         self.trim = trim
-        self._trimmed: NDArray[np.float32] | None = None
+        self._prior: NDArray[np.float32] | None = None
         self.clients: dict[ClientKey, ClientFisher] = {}
         self._dtype = PRECISIONS[precision]
         self._sum = np.zeros(d, dtype=np.float64)
@@ -122,11 +128,19 @@ class FisherState:
 
     @staticmethod
     def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
-        """Scale to mean 1; ``None`` when the estimate carries no information (all zero)."""
+        """Scale to mean 1; ``None`` when the estimate carries no information (all zero).
+
+        Each value is divided in float64 and rounded once to float32, one block of
+        positions at a time (no float64 copy of the whole vector).
+        """
+        fisher = np.asarray(fisher)
         mean = float(np.mean(fisher, dtype=np.float64))
         if not np.isfinite(mean) or mean <= 0:
             return None
-        return (np.asarray(fisher, dtype=np.float64) / mean).astype(np.float32)
+        out = np.empty(fisher.shape, dtype=np.float32)
+        for span in _spans(fisher.size):
+            np.divide(fisher[span], mean, out=out[span], dtype=np.float64, casting="same_kind")
+        return out
 
     def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
@@ -138,7 +152,8 @@ class FisherState:
         old = self.clients.pop(client, None)
         if old is not None:
             if self.ema > 0:
-                new = (self.ema * old.fisher.astype(np.float32) + (1 - self.ema) * new).astype(np.float32)
+                new *= np.float32(1 - self.ema)  # the same float32 arithmetic as ema * old + (1 - ema) * new
+                new += np.float32(self.ema) * old.fisher.astype(np.float32)
             self._forget(old)
         elif self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
@@ -147,19 +162,24 @@ class FisherState:
         if self.precision == "fp16":
             new = np.minimum(new, np.finfo(np.float16).max).astype(np.float16)
         self.clients[client] = ClientFisher(new, float(weight), round)
-        self._trimmed = None
-        self._sum += weight * new.astype(np.float64)
+        self._prior = None
+        self._accumulate(weight, new)
         self._weight += weight
         return True
 
+    def _accumulate(self, weight: float, fisher: NDArray) -> None:
+        """``_sum += weight * fisher`` in float64, one block at a time (no float64 temporary of length ``d``)."""
+        for span in _spans(self.d):
+            self._sum[span] += weight * fisher[span].astype(np.float64)
+
     def _forget(self, old: ClientFisher) -> None:
-        self._sum -= old.weight * old.fisher.astype(np.float64)
+        self._accumulate(-old.weight, old.fisher)
         self._weight -= old.weight
-        self._trimmed = None
+        self._prior = None
 
     def memory_bytes(self) -> int:
         """Bytes held by the state's arrays (client estimates, the running sum, the cached prior)."""
-        cached = 0 if self._trimmed is None else self._trimmed.nbytes
+        cached = 0 if self._prior is None else self._prior.nbytes
         return sum(c.fisher.nbytes for c in self.clients.values()) + self._sum.nbytes + cached
 
     def global_prior(self) -> NDArray[np.float32] | None:
@@ -168,14 +188,16 @@ class FisherState:
             return None
         n = len(self.clients)
         k = trim_count(self.trim, n)
-        if k > 0:
-            if self._trimmed is None:
-                prior = np.empty(self.d, dtype=np.float32)
+        if self._prior is None:  # cached until the next upload changes the estimates
+            prior = np.empty(self.d, dtype=np.float32)
+            if k > 0:
                 for span, block in self._blocks():
                     prior[span] = np.sort(block, axis=0)[k : n - k].mean(axis=0, dtype=np.float64)
-                self._trimmed = prior
-            return self._trimmed
-        return np.maximum(self._sum / self._weight, 0).astype(np.float32)
+            else:
+                for span in _spans(self.d):
+                    prior[span] = np.maximum(self._sum[span] / self._weight, 0)
+            self._prior = prior
+        return self._prior
 
     def prior_interval(self) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
         """Per-position range of the prior over every upload any one stored client could have made.
@@ -190,8 +212,8 @@ class FisherState:
         prior, lo, hi = (np.empty(self.d, dtype=np.float32) for _ in range(3))
         for span, block in self._blocks():
             prior[span], lo[span], hi[span] = trimmed_mean_bounds(block, k)
-        if self._trimmed is None:
-            self._trimmed = prior  # the same sort gives the prior: global_prior need not sort again
+        if self._prior is None:
+            self._prior = prior  # the same sort gives the prior: global_prior need not sort again
         return lo, hi
 
     def _blocks(self) -> Iterator[tuple[slice, NDArray]]:
@@ -267,6 +289,6 @@ class FisherState:
         state.evictions = evictions
         for i, w, r, f in zip(json.loads(z["ids"].tobytes()), z["weights"], z["rounds"], z["fisher"]):
             state.clients[i] = ClientFisher(f.copy(), float(w), int(r))
-            state._sum += w * f.astype(np.float64)
+            state._accumulate(float(w), f)
             state._weight += float(w)
         return state
