@@ -70,26 +70,29 @@ def aggregate_masked(
             raise ValueError(f"weight must be positive, got {u.weight}")
     full = [u.indices.size == d for u in updates]  # strictly increasing indices below d: exactly 0..d-1
     out = x.copy()
+    scaled = np.empty(min(d, AGGREGATION_BLOCK), dtype=np.float64)
     for start in range(0, d, AGGREGATION_BLOCK):
         stop = min(start + AGGREGATION_BLOCK, d)
         num = np.zeros(stop - start, dtype=np.float64)
         den = np.zeros(stop - start, dtype=np.float64)
         for u, dense in zip(updates, full):
             if dense:
-                num += u.weight * u.delta[start:stop].astype(np.float64)
+                num += np.multiply(u.delta[start:stop], u.weight, out=scaled[: stop - start], dtype=np.float64)
                 den += u.weight
                 continue
             lo, hi = np.searchsorted(u.indices, (start, stop))
             if lo == hi:
                 continue
             idx = u.indices[lo:hi] - start
-            num[idx] += u.weight * u.delta[lo:hi].astype(np.float64)
+            num[idx] += np.multiply(u.delta[lo:hi], u.weight, dtype=np.float64)
             den[idx] += u.weight
-        held = np.flatnonzero(den > 0)
-        if held.size == 0:
-            continue
+        # x + eta * num / den where somebody held the position, in place on the block's float64 sums.
+        held = den > 0
         block = out[start:stop]
-        block[held] = (block[held].astype(np.float64) + server_lr * num[held] / den[held]).astype(x.dtype)
+        num *= server_lr
+        np.divide(num, den, out=num, where=held)
+        num += block
+        np.copyto(block, num, where=held, casting="same_kind")
     return out
 
 

@@ -97,16 +97,17 @@ def contested_positions(
         ``True`` where the mask may differ between two estimates inside ``[lo, hi]``;
         outside these positions every such mask agrees.
     """
-    absx = np.abs(np.asarray(x, dtype=np.float64))
-    s_lo = np.asarray(lo, dtype=np.float64) * absx
-    s_hi = np.asarray(hi, dtype=np.float64) * absx
+    # lo, hi and |x| are float32 in practice: their float64 products are exact, so no bound is lost to rounding.
+    absx = np.abs(np.asarray(x))
+    s_lo = np.multiply(lo, absx, dtype=np.float64)
+    s_hi = np.multiply(hi, absx, dtype=np.float64)
     if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
         raise ValueError(f"lo and hi must have shape ({layout.size},)")
     if np.any(s_lo > s_hi):
         raise ValueError("lo must not exceed hi")
     eligible = ~layout.always_kept
     contested = np.zeros(layout.size, dtype=bool)
-    n_eligible = int(eligible.sum())
+    n_eligible = int(np.count_nonzero(eligible))
     if n_eligible == 0:
         return contested
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
@@ -115,26 +116,34 @@ def contested_positions(
     need = k - (layout.size - n_eligible) - guard  # positions chosen by score beyond always-kept and guard
     if need >= n_eligible - guard:
         return contested  # every eligible position is kept whatever the scores
-    lo_e, hi_e = s_lo[eligible], s_hi[eligible]
     if min_per_row > 0:
-        not_guard, in_guard = (a[eligible] for a in _row_guard_bounds(layout, s_lo, s_hi, min_per_row))
+        not_guard, in_guard = _row_guard_bounds(layout, s_lo, s_hi, min_per_row)
     else:
-        not_guard, in_guard = np.ones(n_eligible, dtype=bool), np.zeros(n_eligible, dtype=bool)
+        not_guard, in_guard = eligible, np.zeros(layout.size, dtype=bool)
     if need > 0:
         # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
         # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
         # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
-        rest_lo, rest_hi = lo_e[~in_guard], hi_e[~in_guard]
-        unsure = guard - int(in_guard.sum())
-        t_hi = np.partition(rest_hi, rest_hi.size - need)[rest_hi.size - need]
-        t_lo = np.partition(rest_lo, rest_lo.size - need - unsure)[rest_lo.size - need - unsure]
-        surely_in = in_guard | (lo_e > t_hi)
+        # Positions outside that set sink to -inf, below every score, instead of being gathered out.
+        rest = eligible & ~in_guard
+        unsure = guard - int(np.count_nonzero(in_guard & eligible))
+        t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), need)
+        t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), need + unsure)
+        surely_in = in_guard | (s_lo > t_hi)
     else:
         t_lo = np.inf  # only the guard is kept beyond the always-kept positions
         surely_in = in_guard
-    surely_out = not_guard & (hi_e < t_lo)
-    contested[np.flatnonzero(eligible)] = ~(surely_in | surely_out)
+    surely_out = not_guard & (s_hi < t_lo)
+    surely_in |= surely_out
+    np.logical_not(surely_in, out=contested)
+    contested &= eligible
     return contested
+
+
+def _kth_largest(values: NDArray[np.float64], k: int) -> float:
+    """The ``k``-th largest entry (``1 <= k <= len``), by an in-place partition of ``values``."""
+    values.partition(values.size - k)
+    return float(values[values.size - k])
 
 
 def _row_guard_bounds(
@@ -148,18 +157,30 @@ def _row_guard_bounds(
     fewer than ``m`` others can reach its lowest score (``lo`` above the ``m``-th
     largest ``hi`` among the *other* positions), or the row has at most ``m`` positions.
     Rows are contiguous runs of the flat vector, so each tensor is one ``(rows, per_row)`` block.
+    With ``m = 1`` only a row's largest ``hi`` can be surely inside (every other position's
+    ``lo`` is at most its own ``hi``, below that maximum), so row maxima replace the partitions.
     """
     not_guard = np.zeros(layout.size, dtype=bool)
     in_guard = np.zeros(layout.size, dtype=bool)
-    for t, start in zip(layout.tensors, layout.offsets[:-1]):
-        if len(t.shape) < 2:
+    for t, start in zip(layout.tensors, layout.offsets[:-1].tolist()):
+        if len(t.shape) < 2 or t.size == 0:
             continue
         per_row = t.size // t.rows
-        block = slice(int(start), int(start) + t.size)
+        block = slice(start, start + t.size)
         if per_row <= m:
             in_guard[block] = True
             continue
         lo_b, hi_b = lo[block].reshape(t.rows, per_row), hi[block].reshape(t.rows, per_row)
+        if m == 1:
+            rows = np.arange(t.rows)
+            top = hi_b.argmax(axis=1)
+            others = hi_b.copy()
+            others[rows, top] = -np.inf
+            second_hi = others.max(axis=1)  # the others' largest hi, seen from the row's top position
+            np.less(hi_b, lo_b.max(axis=1, keepdims=True), out=not_guard[block].reshape(t.rows, per_row))
+            # A tie for the row's largest hi makes second_hi == top_hi >= lo: never surely inside.
+            in_guard[block].reshape(t.rows, per_row)[rows, top] = lo_b[rows, top] > second_hi
+            continue
         mth_lo = np.partition(lo_b, per_row - m, axis=1)[:, per_row - m]
         top = np.partition(hi_b, (per_row - m - 1, per_row - m), axis=1)
         mth_hi, next_hi = top[:, per_row - m], top[:, per_row - m - 1]

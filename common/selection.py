@@ -116,9 +116,8 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     if need >= d - n_forced:
         mask[:] = True
         return mask
-    work = scores.copy()
-    if n_forced:
-        work[mask] = -np.inf  # below every finite score: the need-th largest is a free position's
+    # Forced positions sink below every finite score, so the need-th largest is a free position's.
+    work = np.where(mask, -np.inf, scores) if n_forced else scores.copy()
     work.partition(d - need)
     threshold = work[d - need]
     del work

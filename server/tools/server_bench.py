@@ -200,7 +200,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     t.project["validate"] = timed(validate)
     t.anchor["validate"] = None
-    del arrays
+    arrays.clear()  # the decoded replies hold what the round needs from here on
 
     updates = [r.update for r in replies]
     t.project["aggregate"] = timed(lambda: aggregate_masked(x, updates, cfg.server_lr))
@@ -213,7 +213,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         x + acc
 
     t.anchor["aggregate"] = timed(aggregate_anchor)
-    del updates, dense
+    updates.clear()
 
     def fisher_update() -> None:
         for key, r in zip(keys, replies):
@@ -230,7 +230,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     t.project["fisher"] = timed(fisher_update)
     t.anchor["fisher"] = timed(fisher_anchor)
-    del replies
+    replies.clear()
 
     t.project["prior"] = timed(state.global_prior)
     stored = [c.fisher for c in state.clients.values()]
@@ -248,7 +248,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
                 s.mean(axis=0, dtype=np.float64)
 
     t.anchor["prior"] = timed(prior_anchor)
-    del stored
+    stored.clear()
 
     below = sorted({g for g in caps if g < 1.0}, reverse=True)
 
