@@ -1,4 +1,4 @@
-"""Benchmark: the server's work in one FedFIbOS round, step by step, against the fastest numpy way to do each step.
+"""Benchmark: the server's work per FedFIbOS round, step by step, against the plainest numpy code for each step.
 
 For every model and number of clients per round, one round of the server's steps
 runs in this process on synthetic data of the model's size (global values from
