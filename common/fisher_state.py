@@ -125,6 +125,9 @@ class FisherState:
         self._dtype = PRECISIONS[precision]
         self._sum = np.zeros(d, dtype=np.float64)
         self._weight = 0.0
+        # Each stored client keeps one row ("slot") of the serialised state while it stays: rows of clients
+        # that did not upload are then byte-identical, at the same offsets, from one checkpoint to the next.
+        self._slots: dict[ClientKey, int] = {}
 
     @staticmethod
     def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
@@ -158,10 +161,12 @@ class FisherState:
         elif self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
             self._forget(self.clients.pop(stalest))
+            self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
             self.evictions += 1
         if self.precision == "fp16":
             new = np.minimum(new, np.finfo(np.float16).max).astype(np.float16)
         self.clients[client] = ClientFisher(new, float(weight), round)
+        self._slots.setdefault(client, len(self._slots))
         self._prior = None
         self._accumulate(weight, new)
         self._weight += weight
@@ -259,11 +264,24 @@ class FisherState:
         return (trust * mine + (1 - trust) * prior).astype(np.float32)
 
     def to_bytes(self) -> bytes:
-        """Serialise (npz) for checkpoints."""
+        """Serialise (npz) for checkpoints and ``fisher_state.npz``.
+
+        The estimates come first, one row per slot: a client keeps its row while
+        it stays stored, so from one call to the next only the rows of clients
+        that uploaded (and the small arrays after them) change, at the same byte
+        offsets, which lets :mod:`server.persistence` write checkpoints
+        incrementally. The float64 running sum is stored as it is, so the
+        example-weighted prior resumes to the bit.
+        """
         ids = list(self.clients)
+        rows = np.zeros((len(self._slots), self.d), dtype=self._dtype)
+        for i in ids:
+            rows[self._slots[i]] = self.clients[i].fisher
         buf = io.BytesIO()
         np.savez(
             buf,
+            fisher=rows,
+            slots=np.array([self._slots[i] for i in ids], dtype=np.int64),
             d=np.array(self.d),
             params=np.array([self.staleness_decay, self.ema, self.trim]),
             limits=np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
@@ -271,13 +289,14 @@ class FisherState:
             ids=np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
             weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
-            fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), self._dtype),
+            sum=self._sum,
+            weight=np.array(self._weight, dtype=np.float64),
         )
         return buf.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> FisherState:
-        """Restore from :meth:`to_bytes`."""
+        """Restore from :meth:`to_bytes` (also reads the earlier layout, estimates in client order, no sum)."""
         z = np.load(io.BytesIO(data))
         max_clients, evictions = (int(v) for v in z["limits"])
         state = cls(
@@ -287,8 +306,17 @@ class FisherState:
             precision=z["precision"].tobytes().decode(),
         )
         state.evictions = evictions
-        for i, w, r, f in zip(json.loads(z["ids"].tobytes()), z["weights"], z["rounds"], z["fisher"]):
-            state.clients[i] = ClientFisher(f.copy(), float(w), int(r))
-            state._accumulate(float(w), f)
-            state._weight += float(w)
+        ids = json.loads(z["ids"].tobytes())
+        rows = z["fisher"]
+        slots = z["slots"].tolist() if "slots" in z.files else list(range(len(ids)))
+        for i, slot, w, r in zip(ids, slots, z["weights"], z["rounds"]):
+            f = rows[slot].copy()
+            state.clients[i] = ClientFisher(f, float(w), int(r))
+            state._slots[i] = int(slot)
+            if "sum" not in z.files:
+                state._accumulate(float(w), f)
+                state._weight += float(w)
+        if "sum" in z.files:
+            state._sum = z["sum"].astype(np.float64)
+            state._weight = float(z["weight"])
         return state
