@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from common.prior_influence import trim_count, trimmed_mean_bounds
+from common.prior_influence import sort_columns, trim_count, trimmed_mean_bounds
 
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
 PRIOR_BLOCK = 1 << 20  # positions per block when computing the trimmed prior
@@ -197,7 +197,7 @@ class FisherState:
             prior = np.empty(self.d, dtype=np.float32)
             if k > 0:
                 for span, block in self._blocks():
-                    prior[span] = np.sort(block, axis=0)[k : n - k].mean(axis=0, dtype=np.float64)
+                    prior[span] = sort_columns(block)[k : n - k].mean(axis=0, dtype=np.float64)
             else:
                 for span in _spans(self.d):
                     prior[span] = np.maximum(self._sum[span] / self._weight, 0)

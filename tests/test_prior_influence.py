@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from common.fisher_state import FisherState
 from common.layout import ParamLayout
-from common.prior_influence import contested_positions, trim_count, trimmed_mean_bounds
+from common.prior_influence import contested_positions, sort_columns, trim_count, trimmed_mean_bounds
 from common.selection import budget, select_mask
 
 
@@ -208,3 +208,24 @@ def test_contested_positions_match_a_per_row_reference(shapes, gamma, min_per_ro
     x = rng.integers(-2, 3, d).astype(np.float32)
     got = contested_positions(layout, x, gamma, lo, hi, min_per_row)
     assert np.array_equal(got, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 40), m=st.integers(0, 9), dtype=st.sampled_from([np.float16, np.float32]), seed=st.integers(0, 9)
+)
+def test_sorting_network_sorts_columns_like_np_sort(n, m, dtype, seed):
+    values = np.random.default_rng(seed).integers(0, 4, (n, m)).astype(dtype)  # ties in every column
+    got = sort_columns(values)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, np.sort(values, axis=0).astype(np.float32))
+
+
+def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
+    import common.prior_influence as pi
+
+    values = np.random.default_rng(0).lognormal(size=(7, 300)).astype(np.float32)
+    monkeypatch.setattr(pi, "_TILE", 64)
+    assert np.array_equal(sort_columns(values), np.sort(values, axis=0))
+    monkeypatch.setattr(pi, "NETWORK_MAX_ROWS", 3)
+    assert np.array_equal(sort_columns(values), np.sort(values, axis=0))
