@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from numpy.typing import NDArray
 from common.prior_influence import sort_columns, trim_count, trimmed_mean_bounds
 
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # zip member timestamp of the serialised state
 PRIOR_BLOCK = 1 << 20  # positions per block when computing the trimmed prior
 ClientKey = int | str  # a stable client identity (the strategy uses the client key it reports)
 
@@ -274,24 +276,31 @@ class FisherState:
         example-weighted prior resumes to the bit.
         """
         ids = list(self.clients)
-        rows = np.zeros((len(self._slots), self.d), dtype=self._dtype)
-        for i in ids:
-            rows[self._slots[i]] = self.clients[i].fisher
+        by_slot = sorted(ids, key=self._slots.__getitem__)  # slots are 0..n-1: evictions hand theirs over
+        arrays = {
+            "slots": np.array([self._slots[i] for i in ids], dtype=np.int64),
+            "d": np.array(self.d),
+            "params": np.array([self.staleness_decay, self.ema, self.trim]),
+            "limits": np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
+            "precision": np.frombuffer(self.precision.encode(), dtype=np.uint8),
+            "ids": np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
+            "weights": np.array([self.clients[i].weight for i in ids], dtype=np.float64),
+            "rounds": np.array([self.clients[i].round for i in ids], dtype=np.int64),
+            "sum": self._sum,
+            "weight": np.array(self._weight, dtype=np.float64),
+        }
         buf = io.BytesIO()
-        np.savez(
-            buf,
-            fisher=rows,
-            slots=np.array([self._slots[i] for i in ids], dtype=np.int64),
-            d=np.array(self.d),
-            params=np.array([self.staleness_decay, self.ema, self.trim]),
-            limits=np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
-            precision=np.frombuffer(self.precision.encode(), dtype=np.uint8),
-            ids=np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
-            weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
-            rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
-            sum=self._sum,
-            weight=np.array(self._weight, dtype=np.float64),
-        )
+        # np.savez's layout, written directly: the rows streamed from the stored estimates (no stacked copy)
+        # and fixed timestamps, so equal states give equal bytes.
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open(zipfile.ZipInfo("fisher.npy", _EPOCH), "w", force_zip64=True) as f:
+                header = {"descr": np.lib.format.dtype_to_descr(np.dtype(self._dtype)), "fortran_order": False}
+                np.lib.format.write_array_header_1_0(f, {**header, "shape": (len(by_slot), self.d)})
+                for i in by_slot:
+                    f.write(memoryview(np.ascontiguousarray(self.clients[i].fisher, dtype=self._dtype)))
+            for name, array in arrays.items():
+                with zf.open(zipfile.ZipInfo(f"{name}.npy", _EPOCH), "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, array, allow_pickle=False)
         return buf.getvalue()
 
     @classmethod

@@ -48,10 +48,10 @@ def test_a_crash_before_the_new_checkpoint_leaves_the_old_one(tmp_path, monkeypa
     save_checkpoint(path, 1, np.ones(3, np.float32), old)
     real = persistence.atomic_write
 
-    def crash_on_the_checkpoint_file(target, data):
+    def crash_on_the_checkpoint_file(target, data, sync_dir=True):
         if target == path:
             raise KeyboardInterrupt("killed")
-        real(target, data)
+        real(target, data, sync_dir)
 
     monkeypatch.setattr(persistence, "atomic_write", crash_on_the_checkpoint_file)
     with pytest.raises(KeyboardInterrupt):
