@@ -155,14 +155,14 @@ class FisherState:
         if new is None:
             return False
         old = self.clients.pop(client, None)
+        gone = old
         if old is not None:
             if self.ema > 0:
                 new *= np.float32(1 - self.ema)  # the same float32 arithmetic as ema * old + (1 - ema) * new
                 new += np.float32(self.ema) * old.fisher.astype(np.float32)
-            self._forget(old)
         elif self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
-            self._forget(self.clients.pop(stalest))
+            gone = self.clients.pop(stalest)
             self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
             self.evictions += 1
         if self.precision == "fp16":
@@ -170,19 +170,25 @@ class FisherState:
         self.clients[client] = ClientFisher(new, float(weight), round)
         self._slots.setdefault(client, len(self._slots))
         self._prior = None
-        self._accumulate(weight, new)
+        # The estimate it replaces leaves the running sum and the new one enters it in one pass.
+        terms = [(float(weight), new)] if gone is None else [(-gone.weight, gone.fisher), (float(weight), new)]
+        self._accumulate(terms)
+        if gone is not None:
+            self._weight -= gone.weight
         self._weight += weight
         return True
 
-    def _accumulate(self, weight: float, fisher: NDArray) -> None:
-        """``_sum += weight * fisher`` in float64, one block at a time (no float64 temporary of length ``d``)."""
-        for span in _spans(self.d):
-            self._sum[span] += weight * fisher[span].astype(np.float64)
+    def _accumulate(self, terms: list[tuple[float, NDArray]]) -> None:
+        """``_sum += w * f`` for each ``(w, f)`` in order, in float64, one block at a time.
 
-    def _forget(self, old: ClientFisher) -> None:
-        self._accumulate(-old.weight, old.fisher)
-        self._weight -= old.weight
-        self._prior = None
+        Block by block, so no float64 temporary of length ``d`` exists and the sum
+        is read and written once for all the terms.
+        """
+        scaled = np.empty(min(self.d, PRIOR_BLOCK), dtype=np.float64)
+        for span in _spans(self.d):
+            out = scaled[: len(self._sum[span])]
+            for weight, fisher in terms:
+                self._sum[span] += np.multiply(fisher[span], weight, out=out, dtype=np.float64)
 
     def memory_bytes(self) -> int:
         """Bytes held by the state's arrays (client estimates, the running sum, the cached prior)."""
@@ -323,7 +329,7 @@ class FisherState:
             state.clients[i] = ClientFisher(f, float(w), int(r))
             state._slots[i] = int(slot)
             if "sum" not in z.files:
-                state._accumulate(float(w), f)
+                state._accumulate([(float(w), f)])
                 state._weight += float(w)
         if "sum" in z.files:
             state._sum = z["sum"].astype(np.float64)
