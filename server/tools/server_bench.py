@@ -276,8 +276,9 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.anchor["eval_masks"] = timed(eval_masks_anchor)
 
     path = workdir / "checkpoint.npz"
-    t.project["checkpoint"] = timed(lambda: save_checkpoint(path, rnd, x, state.to_bytes()))
-    size = path.stat().st_size
+    stored: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
+    t.project["checkpoint"] = timed(lambda: stored.append(save_checkpoint(path, rnd, x, state.to_bytes())))
+    size = path.stat().st_size + stored[0]
 
     def checkpoint_anchor() -> None:
         raw = workdir / "raw.bin"
