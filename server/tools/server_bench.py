@@ -357,25 +357,29 @@ def scaling_lines(results: list[dict]) -> list[str]:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Server seconds per round against clients per round, project and anchor, one colour per model."""
+    """Server seconds per round against clients per round, project and anchor: one panel per model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, model in enumerate(dict.fromkeys(r["model"] for r in results)):
+    models = [
+        m
+        for m in dict.fromkeys(r["model"] for r in results)
+        if any(r["model"] == m and "skipped" not in r for r in results)
+    ]
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
         rows = [r for r in results if r["model"] == model and "skipped" not in r]
-        if not rows:
-            continue
         n = [r["clients"] for r in rows]
-        ax.plot(n, [r["round_project"] for r in rows], "o-", color=f"C{i}", label=f"{model}: project")
-        ax.plot(n, [r["round_anchor"] for r in rows], "s--", color=f"C{i}", alpha=0.6, label=f"{model}: numpy anchor")
-    ax.set_xlabel("clients per round")
-    ax.set_ylabel("server seconds per round")
-    ax.set_title("Server work per FedFIbOS round")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        ax.plot(n, [r["round_project"] for r in rows], "o-", label="project")
+        ax.plot(n, [r["round_anchor"] for r in rows], "s--", alpha=0.7, label="numpy anchor")
+        ax.set_title(f"{model} (d = {rows[0]['d']:,})")
+        ax.set_xlabel("clients per round")
+        ax.set_ylabel("server seconds per round")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
