@@ -38,33 +38,61 @@ class MaskedUpdate:
     weight: float
 
 
+#: Positions per block of the accumulation: two float64 blocks of this size (16 MiB) bound the temporaries.
+AGGREGATION_BLOCK = 1 << 20
+
+
 def aggregate_masked(
     x: NDArray[np.float32], updates: Sequence[MaskedUpdate], server_lr: float = 1.0
 ) -> NDArray[np.float32]:
     """Apply the mask-aware weighted mean of ``updates`` to ``x`` (returns a new array).
+
+    The sums are float64, accumulated one block of :data:`AGGREGATION_BLOCK`
+    positions at a time (client order within a block, as a dense accumulation
+    would), so the result is the same to the bit while no float64 array of
+    length ``d`` is ever allocated. A client that held every position adds its
+    delta as a slice, without index arithmetic.
 
     Parameters
     ----------
     x : NDArray[float32]
         Current global vector, length ``d``; not modified.
     updates : Sequence[MaskedUpdate]
-        Validated client updates.
+        Validated client updates (indices strictly increasing).
     server_lr : float
         Server step ``eta_g`` (1.0 = plain masked averaging).
     """
     d = x.shape[0]
-    num = np.zeros(d, dtype=np.float64)
-    den = np.zeros(d, dtype=np.float64)
     for u in updates:
         if u.indices.shape != u.delta.shape:
             raise ValueError("indices and delta differ in length")
         if not u.weight > 0:
             raise ValueError(f"weight must be positive, got {u.weight}")
-        num[u.indices] += u.weight * u.delta.astype(np.float64)
-        den[u.indices] += u.weight
-    held = den > 0
+    full = [u.indices.size == d for u in updates]  # strictly increasing indices below d: exactly 0..d-1
     out = x.copy()
-    out[held] = (x[held].astype(np.float64) + server_lr * num[held] / den[held]).astype(x.dtype)
+    scaled = np.empty(min(d, AGGREGATION_BLOCK), dtype=np.float64)
+    for start in range(0, d, AGGREGATION_BLOCK):
+        stop = min(start + AGGREGATION_BLOCK, d)
+        num = np.zeros(stop - start, dtype=np.float64)
+        den = np.zeros(stop - start, dtype=np.float64)
+        for u, dense in zip(updates, full):
+            if dense:
+                num += np.multiply(u.delta[start:stop], u.weight, out=scaled[: stop - start], dtype=np.float64)
+                den += u.weight
+                continue
+            lo, hi = np.searchsorted(u.indices, (start, stop))
+            if lo == hi:
+                continue
+            idx = u.indices[lo:hi] - start
+            num[idx] += np.multiply(u.delta[lo:hi], u.weight, dtype=np.float64)
+            den[idx] += u.weight
+        # x + eta * num / den where somebody held the position, in place on the block's float64 sums.
+        held = den > 0
+        block = out[start:stop]
+        num *= server_lr
+        np.divide(num, den, out=num, where=held)
+        num += block
+        np.copyto(block, num, where=held, casting="same_kind")
     return out
 
 

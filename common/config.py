@@ -188,7 +188,14 @@ class RunConfig(Schema):
     )
     resume: bool = Field(
         False,
-        description="continue from `<results-dir>/checkpoint.npz` (written atomically after every round)",
+        description="continue from `<results-dir>/checkpoint.npz` (written atomically every `checkpoint-every` rounds)",
+    )
+    checkpoint_every: int = Field(
+        1,
+        ge=1,
+        le=1_000_000,
+        description="write the checkpoint after every N-th round and the last (a resumed run repeats the rounds "
+        "since); it writes only the state that changed",
     )
     poll_interval: float = Field(0.2, ge=0.01, le=10, description="seconds between pulls of replies")
     results_dir: str = Field(

@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.prior_influence import trim_count, trimmed_mean_bounds
+from common.prior_influence import sort_columns, trim_count, trimmed_mean_bounds
 
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # zip member timestamp of the serialised state
 PRIOR_BLOCK = 1 << 20  # positions per block when computing the trimmed prior
 ClientKey = int | str  # a stable client identity (the strategy uses the client key it reports)
 
@@ -52,6 +54,12 @@ def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
     """
     per_client = d * np.dtype(PRECISIONS[precision]).itemsize
     return max(3, int((budget_mb * 2**20 - 12 * d) // per_client))
+
+
+def _spans(d: int) -> Iterator[slice]:
+    """Consecutive blocks of :data:`PRIOR_BLOCK` positions covering ``0..d-1``."""
+    for start in range(0, d, PRIOR_BLOCK):
+        yield slice(start, start + PRIOR_BLOCK)
 
 
 @dataclass
@@ -114,19 +122,30 @@ class FisherState:
         self.staleness_decay = staleness_decay
         self.ema = ema
         self.trim = trim
-        self._trimmed: NDArray[np.float32] | None = None
+        self._prior: NDArray[np.float32] | None = None
         self.clients: dict[ClientKey, ClientFisher] = {}
         self._dtype = PRECISIONS[precision]
         self._sum = np.zeros(d, dtype=np.float64)
         self._weight = 0.0
+        # Each stored client keeps one row ("slot") of the serialised state while it stays: rows of clients
+        # that did not upload are then byte-identical, at the same offsets, from one checkpoint to the next.
+        self._slots: dict[ClientKey, int] = {}
 
     @staticmethod
     def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
-        """Scale to mean 1; ``None`` when the estimate carries no information (all zero)."""
+        """Scale to mean 1; ``None`` when the estimate carries no information (all zero).
+
+        Each value is divided in float64 and rounded once to float32, one block of
+        positions at a time (no float64 copy of the whole vector).
+        """
+        fisher = np.asarray(fisher)
         mean = float(np.mean(fisher, dtype=np.float64))
         if not np.isfinite(mean) or mean <= 0:
             return None
-        return (np.asarray(fisher, dtype=np.float64) / mean).astype(np.float32)
+        out = np.empty(fisher.shape, dtype=np.float32)
+        for span in _spans(fisher.size):
+            np.divide(fisher[span], mean, out=out[span], dtype=np.float64, casting="same_kind")
+        return out
 
     def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
@@ -136,30 +155,44 @@ class FisherState:
         if new is None:
             return False
         old = self.clients.pop(client, None)
+        gone = old
         if old is not None:
             if self.ema > 0:
-                new = (self.ema * old.fisher.astype(np.float32) + (1 - self.ema) * new).astype(np.float32)
-            self._forget(old)
+                new *= np.float32(1 - self.ema)  # the same float32 arithmetic as ema * old + (1 - ema) * new
+                new += np.float32(self.ema) * old.fisher.astype(np.float32)
         elif self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
-            self._forget(self.clients.pop(stalest))
+            gone = self.clients.pop(stalest)
+            self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
             self.evictions += 1
         if self.precision == "fp16":
             new = np.minimum(new, np.finfo(np.float16).max).astype(np.float16)
         self.clients[client] = ClientFisher(new, float(weight), round)
-        self._trimmed = None
-        self._sum += weight * new.astype(np.float64)
+        self._slots.setdefault(client, len(self._slots))
+        self._prior = None
+        # The estimate it replaces leaves the running sum and the new one enters it in one pass.
+        terms = [(float(weight), new)] if gone is None else [(-gone.weight, gone.fisher), (float(weight), new)]
+        self._accumulate(terms)
+        if gone is not None:
+            self._weight -= gone.weight
         self._weight += weight
         return True
 
-    def _forget(self, old: ClientFisher) -> None:
-        self._sum -= old.weight * old.fisher.astype(np.float64)
-        self._weight -= old.weight
-        self._trimmed = None
+    def _accumulate(self, terms: list[tuple[float, NDArray]]) -> None:
+        """``_sum += w * f`` for each ``(w, f)`` in order, in float64, one block at a time.
+
+        Block by block, so no float64 temporary of length ``d`` exists and the sum
+        is read and written once for all the terms.
+        """
+        scaled = np.empty(min(self.d, PRIOR_BLOCK), dtype=np.float64)
+        for span in _spans(self.d):
+            out = scaled[: len(self._sum[span])]
+            for weight, fisher in terms:
+                self._sum[span] += np.multiply(fisher[span], weight, out=out, dtype=np.float64)
 
     def memory_bytes(self) -> int:
         """Bytes held by the state's arrays (client estimates, the running sum, the cached prior)."""
-        cached = 0 if self._trimmed is None else self._trimmed.nbytes
+        cached = 0 if self._prior is None else self._prior.nbytes
         return sum(c.fisher.nbytes for c in self.clients.values()) + self._sum.nbytes + cached
 
     def global_prior(self) -> NDArray[np.float32] | None:
@@ -168,14 +201,16 @@ class FisherState:
             return None
         n = len(self.clients)
         k = trim_count(self.trim, n)
-        if k > 0:
-            if self._trimmed is None:
-                prior = np.empty(self.d, dtype=np.float32)
+        if self._prior is None:  # cached until the next upload changes the estimates
+            prior = np.empty(self.d, dtype=np.float32)
+            if k > 0:
                 for span, block in self._blocks():
-                    prior[span] = np.sort(block, axis=0)[k : n - k].mean(axis=0, dtype=np.float64)
-                self._trimmed = prior
-            return self._trimmed
-        return np.maximum(self._sum / self._weight, 0).astype(np.float32)
+                    prior[span] = sort_columns(block)[k : n - k].mean(axis=0, dtype=np.float64)
+            else:
+                for span in _spans(self.d):
+                    prior[span] = np.maximum(self._sum[span] / self._weight, 0)
+            self._prior = prior
+        return self._prior
 
     def prior_interval(self) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
         """Per-position range of the prior over every upload any one stored client could have made.
@@ -190,8 +225,8 @@ class FisherState:
         prior, lo, hi = (np.empty(self.d, dtype=np.float32) for _ in range(3))
         for span, block in self._blocks():
             prior[span], lo[span], hi[span] = trimmed_mean_bounds(block, k)
-        if self._trimmed is None:
-            self._trimmed = prior  # the same sort gives the prior: global_prior need not sort again
+        if self._prior is None:
+            self._prior = prior  # the same sort gives the prior: global_prior need not sort again
         return lo, hi
 
     def _blocks(self) -> Iterator[tuple[slice, NDArray]]:
@@ -237,25 +272,46 @@ class FisherState:
         return (trust * mine + (1 - trust) * prior).astype(np.float32)
 
     def to_bytes(self) -> bytes:
-        """Serialise (npz) for checkpoints."""
+        """Serialise (npz) for checkpoints and ``fisher_state.npz``.
+
+        The estimates come first, one row per slot: a client keeps its row while
+        it stays stored, so from one call to the next only the rows of clients
+        that uploaded (and the small arrays after them) change, at the same byte
+        offsets, which lets :mod:`server.persistence` write checkpoints
+        incrementally. The float64 running sum is stored as it is, so the
+        example-weighted prior resumes to the bit.
+        """
         ids = list(self.clients)
+        by_slot = sorted(ids, key=self._slots.__getitem__)  # slots are 0..n-1: evictions hand theirs over
+        arrays = {
+            "slots": np.array([self._slots[i] for i in ids], dtype=np.int64),
+            "d": np.array(self.d),
+            "params": np.array([self.staleness_decay, self.ema, self.trim]),
+            "limits": np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
+            "precision": np.frombuffer(self.precision.encode(), dtype=np.uint8),
+            "ids": np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
+            "weights": np.array([self.clients[i].weight for i in ids], dtype=np.float64),
+            "rounds": np.array([self.clients[i].round for i in ids], dtype=np.int64),
+            "sum": self._sum,
+            "weight": np.array(self._weight, dtype=np.float64),
+        }
         buf = io.BytesIO()
-        np.savez(
-            buf,
-            d=np.array(self.d),
-            params=np.array([self.staleness_decay, self.ema, self.trim]),
-            limits=np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
-            precision=np.frombuffer(self.precision.encode(), dtype=np.uint8),
-            ids=np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
-            weights=np.array([self.clients[i].weight for i in ids], dtype=np.float64),
-            rounds=np.array([self.clients[i].round for i in ids], dtype=np.int64),
-            fisher=np.stack([self.clients[i].fisher for i in ids]) if ids else np.zeros((0, self.d), self._dtype),
-        )
+        # np.savez's layout, written directly: the rows streamed from the stored estimates (no stacked copy)
+        # and fixed timestamps, so equal states give equal bytes.
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            with zf.open(zipfile.ZipInfo("fisher.npy", _EPOCH), "w", force_zip64=True) as f:
+                header = {"descr": np.lib.format.dtype_to_descr(np.dtype(self._dtype)), "fortran_order": False}
+                np.lib.format.write_array_header_1_0(f, {**header, "shape": (len(by_slot), self.d)})
+                for i in by_slot:
+                    f.write(memoryview(np.ascontiguousarray(self.clients[i].fisher, dtype=self._dtype)))
+            for name, array in arrays.items():
+                with zf.open(zipfile.ZipInfo(f"{name}.npy", _EPOCH), "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, array, allow_pickle=False)
         return buf.getvalue()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> FisherState:
-        """Restore from :meth:`to_bytes`."""
+        """Restore from :meth:`to_bytes` (also reads the earlier layout, estimates in client order, no sum)."""
         z = np.load(io.BytesIO(data))
         max_clients, evictions = (int(v) for v in z["limits"])
         state = cls(
@@ -265,8 +321,17 @@ class FisherState:
             precision=z["precision"].tobytes().decode(),
         )
         state.evictions = evictions
-        for i, w, r, f in zip(json.loads(z["ids"].tobytes()), z["weights"], z["rounds"], z["fisher"]):
-            state.clients[i] = ClientFisher(f.copy(), float(w), int(r))
-            state._sum += w * f.astype(np.float64)
-            state._weight += float(w)
+        ids = json.loads(z["ids"].tobytes())
+        rows = z["fisher"]
+        slots = z["slots"].tolist() if "slots" in z.files else list(range(len(ids)))
+        for i, slot, w, r in zip(ids, slots, z["weights"], z["rounds"]):
+            f = rows[slot].copy()
+            state.clients[i] = ClientFisher(f, float(w), int(r))
+            state._slots[i] = int(slot)
+            if "sum" not in z.files:
+                state._accumulate([(float(w), f)])
+                state._weight += float(w)
+        if "sum" in z.files:
+            state._sum = z["sum"].astype(np.float64)
+            state._weight = float(z["weight"])
         return state

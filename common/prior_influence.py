@@ -22,6 +22,8 @@ client can flip, over all attacks (no attack has to be imagined to use it).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -34,6 +36,59 @@ def trim_count(trim: float, n: int) -> int:
     if trim <= 0 or n < 3:
         return 0
     return max(1, int(trim * n))
+
+
+#: Up to this many rows the columns are sorted by a sorting network (below): past it ``np.sort`` is faster.
+NETWORK_MAX_ROWS = 160
+_TILE = 1 << 16  # columns sorted together: a tile of rows stays in cache through the network
+
+
+@lru_cache(maxsize=64)
+def _sorting_network(n: int) -> tuple[tuple[int, int], ...]:
+    """Comparators ``(i, j)``, ``i < j``, of Batcher's odd-even merge sort of ``n`` inputs (any ``n``)."""
+    pairs = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            j = k % p
+            while j + k < n:
+                for i in range(min(k, n - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p):
+                        pairs.append((i + j, i + j + k))
+                j += 2 * k
+            k //= 2
+        p *= 2
+    return tuple(pairs)
+
+
+def sort_columns(values: NDArray) -> NDArray:
+    """``np.sort(values, axis=0)`` (float16 is returned as float32, exactly), fast for few rows.
+
+    Sorting each column of a ``(clients, positions)`` stack along the short,
+    strided axis is slow in numpy; a sorting network instead runs the same
+    ``O(n log^2 n)`` comparators on every column at once as elementwise
+    ``minimum``/``maximum`` of whole rows, tile by tile. The values sorted are
+    the same, so everything computed from them is too.
+    """
+    values = np.asarray(values)
+    n = values.shape[0]
+    dtype = np.dtype(np.float32) if values.dtype == np.float16 else values.dtype  # fp16 min/max are slow
+    if n > NETWORK_MAX_ROWS:
+        return np.sort(values, axis=0).astype(dtype, copy=False)
+    out = np.empty(values.shape, dtype=dtype)
+    network = _sorting_network(n)
+    for start in range(0, values.shape[1], _TILE):
+        cols = slice(start, start + _TILE)
+        rows = [values[r, cols].astype(dtype) for r in range(n)]
+        spare = np.empty_like(rows[0]) if n else None
+        for i, j in network:
+            np.minimum(rows[i], rows[j], out=spare)
+            np.maximum(rows[i], rows[j], out=rows[j])
+            rows[i], spare = spare, rows[i]
+        for r in range(n):
+            out[r, cols] = rows[r]
+    return out
 
 
 def trimmed_mean_bounds(
@@ -61,7 +116,7 @@ def trimmed_mean_bounds(
     n = values.shape[0]
     if not (k >= 1 and 2 * k < n):
         raise ValueError(f"need 1 <= k and 2k < n, got k={k}, n={n}")
-    s = np.sort(values, axis=0)
+    s = sort_columns(values)
     mean = s[k : n - k].mean(axis=0, dtype=np.float64).astype(np.float32)
     lo = s[k - 1 : n - k - 1].mean(axis=0, dtype=np.float64).astype(np.float32)
     hi = s[k + 1 : n - k + 1].mean(axis=0, dtype=np.float64).astype(np.float32)
@@ -97,16 +152,17 @@ def contested_positions(
         ``True`` where the mask may differ between two estimates inside ``[lo, hi]``;
         outside these positions every such mask agrees.
     """
-    absx = np.abs(np.asarray(x, dtype=np.float64))
-    s_lo = np.asarray(lo, dtype=np.float64) * absx
-    s_hi = np.asarray(hi, dtype=np.float64) * absx
+    # lo, hi and |x| are float32 in practice: their float64 products are exact, so no bound is lost to rounding.
+    absx = np.abs(np.asarray(x))
+    s_lo = np.multiply(lo, absx, dtype=np.float64)
+    s_hi = np.multiply(hi, absx, dtype=np.float64)
     if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
         raise ValueError(f"lo and hi must have shape ({layout.size},)")
     if np.any(s_lo > s_hi):
         raise ValueError("lo must not exceed hi")
     eligible = ~layout.always_kept
     contested = np.zeros(layout.size, dtype=bool)
-    n_eligible = int(eligible.sum())
+    n_eligible = int(np.count_nonzero(eligible))
     if n_eligible == 0:
         return contested
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
@@ -115,26 +171,34 @@ def contested_positions(
     need = k - (layout.size - n_eligible) - guard  # positions chosen by score beyond always-kept and guard
     if need >= n_eligible - guard:
         return contested  # every eligible position is kept whatever the scores
-    lo_e, hi_e = s_lo[eligible], s_hi[eligible]
     if min_per_row > 0:
-        not_guard, in_guard = (a[eligible] for a in _row_guard_bounds(layout, s_lo, s_hi, min_per_row))
+        not_guard, in_guard = _row_guard_bounds(layout, s_lo, s_hi, min_per_row)
     else:
-        not_guard, in_guard = np.ones(n_eligible, dtype=bool), np.zeros(n_eligible, dtype=bool)
+        not_guard, in_guard = eligible, np.zeros(layout.size, dtype=bool)
     if need > 0:
         # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
         # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
         # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
-        rest_lo, rest_hi = lo_e[~in_guard], hi_e[~in_guard]
-        unsure = guard - int(in_guard.sum())
-        t_hi = np.partition(rest_hi, rest_hi.size - need)[rest_hi.size - need]
-        t_lo = np.partition(rest_lo, rest_lo.size - need - unsure)[rest_lo.size - need - unsure]
-        surely_in = in_guard | (lo_e > t_hi)
+        # Positions outside that set sink to -inf, below every score, instead of being gathered out.
+        rest = eligible & ~in_guard
+        unsure = guard - int(np.count_nonzero(in_guard & eligible))
+        t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), need)
+        t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), need + unsure)
+        surely_in = in_guard | (s_lo > t_hi)
     else:
         t_lo = np.inf  # only the guard is kept beyond the always-kept positions
         surely_in = in_guard
-    surely_out = not_guard & (hi_e < t_lo)
-    contested[np.flatnonzero(eligible)] = ~(surely_in | surely_out)
+    surely_out = not_guard & (s_hi < t_lo)
+    surely_in |= surely_out
+    np.logical_not(surely_in, out=contested)
+    contested &= eligible
     return contested
+
+
+def _kth_largest(values: NDArray[np.float64], k: int) -> float:
+    """The ``k``-th largest entry (``1 <= k <= len``), by an in-place partition of ``values``."""
+    values.partition(values.size - k)
+    return float(values[values.size - k])
 
 
 def _row_guard_bounds(
@@ -148,18 +212,30 @@ def _row_guard_bounds(
     fewer than ``m`` others can reach its lowest score (``lo`` above the ``m``-th
     largest ``hi`` among the *other* positions), or the row has at most ``m`` positions.
     Rows are contiguous runs of the flat vector, so each tensor is one ``(rows, per_row)`` block.
+    With ``m = 1`` only a row's largest ``hi`` can be surely inside (every other position's
+    ``lo`` is at most its own ``hi``, below that maximum), so row maxima replace the partitions.
     """
     not_guard = np.zeros(layout.size, dtype=bool)
     in_guard = np.zeros(layout.size, dtype=bool)
-    for t, start in zip(layout.tensors, layout.offsets[:-1]):
-        if len(t.shape) < 2:
+    for t, start in zip(layout.tensors, layout.offsets[:-1].tolist()):
+        if len(t.shape) < 2 or t.size == 0:
             continue
         per_row = t.size // t.rows
-        block = slice(int(start), int(start) + t.size)
+        block = slice(start, start + t.size)
         if per_row <= m:
             in_guard[block] = True
             continue
         lo_b, hi_b = lo[block].reshape(t.rows, per_row), hi[block].reshape(t.rows, per_row)
+        if m == 1:
+            rows = np.arange(t.rows)
+            top = hi_b.argmax(axis=1)
+            others = hi_b.copy()
+            others[rows, top] = -np.inf
+            second_hi = others.max(axis=1)  # the others' largest hi, seen from the row's top position
+            np.less(hi_b, lo_b.max(axis=1, keepdims=True), out=not_guard[block].reshape(t.rows, per_row))
+            # A tie for the row's largest hi makes second_hi == top_hi >= lo: never surely inside.
+            in_guard[block].reshape(t.rows, per_row)[rows, top] = lo_b[rows, top] > second_hi
+            continue
         mth_lo = np.partition(lo_b, per_row - m, axis=1)[:, per_row - m]
         top = np.partition(hi_b, (per_row - m - 1, per_row - m), axis=1)
         mth_hi, next_hi = top[:, per_row - m], top[:, per_row - m - 1]

@@ -3,7 +3,7 @@
 Server -> client (TRAIN and EVALUATE)::
 
     arrays "submodel":  values  float32[k]   selected global values, in flat order
-                        mask    bits uint8[ceil(d/8)] | indices uint{8,16,32}[k] | empty
+                        mask    bits uint8[ceil(d/8)] | indices uint{8,16,32}[k] | elias-fano uint8 | empty
     config "submodel-config":  mask-kind, mask-digest, d, round
     config "config":           the strategy's train_config / evaluate_config, only when not empty
 
@@ -82,7 +82,7 @@ class SubmodelPayload:
     values : NDArray[float32]
         Global values at the mask's positions, in increasing position order.
     mask_kind : str
-        Mask encoding (``full``, ``bits`` or ``indices``).
+        Mask encoding (``full``, ``bits``, ``indices`` or ``elias-fano``; :mod:`common.mask_codec`).
     mask_data : NDArray
         Encoded mask.
     digest : str

@@ -54,20 +54,26 @@ def budget(gamma: Capacity, d: int) -> int:
     return min(d, ceil_times(exact, d))
 
 
+def _check_fisher(fisher: NDArray) -> None:
+    """Raise ``ValueError`` unless every value is finite and non-negative (two reductions, no temporaries)."""
+    if fisher.size and not (fisher.min() >= 0 and np.isfinite(fisher.max())):  # NaN fails both comparisons
+        raise ValueError("fisher must be finite and non-negative")
+
+
 def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:
-    """FedFIbOS ranking key ``F_j * |x_j|``.
+    """FedFIbOS ranking key ``F_j * |x_j|``, in float64.
 
     Ranking by ``F_j |x_j|`` orders positions exactly as ``F_j^2 x_j^2`` does
     (both are non-negative and squaring is monotone) without squaring tiny
-    Fisher values toward underflow.
+    Fisher values toward underflow. The product of two float32 (or float16)
+    values is exact in float64, so no two positions tie by rounding.
     """
-    fisher = np.asarray(fisher, dtype=np.float64)
-    x = np.asarray(x, dtype=np.float64)
+    fisher = np.asarray(fisher)
+    x = np.asarray(x)
     if fisher.shape != x.shape:
         raise ValueError(f"fisher shape {fisher.shape} differs from parameter shape {x.shape}")
-    if not np.all(np.isfinite(fisher)) or np.any(fisher < 0):
-        raise ValueError("fisher must be finite and non-negative")
-    return fisher * np.abs(x)
+    _check_fisher(fisher)
+    return np.multiply(fisher, np.abs(x), dtype=np.float64)
 
 
 def magnitude_scores(x: NDArray) -> NDArray[np.float64]:
@@ -75,58 +81,93 @@ def magnitude_scores(x: NDArray) -> NDArray[np.float64]:
     return np.abs(np.asarray(x, dtype=np.float64))
 
 
+def _float_scores(scores: NDArray) -> NDArray[np.floating]:
+    """Scores as a float array (any float width keeps its order; integers become float64)."""
+    scores = np.asarray(scores)
+    return scores if scores.dtype.kind == "f" else scores.astype(np.float64)
+
+
+def _check_finite(scores: NDArray[np.floating]) -> None:
+    if scores.size and not (np.isfinite(scores.min()) and np.isfinite(scores.max())):
+        raise ValueError("scores must be finite")
+
+
 def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
     """Keep ``forced`` plus the ``k - |forced|`` highest-scoring other positions.
 
-    Deterministic: among equal scores the lower index wins. Runs in O(d) using a
-    partition around the threshold instead of a full sort.
+    Deterministic: among equal scores the lower index wins. Runs in O(d): one
+    partition (introselect) finds the threshold score, then two comparisons and
+    a prefix of the tied positions finish the mask; nothing is sorted.
 
     Parameters
     ----------
     scores : NDArray
-        Finite ranking key per position, length ``d``.
+        Finite ranking key per position, length ``d`` (any float dtype; compared as given).
     k : int
         Number of positions to keep, 0 <= k <= d.
     forced : NDArray[bool], optional
-        Positions that are kept regardless of score.
+        Positions that are kept regardless of score (not modified).
     """
-    scores = np.asarray(scores, dtype=np.float64)
+    scores = _float_scores(scores)
     d = scores.shape[0]
     if not 0 <= k <= d:
         raise ValueError(f"k must be in [0, {d}], got {k}")
-    if not np.all(np.isfinite(scores)):
-        raise ValueError("scores must be finite")
-    mask = np.zeros(d, dtype=bool) if forced is None else forced.copy()
-    free = np.flatnonzero(~mask)
-    need = k - int(mask.sum())
-    if need <= 0 or free.size == 0:
+    _check_finite(scores)
+    mask = np.zeros(d, dtype=bool) if forced is None else np.array(forced, dtype=bool)
+    n_forced = int(np.count_nonzero(mask))
+    need = k - n_forced
+    if need <= 0:
         return mask
-    if need >= free.size:
-        mask[free] = True
+    if need >= d - n_forced:
+        mask[:] = True
         return mask
-    s = scores[free]
-    threshold = np.partition(s, free.size - need)[free.size - need]
-    above = free[s > threshold]
-    ties = free[s == threshold]  # ascending index order, so the lowest indices win
-    mask[above] = True
-    mask[ties[: need - above.size]] = True
+    # Forced positions sink below every finite score, so the need-th largest is a free position's.
+    work = np.where(mask, -np.inf, scores) if n_forced else scores.copy()
+    work.partition(d - need)
+    threshold = work[d - need]
+    del work
+    above = scores > threshold
+    ties = scores == threshold
+    if n_forced:
+        free = ~mask
+        above &= free
+        ties &= free
+    room = need - int(np.count_nonzero(above))
+    mask |= above
+    mask[np.flatnonzero(ties)[:room]] = True  # ascending index order, so the lowest indices win
     return mask
 
 
 def row_guard(scores: NDArray, layout: ParamLayout, min_per_row: int) -> NDArray[np.bool_]:
-    """The ``min_per_row`` highest-scoring positions of every row of every >=2-D tensor."""
+    """The ``min_per_row`` highest-scoring positions of every row of every >=2-D tensor.
+
+    Each tensor's rows are one contiguous ``(rows, per_row)`` block of the flat
+    vector, so the guard is a per-row argmax (``min_per_row = 1``) or a per-row
+    partition on that view: one pass per tensor, no sort. Ties go to the lower
+    index, as in :func:`topk_mask`.
+    """
+    scores = np.asarray(scores)
     keep = np.zeros(layout.size, dtype=bool)
     if min_per_row <= 0:
         return keep
-    eligible = np.flatnonzero(~layout.always_kept)
-    if eligible.size == 0:
-        return keep
-    rows = layout.row_ids[eligible]
-    order = np.lexsort((eligible, -np.asarray(scores, dtype=np.float64)[eligible], rows))
-    sorted_rows = rows[order]
-    starts = np.flatnonzero(np.r_[True, sorted_rows[1:] != sorted_rows[:-1]])
-    rank = np.arange(order.size) - np.repeat(starts, np.diff(np.r_[starts, order.size]))
-    keep[eligible[order[rank < min_per_row]]] = True
+    m = min_per_row
+    for t, start in zip(layout.tensors, layout.offsets[:-1].tolist()):
+        if len(t.shape) < 2 or t.size == 0:
+            continue
+        rows, per_row = t.rows, t.size // t.rows
+        kept = keep[start : start + t.size].reshape(rows, per_row)  # a view: writes land in keep
+        if per_row <= m:
+            kept[:] = True
+            continue
+        block = scores[start : start + t.size].reshape(rows, per_row)
+        if m == 1:
+            kept[np.arange(rows), block.argmax(axis=1)] = True  # argmax returns the first maximum
+            continue
+        mth = np.partition(block, per_row - m, axis=1)[:, per_row - m : per_row - m + 1]
+        above = block > mth
+        ties = block == mth
+        room = m - np.count_nonzero(above, axis=1, keepdims=True)
+        kept[:] = above | (ties & (np.cumsum(ties, axis=1, dtype=np.int32) <= room))
     return keep
 
 
@@ -139,6 +180,9 @@ def select_mask(
     min_per_row: int = 1,
 ) -> NDArray[np.bool_]:
     """Flat submodel mask for one client.
+
+    At capacity 1 (budget ``d``) the mask is every position and nothing is scored
+    (the Fisher's values are then not read, only its shape checked).
 
     Parameters
     ----------
@@ -166,13 +210,18 @@ def select_mask(
     if rule == "fisher":
         if fisher is None:
             raise ValueError("rule 'fisher' needs a Fisher estimate")
-        scores = fisher_scores(fisher, x)
-    elif rule == "magnitude":
-        scores = magnitude_scores(x)
-    else:
+        fisher = np.asarray(fisher)
+        if fisher.shape != x.shape:
+            raise ValueError(f"fisher shape {fisher.shape} differs from parameter shape {x.shape}")
+    elif rule != "magnitude":
         raise ValueError(f"unknown selection rule {rule!r}; expected one of {RULES}")
     k = budget(gamma, layout.size)
-    forced = layout.always_kept | row_guard(scores, layout, min_per_row)
+    if k >= layout.size:
+        return np.ones(layout.size, dtype=bool)
+    # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
+    scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
+    forced = row_guard(scores, layout, min_per_row)
+    forced |= layout.always_kept
     return topk_mask(scores, k, forced)
 
 

@@ -72,8 +72,9 @@ def main(grid: Grid, context: Context) -> None:
 
     def after_round(record: dict) -> None:
         metrics.append(record)
-        if record["round"] > 0:
-            save_checkpoint(checkpoint, record["round"], strategy.x, method.state_bytes())
+        rnd = record["round"]
+        if rnd > 0 and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.num_rounds):
+            save_checkpoint(checkpoint, rnd, strategy.x, method.state_bytes())
 
     strategy.on_round = after_round
     log(INFO, "results -> %s", results)

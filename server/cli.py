@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-wallclock": ("server.tools.wallclock_bench", "Wall-clock time to accuracy with slow nodes (sync vs async)"),
     "bench-poisoning": ("server.tools.poisoning_bench", "How far one client can move another's Fisher-ranked mask"),
     "bench-fisher-memory": ("server.tools.fisher_memory_bench", "Server memory of the per-client Fisher state"),
+    "bench-server": ("server.tools.server_bench", "Server seconds per round at scale, step by step, against numpy"),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
     "docs": (
         "server.tools.docs_reference",

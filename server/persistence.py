@@ -1,11 +1,22 @@
-"""Atomic writes of the run's outputs: metrics.json, the model and the Fisher state.
+"""Atomic writes of the run's outputs: metrics.json, the model, the Fisher state and the checkpoint.
 
-Every file is written to a temporary name in the same folder and renamed over
-the old one, so a reader (or a crash) never sees a torn file.
+Every file is written to a temporary name in the same folder, flushed to disk
+and renamed over the old one (the folder flushed too), so a reader (or a
+crash) never sees a torn file.
+
+The checkpoint is incremental. The method's state (for Fisher-ranked methods
+several GB at the papers' scale) is cut into chunks of :data:`CHUNK_BYTES`,
+each stored once under its content hash in ``checkpoint.npz.chunks/``;
+``checkpoint.npz`` holds the round, the global vector and the list of chunks.
+A round writes only chunks not already stored (the Fisher state keeps an
+unchanged client's bytes in place, see :meth:`common.fisher_state.FisherState.to_bytes`),
+then replaces ``checkpoint.npz``, then deletes the chunks nothing refers to:
+a crash at any point leaves the previous or the new checkpoint whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -18,8 +29,8 @@ import torch
 from numpy.typing import NDArray
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
+def atomic_write(path: Path, data: bytes | memoryview, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (``sync_dir=False``: the caller flushes the folder afterwards)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -31,6 +42,22 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if sync_dir:
+        _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make renames and deletions in ``folder`` durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class MetricsLog:
@@ -57,23 +84,94 @@ class MetricsLog:
 
 
 CHECKPOINT = "checkpoint.npz"
+CHUNK_BYTES = 16 << 20  # bytes per stored chunk of the method's state
 
 
-def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fisher_state: bytes) -> None:
-    """Everything a resumed run needs after ``server_round``: the global vector and the Fisher state.
+def chunk_store(path: Path) -> Path:
+    """The folder holding the state chunks of the checkpoint at ``path``."""
+    return path.with_name(path.name + ".chunks")
+
+
+def _digest(chunk: memoryview) -> str:
+    return hashlib.sha256(chunk).hexdigest()[:32]  # 128 bits; SHA-256 has CPU instructions on most servers
+
+
+def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fisher_state: bytes) -> int:
+    """Everything a resumed run needs after ``server_round``: the global vector and the method's state.
 
     The server draws no random numbers (selection is deterministic and client
     seeds derive from the run seed and the round), so no RNG state is needed.
+
+    Parameters
+    ----------
+    path : Path
+        The checkpoint file (``checkpoint.npz``); its chunks go to :func:`chunk_store`.
+    server_round : int
+        The last completed round.
+    x : NDArray[float32]
+        The global vector after that round.
+    fisher_state : bytes
+        The method's serialised state (``Method.state_bytes``).
+
+    Returns
+    -------
+    int
+        Bytes of state newly written (chunks already stored are not written again).
     """
+    store = chunk_store(path)
+    store.mkdir(parents=True, exist_ok=True)
+    view = memoryview(fisher_state)
+    names, written = [], 0
+    for start in range(0, len(view), CHUNK_BYTES):
+        chunk = view[start : start + CHUNK_BYTES]
+        name = _digest(chunk)
+        names.append(name)
+        if not (store / name).exists():
+            atomic_write(store / name, chunk, sync_dir=False)
+            written += len(chunk)
+    _fsync_dir(store)  # every new chunk durable under its name before the checkpoint refers to it
     buf = io.BytesIO()
-    np.savez(buf, round=np.array(server_round), x=x, fisher_state=np.frombuffer(fisher_state, dtype=np.uint8))
+    np.savez(
+        buf,
+        round=np.array(server_round),
+        x=x,
+        state_size=np.array(len(view), dtype=np.int64),
+        chunks=np.array(names, dtype="S32"),
+    )
     atomic_write(path, buf.getvalue())
+    keep = set(names)
+    for f in store.iterdir():  # unreferenced now that the new checkpoint is in place (or a crashed write's)
+        if f.name not in keep:
+            f.unlink(missing_ok=True)
+    return written
 
 
 def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
-    """``(round, x, fisher_state_bytes)`` from :func:`save_checkpoint`."""
+    """``(round, x, fisher_state_bytes)`` from :func:`save_checkpoint`.
+
+    Raises ``ValueError`` naming the chunk when one is missing or does not match its hash.
+    Reads the earlier single-file layout (the state inside ``checkpoint.npz``) too.
+    """
     with np.load(path) as z:
-        return int(z["round"]), z["x"].astype(np.float32), z["fisher_state"].tobytes()
+        server_round, x = int(z["round"]), z["x"].astype(np.float32)
+        if "fisher_state" in z.files:
+            return server_round, x, z["fisher_state"].tobytes()
+        names = [n.decode() for n in z["chunks"].tolist()]
+        size = int(z["state_size"])
+    store = chunk_store(path)
+    parts = []
+    for name in names:
+        try:
+            data = (store / name).read_bytes()
+        except FileNotFoundError:
+            raise ValueError(f"checkpoint chunk {name} is missing from {store}") from None
+        if _digest(memoryview(data)) != name:
+            raise ValueError(f"checkpoint chunk {store / name} does not match its hash")
+        parts.append(data)
+    state = b"".join(parts)
+    if len(state) != size:
+        raise ValueError(f"checkpoint state is {len(state)} bytes, the checkpoint says {size}")
+    return server_round, x, state
 
 
 def save_model(path: Path, state_dict: dict[str, torch.Tensor]) -> None:

@@ -176,3 +176,25 @@ def test_average_held_invalid_weight_raises():
     current = np.zeros(2, dtype=np.float32)
     with pytest.raises(ValueError):
         average_held(current, [np.ones(2, dtype=np.float32)], [np.ones(2, dtype=bool)], [0.0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=_rounds(), block=st.integers(1, 7))
+def test_blocked_accumulation_is_bit_identical_to_one_block(case, block):
+    """Any block size gives the same bits as accumulating the whole vector at once."""
+    import common.aggregation as agg
+
+    x, masks, deltas, weights, eta = case
+    masks = [m if i % 2 else np.ones_like(m) for i, m in enumerate(masks)]  # mix in full masks (the slice path)
+    updates = _updates(masks, deltas, weights)
+    saved = agg.AGGREGATION_BLOCK
+    try:
+        agg.AGGREGATION_BLOCK = 1 << 30
+        whole = aggregate_masked(x, updates, server_lr=eta)
+        agg.AGGREGATION_BLOCK = block
+        blocked = aggregate_masked(x, updates, server_lr=eta)
+    finally:
+        agg.AGGREGATION_BLOCK = saved
+    assert whole.tobytes() == blocked.tobytes()
+    expected = _brute(x, masks, deltas, weights, eta)
+    np.testing.assert_allclose(whole, expected.astype(np.float32), rtol=2e-6, atol=1e-6 * (1 + np.abs(expected).max()))

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from common.fisher_codec import FISHER_ENCODINGS, decode_fisher, encode_fisher, expected_names
 from common.layout import ParamLayout
-from common.mask_codec import decode_mask, encode_mask, index_dtype, mask_digest
+from common.mask_codec import (
+    decode_mask,
+    elias_fano_bytes,
+    elias_fano_low_bits,
+    encode_elias_fano,
+    encode_mask,
+    index_dtype,
+    mask_digest,
+)
 from common.models import build_model, model_layout, trainable_arrays
 from common.protocol import decode_submodel, encode_submodel
 from common.selection import budget, select_mask
@@ -21,12 +29,14 @@ from common.selection import budget, select_mask
 
 
 def _expected_kind_and_bytes(mask):
+    """The smallest encoding; among equal sizes indices, then bits, then elias-fano."""
     d, k = mask.size, int(mask.sum())
     if k == d:
         return "full", 0
-    idx_bytes = k * index_dtype(d).itemsize
-    bit_bytes = (d + 7) // 8
-    return ("indices", idx_bytes) if idx_bytes < bit_bytes else ("bits", bit_bytes)
+    sizes = [("indices", k * index_dtype(d).itemsize), ("bits", (d + 7) // 8)]
+    if k > 0:
+        sizes.append(("elias-fano", elias_fano_bytes(d, k)))
+    return min(sizes, key=lambda kind_bytes: kind_bytes[1])
 
 
 def _check_round_trip(mask):
@@ -60,9 +70,8 @@ def test_mask_round_trip_edge_masks(d):
     for j in {0, d // 2, d - 1}:
         single = np.zeros(d, dtype=bool)
         single[j] = True
-        kind, _ = _check_round_trip(single)
+        _check_round_trip(single)
         if d > 1:
-            assert kind == ("indices" if index_dtype(d).itemsize < (d + 7) // 8 else "bits")
             assert _check_round_trip(~single)[0] == "bits"
 
 
@@ -94,12 +103,14 @@ def test_mask_bytes_scale_with_gamma():
         mask[rng.choice(d, size=k, replace=False)] = True
         kind, data = encode_mask(mask)
         sizes[gamma] = (kind, data.nbytes)
-    # sparse: indices (uint32 here), bytes proportional to k
-    for gamma in (1 / 128, 1 / 64):
-        assert sizes[gamma] == ("indices", 4 * math.ceil(gamma * d))
-    assert sizes[1 / 128][1] < sizes[1 / 64][1]
+    # sparse: Elias-Fano, about k (2 + log2(d / k)) bits, so bytes shrink with gamma
+    for gamma in (1 / 128, 1 / 64, 1 / 16):
+        k = math.ceil(gamma * d)
+        assert sizes[gamma] == ("elias-fano", elias_fano_bytes(d, k))
+        assert sizes[gamma][1] <= 8 + k * (2 + math.log2(d / k)) / 8 + 2
+    assert sizes[1 / 128][1] < sizes[1 / 64][1] < sizes[1 / 16][1]
     # dense: bits, capped at ceil(d / 8) whatever gamma
-    for gamma in (1 / 16, 1 / 4, 1 / 2):
+    for gamma in (1 / 4, 1 / 2):
         assert sizes[gamma] == ("bits", (d + 7) // 8)
     assert all(nb <= (d + 7) // 8 for _, nb in sizes.values())
 
@@ -617,3 +628,81 @@ def test_decode_fisher_does_not_alias_payload():
     out = decode_fisher(payload, mask, layout, "masked")
     out[:] = 123.0
     np.testing.assert_array_equal(payload["fisher.inside"], before)
+
+
+# ---------------------------------------------------------------------------
+# Elias-Fano masks
+
+
+def _log2_binomial(d, k):
+    return (math.lgamma(d + 1) - math.lgamma(k + 1) - math.lgamma(d - k + 1)) / math.log(2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    d=st.integers(2, 5000),
+    k_frac=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_elias_fano_round_trip_and_size(d, k_frac, seed):
+    rng = np.random.default_rng(seed)
+    k = min(max(int(k_frac * d), 1), d - 1)
+    mask = np.zeros(d, dtype=bool)
+    mask[rng.choice(d, size=k, replace=False)] = True
+    data = encode_elias_fano(np.flatnonzero(mask), d)
+    assert data.dtype == np.uint8 and data.nbytes == elias_fano_bytes(d, k)
+    np.testing.assert_array_equal(decode_mask("elias-fano", data, d), mask)
+    # within the header, byte rounding and about two bits per kept position of the mask's entropy
+    assert 8 * data.nbytes <= _log2_binomial(d, k) + 2 * k + 8 * 10
+
+
+@pytest.mark.parametrize("gamma", [1 / 4, 1 / 16, 1 / 64, 1 / 256])
+def test_download_near_information_limit_on_a_large_model(gamma):
+    """Values plus mask within 1.1x of 4k + log2 C(d, k) / 8 bytes at every capacity down to 1/64 and below."""
+    d = 1_000_003
+    k = math.ceil(gamma * d)
+    mask = np.zeros(d, dtype=bool)
+    mask[np.random.default_rng(1).choice(d, size=k, replace=False)] = True
+    _, data = encode_mask(mask)
+    assert (4 * k + data.nbytes) <= 1.1 * (4 * k + _log2_binomial(d, k) / 8)
+
+
+def _ef(idx, d):
+    return encode_elias_fano(np.array(idx), d)
+
+
+@pytest.mark.parametrize(
+    ("data", "d", "why"),
+    [
+        (np.zeros(3, dtype=np.uint8), 100, "at least"),
+        (_ef([1, 5, 9], 100).astype(np.uint16), 100, "uint8"),
+        (_ef([1, 5, 9], 100)[:-1], 100, "bytes"),
+        (np.concatenate([_ef([1, 5, 9], 100), [0]]).astype(np.uint8), 100, "bytes"),
+        (np.concatenate([np.array([0] * 8, np.uint8), _ef([1, 5, 9], 100)[8:]]), 100, "k=0"),
+        (np.concatenate([np.array([200] + [0] * 7, np.uint8), _ef([1, 5, 9], 100)[8:]]), 100, "k=200"),
+    ],
+)
+def test_elias_fano_rejects_malformed_data(data, d, why):
+    with pytest.raises(ValueError, match=why):
+        decode_mask("elias-fano", data, d)
+
+
+def test_elias_fano_rejects_padding_extra_high_bits_and_disorder():
+    d = 100
+    good = _ef([3, 40, 41, 90], d)
+    padded = good.copy()
+    padded[-1] |= 1  # the last byte holds padding after the high bits
+    with pytest.raises(ValueError, match="padding"):
+        decode_mask("elias-fano", padded, d)
+    low = elias_fano_low_bits(d, 4)
+    extra = good.copy()
+    extra[8 + (4 * low + 7) // 8] |= 0b0100_0000  # one more high part than declared
+    with pytest.raises(ValueError, match="high parts"):
+        decode_mask("elias-fano", extra, d)
+    # equal high parts with decreasing low bits: 41 then 40 is not increasing
+    swapped = _ef([3, 40, 41, 90], d)
+    lows = np.unpackbits(swapped[8 : 8 + (4 * low + 7) // 8])
+    lows[low : 2 * low], lows[2 * low : 3 * low] = lows[2 * low : 3 * low].copy(), lows[low : 2 * low].copy()
+    swapped[8 : 8 + (4 * low + 7) // 8] = np.packbits(lows)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        decode_mask("elias-fano", swapped, d)

@@ -304,3 +304,27 @@ def test_empty_state_round_trip():
     assert t.estimate(1, 1) is None
     t.update(2**64 - 1, np.ones(D), 1.0, 0)
     np.testing.assert_array_equal(t.global_prior(), np.ones(D, dtype=np.float32))
+
+
+def test_serialised_rows_stay_in_place_and_the_mean_prior_resumes_to_the_bit():
+    """Only the uploading client's row (and the small arrays) change; restore gives the same prior bits."""
+    rng = np.random.default_rng(5)
+    s = FisherState(D, trim=0.0, max_clients=3)
+    for client, rnd in ((1, 1), (2, 1), (3, 1), (1, 2), (4, 3), (2, 4)):  # re-uploads and an eviction
+        s.update(client, _fisher(rng), float(rng.integers(1, 50)), rnd)
+    before = s.to_bytes()
+    s.update(4, _fisher(rng), 7.0, 5)  # a re-upload: stored are 1, 4 and 2
+    after = s.to_bytes()
+    row = D * 4
+    start = before.find(s.clients[1].fisher.tobytes()) - s._slots[1] * row  # where the rows begin
+    assert start > 0 and len(before) == len(after)
+    a, b = (np.frombuffer(blob, np.uint8)[start : start + 3 * row] for blob in (before, after))
+    changed = np.flatnonzero(a != b)
+    assert changed.size and set(changed // row) == {s._slots[4]}  # only client 4 row changed
+    t = FisherState.from_bytes(after)
+    assert t.to_bytes() == after
+    assert t.global_prior().tobytes() == s.global_prior().tobytes()
+    u, v = s, t
+    for state in (u, v):
+        state.update(9, _fisher(np.random.default_rng(1)), 3.0, 6)  # evicts the same client in both
+    assert u.to_bytes() == v.to_bytes()

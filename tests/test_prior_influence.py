@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from common.fisher_state import FisherState
 from common.layout import ParamLayout
-from common.prior_influence import contested_positions, trim_count, trimmed_mean_bounds
-from common.selection import select_mask
+from common.prior_influence import contested_positions, sort_columns, trim_count, trimmed_mean_bounds
+from common.selection import budget, select_mask
 
 
 def _trimmed(values: np.ndarray, k: int) -> np.ndarray:
@@ -149,3 +149,83 @@ def test_prior_interval_matches_the_prior_in_fp16_and_across_blocks(monkeypatch)
     np.testing.assert_array_equal(lo, lo_ref)
     np.testing.assert_array_equal(hi, hi_ref)
     assert np.all(lo <= mean) and np.all(mean <= hi)
+
+
+def _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row):
+    """Reference: the contested set computed on gathered eligible positions with a partition per row."""
+    s_lo, s_hi = lo.astype(np.float64) * np.abs(x), hi.astype(np.float64) * np.abs(x)
+    eligible = ~layout.always_kept
+    guard = sum(t.rows * min(t.size // t.rows, min_per_row) for t in layout.tensors if len(t.shape) >= 2)
+    need = budget(gamma, layout.size) - int(layout.always_kept.sum()) - guard
+    contested = np.zeros(layout.size, dtype=bool)
+    if need >= int(eligible.sum()) - guard:
+        return contested
+    not_guard, in_guard = np.zeros(layout.size, bool), np.zeros(layout.size, bool)
+    for t, start in zip(layout.tensors, layout.offsets[:-1]):
+        if len(t.shape) < 2:
+            continue
+        per_row, block = t.size // t.rows, slice(int(start), int(start) + t.size)
+        if min_per_row == 0:
+            not_guard[block] = True
+            continue
+        for r in range(t.rows):
+            row = slice(block.start + r * per_row, block.start + (r + 1) * per_row)
+            lo_r, hi_r = s_lo[row], s_hi[row]
+            if per_row <= min_per_row:
+                in_guard[row] = True
+                continue
+            mth_lo = np.sort(lo_r)[::-1][min_per_row - 1]
+            not_guard[row] = hi_r < mth_lo
+            for j in range(per_row):
+                others = np.sort(np.delete(hi_r, j))[::-1]
+                in_guard[row.start + j] = lo_r[j] > others[min_per_row - 1]
+    rest = eligible & ~in_guard
+    unsure = guard - int(in_guard.sum())
+    if need > 0:
+        t_hi = np.sort(s_hi[rest])[::-1][need - 1]
+        t_lo = np.sort(s_lo[rest])[::-1][need + unsure - 1]
+        surely_in = in_guard | (s_lo > t_hi)
+    else:
+        t_lo, surely_in = np.inf, in_guard
+    return eligible & ~(surely_in | (not_guard & (s_hi < t_lo)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 6)), min_size=1, max_size=3),
+    gamma=st.floats(0.05, 1.0),
+    min_per_row=st.integers(0, 3),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_contested_positions_match_a_per_row_reference(shapes, gamma, min_per_row, seed):
+    """Ties included (few distinct values): the vectorised bounds equal a row-by-row computation."""
+    arrays = {f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)}
+    layout = ParamLayout.from_arrays(arrays)
+    rng = np.random.default_rng(seed)
+    d = layout.size
+    lo = rng.integers(0, 3, d).astype(np.float32)
+    hi = lo + rng.integers(0, 2, d).astype(np.float32)
+    x = rng.integers(-2, 3, d).astype(np.float32)
+    got = contested_positions(layout, x, gamma, lo, hi, min_per_row)
+    assert np.array_equal(got, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 40), m=st.integers(0, 9), dtype=st.sampled_from([np.float16, np.float32]), seed=st.integers(0, 9)
+)
+def test_sorting_network_sorts_columns_like_np_sort(n, m, dtype, seed):
+    values = np.random.default_rng(seed).integers(0, 4, (n, m)).astype(dtype)  # ties in every column
+    got = sort_columns(values)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, np.sort(values, axis=0).astype(np.float32))
+
+
+def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
+    import common.prior_influence as pi
+
+    values = np.random.default_rng(0).lognormal(size=(7, 300)).astype(np.float32)
+    monkeypatch.setattr(pi, "_TILE", 64)
+    assert np.array_equal(sort_columns(values), np.sort(values, axis=0))
+    monkeypatch.setattr(pi, "NETWORK_MAX_ROWS", 3)
+    assert np.array_equal(sort_columns(values), np.sort(values, axis=0))

@@ -460,3 +460,63 @@ def test_select_submodel_bad_fisher_tensors_raise():
         select_submodel(params, 0.5, "fisher", {"w": np.ones((3, 2)), "b": np.ones(2)})
     with pytest.raises(ValueError):
         select_submodel(params, 0.5, "fisher", {"w": -np.ones((2, 3)), "b": np.ones(2)})
+
+
+# ---------------------------------------------------------------------------
+# the per-tensor guard and the partition-based top-k against sort-based references
+
+
+def _guard_by_sort(scores, layout, m):
+    """Reference guard: sort every row by (-score, index) and keep its first ``m``."""
+    keep = np.zeros(layout.size, dtype=bool)
+    for t, start in zip(layout.tensors, layout.offsets[:-1]):
+        if len(t.shape) < 2 or m <= 0:
+            continue
+        per_row = t.size // t.rows
+        for r in range(t.rows):
+            base = int(start) + r * per_row
+            order = sorted(range(per_row), key=lambda j: (-scores[base + j], j))
+            keep[[base + j for j in order[:m]]] = True
+    return keep
+
+
+def _topk_by_sort(scores, k, forced):
+    """Reference top-k: forced, then free positions by (-score, index) until ``k``."""
+    mask = forced.copy()
+    free = sorted((j for j in range(scores.size) if not forced[j]), key=lambda j: (-scores[j], j))
+    mask[free[: max(k - int(forced.sum()), 0)]] = True
+    return mask
+
+
+_shapes = st.lists(
+    st.one_of(st.tuples(st.integers(1, 4)), st.tuples(st.integers(1, 4), st.integers(1, 6))),
+    min_size=1,
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes=_shapes, m=st.integers(0, 4), gamma=st.floats(0.01, 1.0), seed=st.integers(0, 2**16))
+def test_guard_and_selection_match_sort_references(shapes, m, gamma, seed):
+    """Few distinct values, so ties inside rows and at the threshold are common."""
+    layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
+    rng = np.random.default_rng(seed)
+    d = layout.size
+    f = rng.integers(0, 3, size=d).astype(np.float32)
+    x = rng.integers(-2, 3, size=d).astype(np.float32)
+    scores = fisher_scores(f, x)
+    guard = row_guard(scores, layout, m)
+    assert np.array_equal(guard, _guard_by_sort(scores, layout, m))
+    forced = guard | layout.always_kept
+    want = _topk_by_sort(scores, budget(gamma, d), forced)
+    assert np.array_equal(select_mask(layout, x, gamma, "fisher", f, m), want)
+    assert np.array_equal(topk_mask(scores.astype(np.float32), budget(gamma, d), forced), want)
+
+
+def test_capacity_one_is_every_position_without_scoring():
+    layout = ParamLayout.from_arrays({"w": np.zeros((3, 4)), "b": np.zeros(3)})
+    x = np.arange(15, dtype=np.float32)
+    assert select_mask(layout, x, 1.0, "fisher", np.zeros(15, dtype=np.float32)).all()
+    assert select_mask(layout, x, 1.0, "magnitude").all()
+    with pytest.raises(ValueError, match="shape"):
+        select_mask(layout, x, 1.0, "fisher", np.zeros(14))

@@ -49,7 +49,8 @@ class Download:
     records : dict[str, dict[str, NDArray]]
         Array records by record name, each a dict of named arrays.
     kind : str
-        How the submodel is encoded (``mask-kind`` on the wire: ``full``, ``bits``, ``indices``, ``channels``).
+        How the submodel is encoded (``mask-kind`` on the wire: ``full``, ``bits``, ``indices``, ``elias-fano``,
+        ``channels``).
     digest : str
         Digest of the encoded mask, echoed by the reply.
     values_bytes : int

@@ -51,7 +51,7 @@ class MaskedMethod(Method):
     """Element-wise submodels: everything but the choice of the mask."""
 
     def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
-        """Selected values (float32) and the mask as packed bits or indices, whichever is smaller."""
+        """Selected values (float32) and the mask in its smallest encoding (:func:`common.mask_codec.encode_mask`)."""
         payload = encode_submodel(x, mask)
         return Download(
             {P.SUBMODEL: {P.VALUES: payload.values, P.MASK: payload.mask_data}},

@@ -1,0 +1,52 @@
+"""The server benchmark: its helpers, and one small run end to end (the numbers are not checked, only their shape)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from server.tools.server_bench import STEPS, capacities_for, main, mask_entropy_bytes, scaling_lines, table
+
+
+def test_mask_entropy_bytes():
+    assert mask_entropy_bytes(0, 10) == 0 and mask_entropy_bytes(10, 10) == 0
+    assert mask_entropy_bytes(4, 8) == pytest.approx(1.0)  # H(1/2) = 1 bit per position, 8 positions
+    assert mask_entropy_bytes(1, 64) == pytest.approx(64 * -(math.log2(1 / 64) / 64 + 63 / 64 * math.log2(63 / 64)) / 8)
+
+
+def test_capacities_cycle():
+    assert capacities_for(5, [1.0, 0.25]) == [1.0, 0.25, 1.0, 0.25, 1.0]
+
+
+def test_tables_and_scaling_line():
+    steps = {key: 1.0 for key, _ in STEPS}
+    rows = [
+        {
+            "model": "m",
+            "clients": n,
+            "project": steps,
+            "anchor": {**steps, "validate": None},
+            "round_project": 2.0 * n,
+            "round_anchor": float(n),
+        }
+        for n in (10, 20)
+    ] + [{"model": "m", "clients": 400, "skipped": "too big"}]
+    text = table(rows)
+    assert "| m | 10 | validate + decode replies | 1.000 | - | - |" in text
+    assert "| m | 20 | **whole round** | 40.00 | 20.00 | 2.0 |" in text
+    assert "skipped: too big" in text
+    assert scaling_lines(rows) == ["m: server seconds per round = 0.000 + 2.0000 x clients (largest deviation 0%)"]
+
+
+def test_small_run_writes_json_and_plot(tmp_path):
+    assert main(["--models", "cnn", "--clients", "2,4", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "server_bench.json").read_text())
+    assert [r["clients"] for r in doc["rounds"]] == [2, 4]
+    for r in doc["rounds"]:
+        assert set(r["project"]) == {key for key, _ in STEPS}
+        assert all(v >= 0 for v in r["project"].values())
+    assert all(row["ratio"] <= 1.1 for row in doc["downloads"]["cnn"])
+    assert (tmp_path / "server_bench.png").stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["server_bench.json", "server_bench.png"]
