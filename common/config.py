@@ -124,6 +124,15 @@ class RunConfig(Schema):
     fisher_encoding: Literal[FISHER_ENCODINGS] = Field(  # type: ignore[valid-type]
         "masked", description="uplink Fisher payload (methods that rank by Fisher)"
     )
+    fisher_estimator: Literal["path", "received"] = Field(
+        "path",
+        description="how clients estimate their Fisher: `path` squares the minibatch gradients of local training "
+        "(no extra cost); `received` averages squared per-example gradients at the received weights, before the "
+        "first step, on `fisher-examples` examples (the quantity the ranking is defined on)",
+    )
+    fisher_examples: int = Field(
+        128, ge=0, le=1_000_000, description="examples in a `received` Fisher estimate (0 = all local examples)"
+    )
     fisher_batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
     fisher_ema: float = Field(
         0.0, ge=0, le=0.99, description="weight of a client's previous Fisher when it reports again"

@@ -12,9 +12,19 @@ mode         what is sent                                      bytes
              the mean of the rest
 ``log8``     every entry, 8-bit log-quantised                   ``d + 8``
 ``dense``    every entry, exact fp32                            ``4d``
+``ranked``   the ``m`` largest entries over the whole model     at most ``4k + 4R``
+             (position set as a compact mask + 8-bit log
+             values) + per-row mean of the rest, ``m`` as
+             large as fits the bytes of ``masked``
 ===========  ================================================  ===================
 
-``masked`` and ``topm`` scale with ``gamma``; ``dense`` is exact everywhere.
+``masked``, ``topm`` and ``ranked`` scale with ``gamma``; ``dense`` is exact everywhere.
+``masked`` spends its bytes on the positions the client already holds, so outside
+them the server sees only a row mean: a small client's next mask is then chosen
+almost by magnitude. ``ranked`` spends the same bytes on the largest Fisher values
+wherever they are, which is what the top-k of ``F_j^2 x_j^2`` needs; the rest of a
+row is decoded as its mean, capped at the smallest sent value (every unsent entry
+is at most that).
 ``none`` sends nothing (methods that do not rank by Fisher).
 Decoders validate shapes, dtypes, finiteness and non-negativity and raise
 ``ValueError`` with the reason.
@@ -29,10 +39,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.layout import ParamLayout
-from common.mask_codec import index_dtype
+from common.mask_codec import MASK_KINDS, decode_mask, encode_mask, index_dtype
 
-FisherEncoding = Literal["masked", "topm", "log8", "dense"]
-FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense")
+FisherEncoding = Literal["masked", "topm", "log8", "dense", "ranked"]
+FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense", "ranked")
 UPLOAD_ENCODINGS: tuple[str, ...] = (*FISHER_ENCODINGS, "none")
 _LOG8_LEVELS = 254  # codes 1..254 carry values; 0 is an exact zero
 
@@ -41,6 +51,61 @@ def _row_means(values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: i
     total = np.bincount(rows, weights=values, minlength=num_rows)
     count = np.bincount(rows, minlength=num_rows)
     return np.divide(total, count, out=np.zeros(num_rows), where=count > 0)
+
+
+def _log8(values: NDArray[np.float64]) -> tuple[NDArray[np.uint8], float, float]:
+    """8-bit log codes of non-negative values (0 = exact zero) and the (low, high) log range."""
+    codes = np.zeros(values.size, dtype=np.uint8)
+    pos = values > 0
+    if not pos.any():
+        return codes, 0.0, 0.0
+    logs = np.log(values[pos])
+    lo, hi = float(np.float32(logs.min())), float(np.float32(logs.max()))
+    span = hi - lo if hi > lo else 1.0
+    codes[pos] = (np.rint((logs - lo) / span * (_LOG8_LEVELS - 1)) + 1).astype(np.uint8)
+    return codes, lo, hi
+
+
+def _unlog8(codes: NDArray[np.uint8], lo: float, hi: float) -> NDArray[np.float32]:
+    span = hi - lo if hi > lo else 1.0
+    out = np.zeros(codes.size, dtype=np.float32)
+    nz = codes > 0
+    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("fisher log8 codes decode to non-finite values")
+    return out
+
+
+def ranked_count(order: NDArray[np.int64], budget_bytes: int) -> int:
+    """Largest ``m`` whose ``ranked`` position set (compact mask) plus ``m`` value bytes fit ``budget_bytes``.
+
+    Parameters
+    ----------
+    order : NDArray[int64]
+        Positions by decreasing Fisher (ties: lower index first); its length is ``d``.
+    budget_bytes : int
+        Bytes available for the position set and the 8-bit values.
+
+    The set's size depends on the mask encoding chosen for it, so the count is found by
+    bisection on the real encoded size (non-decreasing in ``m``; every value adds a byte).
+    """
+    d = order.size
+
+    def cost(m: int) -> int:
+        mask = np.zeros(d, dtype=bool)
+        mask[order[:m]] = True
+        return int(encode_mask(mask)[1].nbytes) + m
+
+    lo, hi = 0, d  # cost(lo) fits; find the largest m that fits
+    if cost(hi) <= budget_bytes:
+        return d
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cost(mid) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def encode_fisher(
@@ -56,7 +121,7 @@ def encode_fisher(
         The client's submodel mask (which positions were trained).
     layout : ParamLayout
         The model layout (rows for the ``masked`` summary).
-    mode : {"masked", "topm", "log8", "dense"}
+    mode : {"masked", "topm", "log8", "dense", "ranked"}
         Encoding (see module docstring).
     """
     if mode == "none":
@@ -83,19 +148,26 @@ def encode_fisher(
             "fisher.rest": np.array([rest_mean], dtype=np.float32),
         }
     if mode == "log8":
-        pos = f > 0
-        if pos.any():
-            logs = np.log(f[pos])
-            lo, hi = float(np.float32(logs.min())), float(np.float32(logs.max()))
-        else:
-            lo = hi = 0.0
-        span = hi - lo if hi > lo else 1.0
-        codes = np.zeros(f.size, dtype=np.uint8)
-        if pos.any():
-            codes[pos] = (np.rint((np.log(f[pos]) - lo) / span * (_LOG8_LEVELS - 1)) + 1).astype(np.uint8)
+        codes, lo, hi = _log8(f)
         return {
             "fisher.log8": codes,
             "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+        }
+    if mode == "ranked":
+        k = int(np.count_nonzero(mask))
+        fixed = 1 + 8  # set kind + log range; the row means cost what masked's row means cost
+        order = np.argsort(-f, kind="stable")
+        m = max(1, ranked_count(order, 4 * k - fixed))
+        top = np.zeros(f.size, dtype=bool)
+        top[order[:m]] = True
+        kind, data = encode_mask(top)
+        codes, lo, hi = _log8(f[top])
+        return {
+            "fisher.setkind": np.array([MASK_KINDS.index(kind)], dtype=np.uint8),
+            "fisher.set": data,
+            "fisher.setlog8": codes,
+            "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+            "fisher.rowmean": _row_means(f[~top], layout.row_ids[~top], layout.num_rows).astype(np.float32),
         }
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
 
@@ -127,6 +199,7 @@ def expected_names(mode: str) -> frozenset[str]:
         "masked": {"fisher.inside", "fisher.rowmean"},
         "topm": {"fisher.topidx", "fisher.topval", "fisher.rest"},
         "log8": {"fisher.log8", "fisher.log8range"},
+        "ranked": {"fisher.setkind", "fisher.set", "fisher.setlog8", "fisher.log8range", "fisher.rowmean"},
         "none": set(),
     }
     if mode not in names:
@@ -166,14 +239,22 @@ def decode_fisher(
         out = np.full(d, rest[0], dtype=np.float32)
         out[idx] = val
         return out
-    codes = _expect(payload, "fisher.log8", np.uint8, d)
     lo, hi = (float(v) for v in _expect(payload, "fisher.log8range", np.float32, 2, nonneg=False))
     if hi < lo:
         raise ValueError("fisher.log8range must be (low, high) with low <= high")
-    span = hi - lo if hi > lo else 1.0
-    out = np.zeros(d, dtype=np.float32)
-    nz = codes > 0
-    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(np.float32)
-    if not np.all(np.isfinite(out)):
-        raise ValueError("fisher.log8 decodes to non-finite values")
-    return out
+    if mode == "ranked":
+        kind_code = _expect(payload, "fisher.setkind", np.uint8, 1)[0]
+        if kind_code >= len(MASK_KINDS):
+            raise ValueError(f"fisher.setkind {kind_code} is not a mask kind")
+        if "fisher.set" not in payload:
+            raise ValueError("missing fisher array 'fisher.set'")
+        top = decode_mask(MASK_KINDS[kind_code], np.asarray(payload["fisher.set"]), d)
+        m = int(np.count_nonzero(top))
+        sent = _unlog8(_expect(payload, "fisher.setlog8", np.uint8, m), lo, hi)
+        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+        out = rowmean[layout.row_ids].astype(np.float32)
+        if m:
+            np.minimum(out, sent.min(), out=out)  # the sent values are the largest ones
+        out[top] = sent
+        return out
+    return _unlog8(_expect(payload, "fisher.log8", np.uint8, d), lo, hi)

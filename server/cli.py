@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-poisoning": ("server.tools.poisoning_bench", "How far one client can move another's Fisher-ranked mask"),
     "bench-fisher-memory": ("server.tools.fisher_memory_bench", "Server memory of the per-client Fisher state"),
     "bench-server": ("server.tools.server_bench", "Server seconds per round at scale, step by step, against numpy"),
+    "bench-selection": (
+        "server.tools.selection_quality",
+        "How close the server's mask is to the exact-Fisher one, per estimator and upload encoding",
+    ),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
     "docs": (
         "server.tools.docs_reference",

@@ -7,14 +7,16 @@ Fisher, keeps a :class:`~common.fisher_state.FisherState`.
 
 * Download: the selected values and the mask's compact encoding (:func:`common.protocol.encode_submodel`).
 * Client: the mask attached with ``torch.nn.utils.prune`` (:func:`common.training.attach_masks`), the one
-  training loop, the Fisher of the effective weights when the server reads it
-  (:class:`common.training.EffectiveFisher`), reply = delta of the held values + Fisher payload.
+  training loop, the Fisher of the effective weights when the server reads it (along the local path,
+  :class:`common.training.EffectiveFisher`, or per example at the received weights,
+  :func:`common.fisher_estimation.per_example_fisher`), reply = delta of the held values + Fisher payload.
 * Server: :func:`common.validation.validate_train_reply`, then
   ``x_j += eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j`` (:func:`common.aggregation.aggregate_masked`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from logging import INFO, getLogger
 from typing import Any
@@ -28,12 +30,13 @@ from common import protocol as P
 from common.aggregation import aggregate_masked
 from common.array_dataset import ArrayDataset
 from common.fisher_codec import encode_fisher
+from common.fisher_estimation import example_indices, per_example_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout
 from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
 from common.models import build_model, load_flat, model_layout
 from common.protocol import decode_submodel, encode_submodel
-from common.training import TrainConfig, train_masked
+from common.training import TrainConfig, local_classes, train_masked
 from common.validation import SentSubmodel, TrainReply, validate_train_reply
 
 logger = getLogger("flwr")
@@ -95,10 +98,22 @@ class MaskedMethod(Method):
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
         encoding = self.run.upload_encoding
-        result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
+        at_received = encoding != "none" and self.run.fisher_estimator == "received"
+        fisher, fisher_seconds = None, 0.0
+        if at_received:
+            t0 = time.perf_counter()
+            present = local_classes(torch.from_numpy(train.y), train.num_classes, cfg.label_mask)
+            indices = example_indices(len(train), self.run.fisher_examples, cfg.seed)
+            fisher = per_example_fisher(model, layout, params, mask, train, indices, present, device)
+            fisher_seconds = time.perf_counter() - t0
+        measure_path = encoding != "none" and not at_received
+        result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=measure_path)
+        if fisher is None:
+            fisher, fisher_seconds = result.fisher, result.fisher_seconds
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
-        arrays.update(encode_fisher(result.fisher, mask, layout, encoding))
-        return LocalUpdate(arrays, result.num_examples, result.loss, result.train_seconds, result.fisher_seconds)
+        arrays.update(encode_fisher(fisher, mask, layout, encoding))
+        seconds = result.train_seconds + (fisher_seconds if at_received else 0.0)
+        return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds)
 
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The architecture holding the received values (zero outside the mask)."""

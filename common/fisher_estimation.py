@@ -1,0 +1,126 @@
+"""Diagonal Fisher at the received weights, from per-example gradients.
+
+FedFIbOS ranks position ``j`` by ``F_j^2 x_j^2`` where ``F`` is the client's
+empirical diagonal Fisher *at the model it received*:
+
+    F_j = (1/n) * sum_i (d loss(x_i, y_i; w) / d w_j)^2,   w = received weights * mask
+
+The training loop's :class:`~common.training.EffectiveFisher` squares *minibatch-mean*
+gradients along the local SGD path instead (free, but a different quantity: the
+square of a mean is not the mean of squares, and the weights move). This module
+computes the defined quantity on a bounded number of examples, before the first
+local step. Gradients are taken with respect to the *effective* tensors, so
+positions outside the client's mask (value 0) get their Fisher too.
+
+Models without batch norm use ``torch.func.vmap(grad(...))`` (one vectorised pass
+per chunk); a model with batch norm is run in ``eval`` mode one example at a time,
+because an example's gradient through batch statistics depends on the rest of the
+batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numpy.typing import NDArray
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from common.array_dataset import ArrayDataset
+from common.layout import ParamLayout
+from common.training import as_input, local_logits
+
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def example_indices(n: int, max_examples: int, seed: int) -> NDArray[np.int64]:
+    """Which of ``n`` local examples the estimate uses: all when ``max_examples`` is 0 or ``>= n``.
+
+    Parameters
+    ----------
+    n : int
+        Local training examples.
+    max_examples : int
+        Bound on the examples used (0 = all).
+    seed : int
+        Seed of the draw (the round's minibatch seed, so reruns repeat it).
+    """
+    if max_examples <= 0 or max_examples >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_examples, replace=False)).astype(np.int64)
+
+
+def per_example_fisher(
+    model: nn.Module,
+    layout: ParamLayout,
+    params: NDArray[np.float32],
+    mask: NDArray[np.bool_],
+    data: ArrayDataset,
+    indices: NDArray[np.int64],
+    present: torch.Tensor | None,
+    device: torch.device,
+    chunk: int = 64,
+) -> NDArray[np.float32]:
+    """Mean squared per-example gradient of the loss at the effective weights ``params * mask``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        An instance of the architecture (its parameters are not modified; buffers are read).
+    layout : ParamLayout
+        Flat layout of the model's trainable tensors.
+    params : NDArray[float32]
+        Received flat parameters.
+    mask : NDArray[bool]
+        Positions the client holds; the others enter the forward pass as 0.
+    data : ArrayDataset
+        Local training split.
+    indices : NDArray[int64]
+        Examples to use (e.g. :func:`example_indices`); must not be empty.
+    present : torch.Tensor, optional
+        Classes present locally (label masking: absent classes' logits are 0), or ``None``.
+    device : torch.device
+        Where to compute.
+    chunk : int
+        Examples per vectorised pass (memory: ``chunk`` gradients of the whole model).
+
+    Returns
+    -------
+    NDArray[float32]
+        Flat diagonal Fisher in layout order, length ``layout.size``.
+    """
+    if len(indices) == 0:
+        raise ValueError("no examples to estimate the Fisher on")
+    model = model.to(device)
+    effective = layout.unflatten(np.where(mask, params, 0).astype(np.float32))
+    tensors = {name: torch.from_numpy(np.ascontiguousarray(effective[name])).to(device) for name in layout.names}
+    sums = {name: torch.zeros_like(t) for name, t in tensors.items()}
+    x_all = torch.from_numpy(data.x[indices]).to(device)
+    y_all = torch.from_numpy(data.y[indices]).to(device)
+
+    def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, p, (xi.unsqueeze(0),))
+        return F.cross_entropy(local_logits(out, present), yi.unsqueeze(0))
+
+    was_training = model.training
+    has_bn = any(isinstance(m, _BATCH_NORMS) for m in model.modules())
+    try:
+        if has_bn:
+            model.eval()
+            grad_one = grad(loss_one)
+            for i in range(len(indices)):
+                g = grad_one(tensors, as_input(x_all[i]), y_all[i])
+                for name in sums:
+                    sums[name].add_(g[name].square())
+        else:
+            model.train()
+            per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
+            for start in range(0, len(indices), chunk):
+                g = per_example(tensors, as_input(x_all[start : start + chunk]), y_all[start : start + chunk])
+                for name in sums:
+                    sums[name].add_(g[name].square().sum(0))
+    finally:
+        model.train(was_training)
+    n = float(len(indices))
+    return layout.flatten({name: (s / n).cpu().numpy() for name, s in sums.items()}).astype(np.float32)

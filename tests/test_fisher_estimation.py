@@ -1,0 +1,96 @@
+"""Per-example Fisher at the received weights, against one backward pass per example."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from common.array_dataset import ArrayDataset
+from common.fisher_estimation import example_indices, per_example_fisher
+from common.models import build_model, load_flat, model_layout, trainable_arrays
+from common.training import attach_masks, effective_tensors, local_classes, local_logits
+
+
+def _data(n: int, channels: int, side: int, classes: int, seed: int) -> ArrayDataset:
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n, channels, side, side), dtype=np.uint8)
+    return ArrayDataset(x, rng.integers(0, classes, size=n).astype(np.int64), classes)
+
+
+def _brute_force(model, layout, params, mask, data, indices, present) -> np.ndarray:
+    """Square of each example's gradient of the effective tensors, one backward pass each, averaged."""
+    load_flat(model, layout, np.where(mask, params, 0).astype(np.float32))
+    attach_masks(model, layout, mask)
+    model.eval() if any(isinstance(m, nn.BatchNorm2d) for m in model.modules()) else model.train()
+    total = np.zeros(layout.size)
+    for i in indices:
+        xi = torch.from_numpy(data.x[i : i + 1]).float() / 255.0
+        out = model(xi)
+        tensors = effective_tensors(model, layout)
+        for t in tensors:
+            if not t.is_leaf:
+                t.retain_grad()
+        model.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(local_logits(out, present), torch.from_numpy(data.y[i : i + 1]))
+        loss.backward()
+        total += np.concatenate([t.grad.detach().numpy().reshape(-1) ** 2 for t in tensors])
+    return total / len(indices)
+
+
+@pytest.mark.parametrize(("name", "channels", "side", "label_mask"), [("cnn", 1, 8, False), ("cnn", 1, 8, True)])
+def test_vectorised_estimate_equals_one_backward_pass_per_example(name, channels, side, label_mask):
+    model = build_model(name, 10, channels, seed=1)
+    layout = model_layout(model)
+    params = layout.flatten(trainable_arrays(model))
+    mask = np.random.default_rng(2).random(layout.size) < 0.3
+    data = _data(40, channels, side, 10, seed=3)
+    indices = example_indices(len(data), 25, seed=4)
+    present = local_classes(torch.from_numpy(data.y), 10, label_mask)
+    got = per_example_fisher(
+        build_model(name, 10, channels, seed=1), layout, params, mask, data, indices, present, torch.device("cpu"), 7
+    )
+    want = _brute_force(build_model(name, 10, channels, seed=1), layout, params, mask, data, indices, present)
+    assert got.shape == (layout.size,) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-10)
+    assert np.count_nonzero(got[~mask]) > 0  # positions the client does not hold get their Fisher too
+
+
+def test_a_batch_norm_model_is_estimated_per_example_in_eval_mode():
+    model = build_model("resnet18", 10, 3, seed=0)
+    layout = model_layout(model)
+    params = layout.flatten(trainable_arrays(model))
+    mask = np.ones(layout.size, dtype=bool)
+    data = _data(3, 3, 32, 10, seed=5)
+    indices = np.arange(3)
+    got = per_example_fisher(model, layout, params, mask, data, indices, None, torch.device("cpu"))
+    want = _brute_force(build_model("resnet18", 10, 3, seed=0), layout, params, mask, data, indices, None)
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
+    assert model.training  # the caller's mode is restored
+
+
+def test_example_indices_bound_and_determinism():
+    assert example_indices(10, 0, 1).tolist() == list(range(10))
+    assert example_indices(10, 50, 1).tolist() == list(range(10))
+    a = example_indices(1000, 64, 7)
+    assert len(a) == 64 and len(set(a.tolist())) == 64 and np.all(np.diff(a) > 0)
+    assert a.tolist() == example_indices(1000, 64, 7).tolist()
+    assert a.tolist() != example_indices(1000, 64, 8).tolist()
+
+
+def test_no_examples_is_an_error():
+    model = build_model("cnn", 10, 1, seed=0)
+    layout = model_layout(model)
+    params = layout.flatten(trainable_arrays(model))
+    with pytest.raises(ValueError, match="no examples"):
+        per_example_fisher(
+            model,
+            layout,
+            params,
+            np.ones(layout.size, bool),
+            _data(4, 1, 8, 10, 0),
+            np.array([], np.int64),
+            None,
+            torch.device("cpu"),
+        )
