@@ -101,13 +101,17 @@ def _valid():
         ("fisher.setkind", np.array([1, 1], np.uint8), "setkind"),
         ("fisher.set", np.zeros(3, np.float32), "mask"),
         ("fisher.setlog8", np.zeros(1, np.uint8), "setlog8"),
-        ("fisher.rowmean", -np.ones(14, np.float32), "negative"),
-        ("fisher.rowmean", np.full(14, np.nan, np.float32), "NaN"),
+        ("fisher.rowmean", "negative", "negative"),
+        ("fisher.rowmean", "nan", "NaN"),
         ("fisher.log8range", np.array([1.0, 0.0], np.float32), "low <= high"),
     ],
 )
 def test_a_malformed_ranked_payload_is_rejected_with_its_reason(name, value, match):
     layout, mask, payload = _valid()
+    if isinstance(value, str):  # a row-mean vector of the right length with one bad entry
+        bad = payload[name].copy()
+        bad[0] = -1.0 if value == "negative" else np.nan
+        value = bad
     payload[name] = value
     with pytest.raises(ValueError, match=match):
         decode_fisher(payload, mask, layout, "ranked")
