@@ -320,6 +320,7 @@ class LocalFederation:
         self._nodes_lock = threading.Lock()
         self._watch_stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._superlink_reported = False
         self.link_port = 0
         self._old_term = None
 
@@ -496,6 +497,19 @@ class LocalFederation:
         proc.wait(timeout=10)
         self._stop_node_processes(i, grace=0.0)
 
+    def _report_dead_superlink(self) -> None:
+        """Say once that the SuperLink died, and how to continue (from the watcher, or when a run fails)."""
+        superlink = self.group.procs[0]
+        with self._nodes_lock:
+            if self._superlink_reported or superlink.poll() is None:
+                return
+            self._superlink_reported = True
+        self.echo(
+            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
+            f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
+            "completed round"
+        )
+
     def _watch_nodes(self) -> None:
         """Background: when a SuperNode process dies, reap it and stop what it spawned.
 
@@ -504,15 +518,8 @@ class LocalFederation:
 
         A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
         """
-        superlink, reported = self.group.procs[0], False
         while not self._watch_stop.wait(0.5):
-            if not reported and superlink.poll() is not None:
-                reported = True
-                self.echo(
-                    f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
-                    f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
-                    "completed round"
-                )
+            self._report_dead_superlink()
             with self._nodes_lock:
                 dead = {i: p for i, p in self.nodes.items() if p.poll() is not None}
                 for i in dead:
@@ -574,7 +581,13 @@ class LocalFederation:
         self.echo("$ " + shlex.join(cmd))
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
         with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
-            run_federation_command(cmd, self.env, log, timeout, self.echo)
+            try:
+                run_federation_command(cmd, self.env, log, timeout, self.echo)
+            except RuntimeError:
+                # The run can fail before the watcher's next look; the operator must still learn why.
+                time.sleep(0.2)
+                self._report_dead_superlink()
+                raise
         metrics_path = results_dir / "metrics.json"
         if not metrics_path.exists():
             raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
