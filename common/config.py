@@ -133,6 +133,11 @@ class RunConfig(Schema):
     fisher_examples: int = Field(
         128, ge=0, le=1_000_000, description="examples in a `received` Fisher estimate (0 = all local examples)"
     )
+    fisher_warmup: bool = Field(
+        False,
+        description="before round 1, every node returns its Fisher at the initial model (no training), so round 1 "
+        'is ranked by Fisher instead of by magnitude; needs `fisher-estimator = "received"`',
+    )
     fisher_batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
     fisher_ema: float = Field(
         0.0, ge=0, le=0.99, description="weight of a client's previous Fisher when it reports again"
@@ -241,6 +246,13 @@ class RunConfig(Schema):
             )
         if self.method not in registry():
             raise ValueError(f"method={self.method!r}: allowed values are {', '.join(registry())}")
+        if self.fisher_warmup and self.fisher_estimator != "received":
+            raise ValueError(
+                "fisher-warmup=true needs fisher-estimator='received': the warm-up does not train, so a Fisher "
+                f"measured along training (fisher-estimator={self.fisher_estimator!r}) would be empty"
+            )
+        if self.fisher_warmup and not method_class(self.method).reads_fisher(self):
+            raise ValueError(f"fisher-warmup=true: method {self.method!r} does not rank by Fisher")
         method_class(self.method).check_run(self)  # the method's own rules across keys
         return self
 

@@ -7,6 +7,9 @@ Server -> client (TRAIN and EVALUATE)::
     config "submodel-config":  mask-kind, mask-digest, d, round
     config "config":           the strategy's train_config / evaluate_config, only when not empty
 
+A TRAIN message of round 0 is the Fisher warm-up (``fisher-warmup``): the node takes no local
+step and replies with a zero delta and its Fisher at the received weights.
+
 Client -> server (TRAIN)::
 
     arrays "update":    delta   float32[k]   trained minus received, same order

@@ -76,10 +76,11 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
     """A round's local training settings: the run's optimiser keys and a minibatch-order seed.
 
     The seed depends on the run's seed, the round and the node's partition only, so every method
-    sees the same minibatch order and a resumed run repeats it exactly.
+    sees the same minibatch order and a resumed run repeats it exactly. Round 0 is the Fisher
+    warm-up (``fisher-warmup``): no local step, only the Fisher at the received weights.
     """
     return TrainConfig(
-        epochs=run.local_epochs,
+        epochs=run.local_epochs if server_round > 0 else 0,
         batch_size=run.batch_size,
         lr=run.lr,
         momentum=run.momentum,

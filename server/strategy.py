@@ -333,6 +333,13 @@ class SubmodelStrategy(Strategy):
 
         A rejected reply is logged with its reason and changes nothing.
         """
+        accepted = self.accepted_replies(server_round, parts)
+        if accepted:
+            self.x = self.method.aggregate(self.x, accepted, server_round)
+        return [a.reply for a in accepted]
+
+    def accepted_replies(self, server_round: int, parts: list[ReplyParts]) -> list[Accepted]:
+        """The valid replies in node order (none when fewer than ``min-replies``); rejections are logged."""
         accepted: dict[int, TrainReply] = {}
         for p in parts:
             info = self.clients.get(p.node_id)
@@ -352,11 +359,33 @@ class SubmodelStrategy(Strategy):
             for node_id in accepted:
                 self.clients[node_id].status = f"skipped: {reason}"
             return []
-        if accepted:
-            # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
-            ordered = [Accepted(nid, self.nodes[nid].key, r) for nid, r in sorted(accepted.items())]
-            self.x = self.method.aggregate(self.x, ordered, server_round)
-        return list(accepted.values())
+        # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
+        return [Accepted(nid, self.nodes[nid].key, r) for nid, r in sorted(accepted.items())]
+
+    def fisher_warmup(self, grid: Grid, timeout: float) -> dict[str, Any]:
+        """Round 0 of ``fisher-warmup``: every participant returns its Fisher at the initial model, untrained.
+
+        Each node gets the submodel it would get in round 1 without a Fisher estimate (the method's
+        fallback), measures its Fisher there (``fisher-estimator = "received"``) and replies with a zero
+        update; the method folds the Fisher into its state and round 1 ranks by it.
+        """
+        self.sent, self.clients = {}, {}
+        msgs = []
+        for node_id in self.participants():
+            msg, info = self.submodel_message(node_id, 0, MessageType.TRAIN, self.sent)
+            msgs.append(msg)
+            self.clients[node_id] = info
+        parts = [
+            reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in exchange(grid, msgs, timeout, self.cfg.poll_interval)
+        ]
+        accepted = self.accepted_replies(0, parts)
+        self.method.warm_up(accepted, 0)
+        return {
+            "replies": len(accepted),
+            "sent": len(msgs),
+            "bytes_down": sum(c.bytes_down for c in self.clients.values()),
+            "bytes_up": sum(c.bytes_up for c in self.clients.values()),
+        }
 
     # ---------------------------------------------------------------- evaluate
     def configure_evaluate(
@@ -461,11 +490,22 @@ class SubmodelStrategy(Strategy):
         if not self.participants():
             raise RuntimeError(f"method {self.cfg.method!r} found no node that can take part (needs capacity 1)")
         self.x = self._flat(initial_arrays)
+        warmup = None
+        if self.first_round == 1 and self.cfg.fisher_warmup:
+            warmup = self.fisher_warmup(grid, timeout)
+            log(
+                INFO,
+                "[round 0/%d] Fisher warm-up: %d of %d nodes replied",
+                num_rounds,
+                warmup["replies"],
+                warmup["sent"],
+            )
         start_eval = self.central_evaluation(0) if self.first_round == 1 else None
         if start_eval:
             log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])
             if self.on_round:
-                self.on_round({"round": 0, "global": start_eval, "clients": [], "nodes_out": self.take_nodes_out()})
+                record = {"round": 0, "global": start_eval, "clients": [], "nodes_out": self.take_nodes_out()}
+                self.on_round({**record, "fisher_warmup": warmup} if warmup else record)
         arrays = initial_arrays
         for rnd in range(self.first_round, num_rounds + 1):
             t_round = time.perf_counter()

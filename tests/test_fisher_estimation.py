@@ -94,3 +94,71 @@ def test_no_examples_is_an_error():
             None,
             torch.device("cpu"),
         )
+
+
+def test_round_zero_of_the_warm_up_takes_no_local_step():
+    from common.config import parse_node_config, parse_run_config
+    from common.training import round_train_config
+
+    run = parse_run_config({"local-epochs": 3})
+    node = parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": 1.0}, "")
+    assert round_train_config(run, node, 0).epochs == 0
+    assert round_train_config(run, node, 1).epochs == 3
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"fisher-warmup": True}, "fisher-estimator='received'"),
+        ({"fisher-warmup": True, "fisher-estimator": "received", "method": "fedavg"}, "does not rank by Fisher"),
+        ({"fisher-estimator": "exact"}, "fisher-estimator"),
+        ({"fisher-examples": -1}, "fisher-examples"),
+    ],
+)
+def test_bad_fisher_settings_fail_naming_the_key(override, message):
+    from common.config import ConfigError, parse_run_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_run_config(override)
+
+
+def test_a_warm_up_ranks_round_one_by_fisher_and_leaves_the_model_alone(tmp_path, monkeypatch):
+    from common.config import parse_run_config
+    from common.datasets import load_dataset
+    from common.evaluation import CentralEvaluator
+    from server.app import central_evaluate_fn
+    from server.strategy import SubmodelStrategy
+    from tests.inprocess_grid import InProcessGrid
+
+    monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
+    run_config = {
+        "num-rounds": 1,
+        "local-epochs": 1,
+        "eval-every": 0,
+        "fisher-estimator": "received",
+        "fisher-examples": 16,
+        "fisher-encoding": "ranked",
+        "fisher-warmup": True,
+    }
+    cfg = parse_run_config(run_config)
+    capacities = {41: 1.0, 42: 0.25, 43: 0.0625}
+    nodes = {nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())}
+    grid = InProcessGrid(nodes, run_config)
+    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
+    model = build_model(cfg.model, 10, 1, cfg.seed)
+    layout = model_layout(model)
+    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
+    records: list[dict] = []
+    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
+    x0 = layout.flatten(trainable_arrays(model))
+    seen: list[np.ndarray] = []
+    real_warm_up = strategy.method.warm_up
+    monkeypatch.setattr(
+        strategy.method, "warm_up", lambda accepted, rnd: (seen.append(strategy.x.copy()), real_warm_up(accepted, rnd))
+    )
+    strategy.start(grid, strategy.to_arrays(x0), 1, 60.0, evaluate_fn=central_evaluate_fn(evaluator))
+    assert np.array_equal(seen[0], x0)  # the warm-up replies did not move the model
+    assert records[0]["fisher_warmup"]["replies"] == 3
+    train = [m for m in grid.handled if m.metadata.message_type == "train"]
+    assert [int(m.content.config_records["submodel-config"]["round"]) for m in train] == [0, 0, 0, 1, 1, 1]
+    assert {c["mask_source"] for c in records[1]["clients"]} == {"client"}  # not magnitude

@@ -200,6 +200,17 @@ class Method:
             ``device``, ``client-key``, ``capacity-source``, and ``capacity-kind`` when its node config sets it).
         """
 
+    def warm_up(self, accepted: Sequence[Accepted], server_round: int) -> None:
+        """Fold the replies of a Fisher-only exchange (``fisher-warmup``: zero updates) into the method's state.
+
+        Parameters
+        ----------
+        accepted : Sequence[Accepted]
+            Validated replies, in node order.
+        server_round : int
+            The exchange's round (0: before the first round).
+        """
+
     def participates(self, capacity: float) -> bool:
         """Whether a node of ``capacity`` trains (default: every node)."""
         return True

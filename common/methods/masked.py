@@ -86,6 +86,11 @@ class MaskedMethod(Method):
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
         """Fold one accepted reply into the method's state (after the model update)."""
 
+    def warm_up(self, accepted: Sequence[Accepted], server_round: int) -> None:
+        """Observe each reply's Fisher; the model is not touched."""
+        for a in accepted:
+            self.observe(a, server_round)
+
     # -------------------------------------------------------------- client side
     def _model(self, train: ArrayDataset) -> tuple[nn.Module, ParamLayout]:
         model = build_model(self.run.model, train.num_classes, train.in_channels, self.run.seed)
