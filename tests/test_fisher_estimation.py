@@ -142,7 +142,9 @@ def test_a_warm_up_ranks_round_one_by_fisher_and_leaves_the_model_alone(tmp_path
     }
     cfg = parse_run_config(run_config)
     capacities = {41: 1.0, 42: 0.25, 43: 0.0625}
-    nodes = {nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())}
+    nodes = {
+        nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())
+    }
     grid = InProcessGrid(nodes, run_config)
     split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
     model = build_model(cfg.model, 10, 1, cfg.seed)
