@@ -9,6 +9,7 @@ therefore visible to the "clients" too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
@@ -95,3 +96,43 @@ class InProcessGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push, then pull everything (every reply is ready at once)."""
         return self.pull_messages(list(self.push_messages(messages)))
+
+
+@dataclass
+class InProcessFederation:
+    """A strategy wired to an :class:`InProcessGrid` of nodes with given capacities, ready to ``start``."""
+
+    cfg: Any
+    grid: InProcessGrid
+    strategy: Any
+    records: list[dict]
+    x0: Any
+    evaluate_fn: Any
+
+
+def inprocess_federation(run_config: Mapping[str, Any], capacities: Mapping[int, float]) -> InProcessFederation:
+    """Nodes ``{node id: capacity}`` (partition ``i`` of ``len(capacities)``), the run's strategy and evaluator.
+
+    Every round's record is appended to ``records``; ``x0`` is the run's initial flat model.
+    """
+    from common.config import parse_run_config
+    from common.datasets import load_dataset
+    from common.evaluation import CentralEvaluator
+    from common.models import build_model, model_layout, trainable_arrays
+    from server.app import central_evaluate_fn
+    from server.strategy import SubmodelStrategy
+
+    cfg = parse_run_config(dict(run_config))
+    nodes = {
+        nid: {"partition-id": i, "num-partitions": len(capacities), "capacity": g}
+        for i, (nid, g) in enumerate(capacities.items())
+    }
+    grid = InProcessGrid(nodes, run_config)
+    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
+    model = build_model(cfg.model, 10, 1, cfg.seed)
+    layout = model_layout(model)
+    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
+    records: list[dict] = []
+    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
+    x0 = layout.flatten(trainable_arrays(model))
+    return InProcessFederation(cfg, grid, strategy, records, x0, central_evaluate_fn(evaluator))

@@ -123,12 +123,7 @@ def test_bad_fisher_settings_fail_naming_the_key(override, message):
 
 
 def test_a_warm_up_ranks_round_one_by_fisher_and_leaves_the_model_alone(tmp_path, monkeypatch):
-    from common.config import parse_run_config
-    from common.datasets import load_dataset
-    from common.evaluation import CentralEvaluator
-    from server.app import central_evaluate_fn
-    from server.strategy import SubmodelStrategy
-    from tests.inprocess_grid import InProcessGrid
+    from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     run_config = {
@@ -140,27 +135,16 @@ def test_a_warm_up_ranks_round_one_by_fisher_and_leaves_the_model_alone(tmp_path
         "fisher-encoding": "ranked",
         "fisher-warmup": True,
     }
-    cfg = parse_run_config(run_config)
-    capacities = {41: 1.0, 42: 0.25, 43: 0.0625}
-    nodes = {
-        nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())
-    }
-    grid = InProcessGrid(nodes, run_config)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
-    model = build_model(cfg.model, 10, 1, cfg.seed)
-    layout = model_layout(model)
-    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
-    records: list[dict] = []
-    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
-    x0 = layout.flatten(trainable_arrays(model))
+    fed = inprocess_federation(run_config, {41: 1.0, 42: 0.25, 43: 0.0625})
+    strategy, records, x0 = fed.strategy, fed.records, fed.x0
     seen: list[np.ndarray] = []
     real_warm_up = strategy.method.warm_up
     monkeypatch.setattr(
         strategy.method, "warm_up", lambda accepted, rnd: (seen.append(strategy.x.copy()), real_warm_up(accepted, rnd))
     )
-    strategy.start(grid, strategy.to_arrays(x0), 1, 60.0, evaluate_fn=central_evaluate_fn(evaluator))
+    strategy.start(fed.grid, strategy.to_arrays(x0), 1, 60.0, evaluate_fn=fed.evaluate_fn)
     assert np.array_equal(seen[0], x0)  # the warm-up replies did not move the model
     assert records[0]["fisher_warmup"]["replies"] == 3
-    train = [m for m in grid.handled if m.metadata.message_type == "train"]
+    train = [m for m in fed.grid.handled if m.metadata.message_type == "train"]
     assert [int(m.content.config_records["submodel-config"]["round"]) for m in train] == [0, 0, 0, 1, 1, 1]
     assert {c["mask_source"] for c in records[1]["clients"]} == {"client"}  # not magnitude

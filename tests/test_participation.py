@@ -12,14 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.config import parse_run_config
-from common.datasets import load_dataset
-from common.evaluation import CentralEvaluator
-from common.models import build_model, model_layout, trainable_arrays
 from common.participation import sample_clients, sample_size
 from common.schema import ConfigError
-from server.app import central_evaluate_fn
-from server.strategy import SubmodelStrategy
-from tests.inprocess_grid import InProcessGrid
+from tests.inprocess_grid import inprocess_federation
 
 KEYS = [f"client-{i:03d}" for i in range(100)]
 
@@ -92,23 +87,6 @@ def test_bad_participation_settings_fail_naming_the_key(override, key):
         parse_run_config(override)
 
 
-def _federation(run_config, capacities):
-    cfg = parse_run_config(run_config)
-    nodes = {
-        nid: {"partition-id": i, "num-partitions": len(capacities), "capacity": g}
-        for i, (nid, g) in enumerate(capacities.items())
-    }
-    grid = InProcessGrid(nodes, run_config)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
-    model = build_model(cfg.model, 10, 1, cfg.seed)
-    layout = model_layout(model)
-    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
-    records: list[dict] = []
-    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
-    x0 = layout.flatten(trainable_arrays(model))
-    return cfg, grid, strategy, records, x0, central_evaluate_fn(evaluator)
-
-
 def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     run_config = {
@@ -121,8 +99,9 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
         "min-train-nodes": 2,
     }
     capacities = {21: 1.0, 22: 0.25, 23: 1.0, 24: 0.25, 25: 0.0625, 26: 1.0}
-    cfg, grid, strategy, records, x0, evaluate_fn = _federation(run_config, capacities)
-    strategy.start(grid, strategy.to_arrays(x0), cfg.num_rounds, 60.0, evaluate_fn=evaluate_fn)
+    fed = inprocess_federation(run_config, capacities)
+    grid, strategy, records = fed.grid, fed.strategy, fed.records
+    strategy.start(grid, strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn)
     trained = [m for m in grid.handled if m.metadata.message_type == "train"]
     assert len(trained) == 3 * 3
     keys = {nid: strategy.nodes[nid].key for nid in capacities}
@@ -135,6 +114,6 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
 def test_min_train_nodes_above_the_connected_nodes_stops_with_a_clear_message(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     run_config = {"num-rounds": 1, "local-epochs": 1, "eval-every": 0, "min-train-nodes": 3, "poll-interval": 0.01}
-    cfg, grid, strategy, _, x0, evaluate_fn = _federation(run_config, {31: 1.0, 32: 0.25})
+    fed = inprocess_federation(run_config, {31: 1.0, 32: 0.25})
     with pytest.raises(RuntimeError, match=r"min-train-nodes=3: only 2 node\(s\) can train after waiting 1 s"):
-        strategy.start(grid, strategy.to_arrays(x0), cfg.num_rounds, 1.0, evaluate_fn=evaluate_fn)
+        fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 1, 1.0, evaluate_fn=fed.evaluate_fn)
