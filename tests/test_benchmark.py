@@ -118,3 +118,14 @@ def test_every_documented_benchmark_command_is_valid(tmp_path):
         args[out + 1] = str(tmp_path / f"c{i}")  # plan into a scratch folder, run nothing
         assert main(args + ["--reuse", "--existing-only"]) == 0, words
         assert (tmp_path / f"c{i}" / "plan.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "flag"),
+    [("fisher-encoding=ranked", "--fisher-encodings"), ("num-rounds=3", "--rounds"), ("seed=4", "--seeds")],
+)
+def test_a_run_config_key_a_flag_sets_is_refused_naming_the_flag(tmp_path, capsys, override, flag):
+    with pytest.raises(SystemExit) as exc:
+        main(["--methods", "fedfibos", "--datasets", "digits", "-c", override, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err

@@ -43,6 +43,18 @@ DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each
 # Every method on the BatchNorm CNN with the width methods' published gradient clipping, so no method is
 # handicapped by the recipe of another (FedAvg on cnn-bn diverges at lr 0.1 without clipping).
 BENCH_DEFAULTS: dict[str, Any] = {"model": "cnn-bn", "clip-grad-norm": 1.0}
+# Run-config keys each run takes from a command-line flag (a -c override of one is refused).
+FLAG_KEYS: dict[str, str] = {
+    "method": "--methods",
+    "dataset": "--datasets",
+    "seed": "--seeds",
+    "num-rounds": "--rounds",
+    "fisher-encoding": "--fisher-encodings",
+    "partitioner": "--partitions",
+    "dirichlet-alpha": "--partitions",
+    "classes-per-client": "--partitions",
+    "capacity-mix": "--capacities",
+}
 
 
 @dataclass(frozen=True)
@@ -240,6 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     capacities = parse_capacities(args.capacities) * args.clients_per_capacity
     extra = parse_overrides(args.run_config)
+    for key, flag in FLAG_KEYS.items():
+        if key in extra:  # the flag's value would silently win over the -c key
+            ap.error(f"-c {key}={extra[key]!r}: the benchmark sets {key} from {flag}; use that instead")
     plan = []
     for dataset in args.datasets.split(","):
         for part in partitions:
