@@ -9,7 +9,7 @@ A reply trained on the model sent at version ``v_s`` has
   ``M`` that the current model changed since it was sent. Positions nobody
   touched meanwhile are exactly as the client saw them, so staleness only
   matters on the overlap (FedGMR weights a contribution by the intersection of
-  its mask with the current global model's changes, seed 002);
+  its mask with the current global model's changes);
 * effective staleness ``o * tau`` and weight ``s = (1 + o * tau) ** (-a)``
   (polynomial staleness decay, ``a`` = ``staleness_exponent``; ``s = 1`` for a
   fresh reply or one whose positions were untouched).
