@@ -49,7 +49,7 @@ from common.config import RunConfig
 from common.layout import ParamLayout
 from common.methods.base import Accepted, AsynchronousMethod, Method
 from common.validation import ReplyError, SentSubmodel
-from server.grid_io import exchange, wait_for_nodes
+from server.grid_io import exchange
 from server.replies import ReplyParts, reply_parts
 from server.strategy import ClientRound, EvaluateFn, SubmodelStrategy, progress_line
 
@@ -313,10 +313,7 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
         result = Result(arrays=initial_arrays)
         x0 = self._flat(initial_arrays)
         self.summary()
-        wait_for_nodes(self.grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
-        self.discover(self.grid, timeout)
-        if not self.participants():
-            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+        self.join_nodes(self.grid, timeout)
         self.x = x0.copy()
         self.nodes_at_start = len(self.participants())
         total_updates = num_rounds * self.nodes_at_start

@@ -296,9 +296,15 @@ class SubmodelStrategy(Strategy):
     ) -> Iterable[Message]:
         """One Message per participating node, each carrying only that node's submodel."""
         self.x = self._flat(arrays)
+        return self.train_messages(server_round, self.round_participants(server_round), config)
+
+    def train_messages(
+        self, server_round: int, node_ids: Iterable[int], config: ConfigRecord | None = None
+    ) -> list[Message]:
+        """TRAIN messages for ``node_ids``; what each was sent becomes this round's ``sent`` and ``clients``."""
         self.sent, self.clients = {}, {}
         msgs = []
-        for node_id in self.round_participants(server_round):
+        for node_id in node_ids:
             msg, info = self.submodel_message(node_id, server_round, MessageType.TRAIN, self.sent, config=config)
             msgs.append(msg)
             self.clients[node_id] = info
@@ -369,12 +375,7 @@ class SubmodelStrategy(Strategy):
         fallback), measures its Fisher there (``fisher-estimator = "received"``) and replies with a zero
         update; the method folds the Fisher into its state and round 1 ranks by it.
         """
-        self.sent, self.clients = {}, {}
-        msgs = []
-        for node_id in self.participants():
-            msg, info = self.submodel_message(node_id, 0, MessageType.TRAIN, self.sent)
-            msgs.append(msg)
-            self.clients[node_id] = info
+        msgs = self.train_messages(0, self.participants())
         parts = [
             reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in exchange(grid, msgs, timeout, self.cfg.poll_interval)
         ]
@@ -445,6 +446,15 @@ class SubmodelStrategy(Strategy):
         return self.method.prior_influence(self.x, [p.capacity for p in self.nodes.values()])
 
     # -------------------------------------------------------------------- loop
+    def join_nodes(self, grid: Grid, timeout: float) -> None:
+        """Wait for ``min-nodes`` SuperNodes, discover them, and stop with the reason when none can train."""
+        wait_for_nodes(grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
+        self.discover(grid, timeout)
+        if not self.nodes:
+            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+        if not self.participants():
+            raise RuntimeError(f"method {self.cfg.method!r} found no node that can take part (needs capacity 1)")
+
     def start(
         self,
         grid: Grid,
@@ -483,12 +493,7 @@ class SubmodelStrategy(Strategy):
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result(arrays=initial_arrays)
-        wait_for_nodes(grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
-        self.discover(grid, timeout)
-        if not self.nodes:
-            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
-        if not self.participants():
-            raise RuntimeError(f"method {self.cfg.method!r} found no node that can take part (needs capacity 1)")
+        self.join_nodes(grid, timeout)
         self.x = self._flat(initial_arrays)
         warmup = None
         if self.first_round == 1 and self.cfg.fisher_warmup:

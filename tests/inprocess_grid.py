@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
@@ -18,6 +18,13 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from client import app as client_app
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from common.config import RunConfig
+    from server.strategy import EvaluateFn, SubmodelStrategy
 
 RUN_ID = 1
 SERVER_NODE_ID = 1  # the SuperLink's own id as a message source
@@ -102,12 +109,12 @@ class InProcessGrid(Grid):
 class InProcessFederation:
     """A strategy wired to an :class:`InProcessGrid` of nodes with given capacities, ready to ``start``."""
 
-    cfg: Any
+    cfg: RunConfig
     grid: InProcessGrid
-    strategy: Any
-    records: list[dict]
-    x0: Any
-    evaluate_fn: Any
+    strategy: SubmodelStrategy
+    records: list[dict[str, Any]]
+    x0: NDArray[np.float32]
+    evaluate_fn: EvaluateFn
 
 
 def inprocess_federation(run_config: Mapping[str, Any], capacities: Mapping[int, float]) -> InProcessFederation:

@@ -12,15 +12,10 @@ from numpy.typing import NDArray
 
 from common import protocol as P
 from common.config import ConfigError, parse_run_config
-from common.datasets import load_dataset
-from common.evaluation import CentralEvaluator
 from common.methods import create_method, register, registry, unregister
 from common.methods.masked import MaskedMethod
-from common.models import build_model, model_layout, trainable_arrays
 from common.selection import budget
-from server.app import central_evaluate_fn
-from server.strategy import SubmodelStrategy
-from tests.inprocess_grid import InProcessGrid
+from tests.inprocess_grid import inprocess_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,28 +43,17 @@ def random_topk():
 def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     run_config = {"method": "random-topk", "num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 3}
-    cfg = parse_run_config(run_config)
-    capacities = {11: 1.0, 12: 0.25, 13: 0.0625}
-    nodes = {
-        nid: {"partition-id": i, "num-partitions": 3, "capacity": g} for i, (nid, g) in enumerate(capacities.items())
-    }
-    grid = InProcessGrid(nodes, run_config)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
-    model = build_model(cfg.model, 10, 1, cfg.seed)
-    layout = model_layout(model)
-    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
-    records = []
-    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
+    fed = inprocess_federation(run_config, {11: 1.0, 12: 0.25, 13: 0.0625})
+    grid, strategy, records, x0, layout = fed.grid, fed.strategy, fed.records, fed.x0, fed.strategy.layout
     assert isinstance(strategy.method, RandomTopK)
-    x0 = layout.flatten(trainable_arrays(model))
     result = strategy.start(
         grid,
         strategy.to_arrays(x0),
-        cfg.num_rounds,
+        fed.cfg.num_rounds,
         60.0,
         train_config=ConfigRecord({"note": "train"}),
         evaluate_config=ConfigRecord({"note": "evaluate"}),
-        evaluate_fn=central_evaluate_fn(evaluator),
+        evaluate_fn=fed.evaluate_fn,
     )
     assert [r["round"] for r in records] == [0, 1, 2]
     for rec in records[1:]:
