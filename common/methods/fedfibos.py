@@ -4,23 +4,47 @@ The rule exactly minimises the masking surrogate ``sum_{j not in S} F_j^2 x_j^2`
 budget (:func:`common.selection.select_mask`, with the guards documented there). The Fisher ranked by is
 the client's last upload blended toward the global prior as it ages; a client that never reported is
 ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k.
+
+Aggregation (``fedfibos-aggregation``): ``holders`` (default) moves each position by the example-weighted
+mean of the updates of the clients that held it (:func:`common.aggregation.aggregate_masked`);
+``participants`` divides by every participant's examples instead, so a position only a few clients held
+moves by their share of the round (:func:`common.update_means.participant_mean_step`). The second damps the
+positions that only large clients hold, which under label skew are fitted to those clients' classes alone
+(measured in ``docs/FISHER.md``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import Field
+
+from common.aggregation import aggregate_masked
 
 from common.methods import register
+from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
 from common.prior_influence import contested_positions
+from common.schema import Schema
 from common.selection import select_mask
+from common.update_means import participant_mean_step
 
 if TYPE_CHECKING:
     from common.config import RunConfig
+
+
+class FedFIbOSOptions(Schema):
+    """FedFIbOS's own run-config keys (``fedfibos-*``)."""
+
+    aggregation: Literal["holders", "participants"] = Field(
+        "holders",
+        description="holders: example-weighted mean over the clients that held each position; participants: "
+        "`sum_n w_n M_j delta_j / sum_n w_n` over all the round's clients, so a position few clients held "
+        "moves by their share",
+    )
 
 
 @register
@@ -29,6 +53,27 @@ class FedFIbOS(FisherRankedMethod):
 
     name = "fedfibos"
     summary = "top-`ceil(gamma d)` of `F_j^2 x_j^2` from the client's Fisher (this product's method)"
+    options = FedFIbOSOptions
+    options_prefix = "fedfibos-"
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.opts: FedFIbOSOptions = run.options(self.name)
+
+    def describe(self) -> str:
+        """Method, the Fisher settings and the aggregation."""
+        return f"{super().describe()} aggregation={self.opts.aggregation}"
+
+    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+        """``fedfibos-aggregation``: the holder mean or the participant mean; then each reply's Fisher is observed."""
+        updates = [a.reply.update for a in accepted]
+        if self.opts.aggregation == "participants":
+            new = participant_mean_step(x, updates, self.run.server_lr)
+        else:
+            new = aggregate_masked(x, updates, self.run.server_lr)
+        for a in accepted:
+            self.observe(a, server_round)
+        return new
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:

@@ -1,0 +1,52 @@
+"""``fedfibos-aggregation``: the holder mean (default) against the participant mean, on a hand-computed case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.aggregation import MaskedUpdate
+from common.config import ConfigError, parse_run_config
+from common.layout import ParamLayout, TensorSpec
+from common.methods import create_method
+from common.methods.base import Accepted
+from common.validation import TrainReply
+
+LAYOUT = ParamLayout((TensorSpec("fc.weight", (2, 2)), TensorSpec("fc.bias", (2,))))
+
+
+def _reply(key: str, indices: list[int], delta: list[float], weight: float, fisher: float) -> Accepted:
+    update = MaskedUpdate(np.array(indices, np.int64), np.array(delta, np.float32), weight)
+    return Accepted(1, key, TrainReply(update, np.full(LAYOUT.size, fisher, np.float32), {}))
+
+
+def _aggregate(aggregation: str | None) -> tuple[np.ndarray, object]:
+    raw = {"method": "fedfibos"} | ({"fedfibos-aggregation": aggregation} if aggregation else {})
+    method = create_method(parse_run_config(raw))
+    method.start_server(LAYOUT)
+    x = np.array([1.0, 2.0, 3.0, 4.0, 0.5, -0.5], np.float32)
+    # "big" (30 examples) held every position; "small" (10 examples) held positions 0 and 4 only.
+    replies = [
+        _reply("big", [0, 1, 2, 3, 4, 5], [0.4, 0.4, -0.8, 0.0, 0.2, 0.2], 30.0, 1.0),
+        _reply("small", [0, 4], [-0.4, 0.6], 10.0, 2.0),
+    ]
+    return method.aggregate(x, replies, 1), method
+
+
+def test_holder_mean_is_the_default():
+    new, method = _aggregate(None)
+    # position 0: (30*0.4 + 10*-0.4)/40 = 0.2; position 1 only the big client held: its delta in full.
+    np.testing.assert_allclose(new, [1.2, 2.4, 2.2, 4.0, 0.5 + 0.3, -0.3], rtol=1e-6)
+    assert "aggregation=holders" in method.describe()
+
+
+def test_participant_mean_damps_positions_few_clients_held():
+    new, method = _aggregate("participants")
+    # every position divides by all 40 examples: position 1 moves by 30/40 of the big client's delta.
+    np.testing.assert_allclose(new, [1.2, 2.3, 2.4, 4.0, 0.5 + 0.3, -0.35], rtol=1e-6)
+    assert set(method.fisher.clients) == {"big", "small"}  # both replies' Fisher observed
+
+
+def test_unknown_aggregation_names_the_key():
+    with pytest.raises(ConfigError, match="fedfibos-aggregation"):
+        parse_run_config({"method": "fedfibos", "fedfibos-aggregation": "median"})
