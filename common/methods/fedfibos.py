@@ -23,7 +23,6 @@ from numpy.typing import NDArray
 from pydantic import Field
 
 from common.aggregation import aggregate_masked
-
 from common.methods import register
 from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
