@@ -119,6 +119,7 @@ class FisherState:
         self.max_clients = max_clients
         self.precision = precision
         self.evictions = 0
+        self.version = 0  # uploads recorded since this object was made: equal versions, equal estimates
         self.d = d
         self.staleness_decay = staleness_decay
         self.ema = ema
@@ -175,6 +176,7 @@ class FisherState:
         self.clients[client] = ClientFisher(new, float(weight), round)
         self._slots.setdefault(client, len(self._slots))
         self._prior = None  # recomputed from the stored estimates when next asked for
+        self.version += 1
         return True
 
     def memory_bytes(self) -> int:

@@ -3,7 +3,10 @@
 The rule exactly minimises the masking surrogate ``sum_{j not in S} F_j^2 x_j^2`` over all masks of the
 budget (:func:`common.selection.select_mask`, with the guards documented there). The Fisher ranked by is
 the client's last upload blended toward the global prior as it ages; a client that never reported is
-ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k.
+ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k. Masks ranked by
+the prior or by magnitude depend only on the capacity level: they are computed once per level while the model
+and the Fisher state stay the same (:class:`common.level_masks.LevelMasks`), for central evaluation and every
+such client alike.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from common.layout import ParamLayout
+from common.level_masks import LevelMasks
 from common.methods import register
 from common.methods.masked import FisherRankedMethod
-from common.prior_influence import contested_positions
+from common.prior_influence import contested_by_level
 from common.selection import select_mask
 
 if TYPE_CHECKING:
@@ -30,6 +35,11 @@ class FedFIbOS(FisherRankedMethod):
     name = "fedfibos"
     summary = "top-`ceil(gamma d)` of `F_j^2 x_j^2` from the client's Fisher (this product's method)"
 
+    def start_server(self, layout: ParamLayout) -> None:
+        """The Fisher state (see :class:`FisherRankedMethod`) and an empty cache of per-level masks."""
+        super().start_server(layout)
+        self.level_masks = LevelMasks()
+
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
         """Always: the mask is ranked by the client's Fisher."""
@@ -38,13 +48,23 @@ class FedFIbOS(FisherRankedMethod):
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:
-        """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists."""
+        """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists.
+
+        A ``prior`` or ``magnitude`` mask comes from the per-level cache (read-only); a ``client`` one is new.
+        """
         est, source = self.client_estimate(key, int(server_round))
         if est is None:
             source, rule = "magnitude", "magnitude"
         else:
             rule = "fisher"
-        return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row), source
+
+        def select() -> NDArray[np.bool_]:
+            return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row)
+
+        if source == "client":
+            return select(), source
+        # The Fisher state object and its version name the prior: a restored state is a new object.
+        return self.level_masks.get(x, (self.fisher, self.fisher.version), gamma, select), source
 
     def prior_influence(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, float] | None:
         """Per capacity level below 1: the share of a prior-ranked mask any one client could flip.
@@ -56,7 +76,6 @@ class FedFIbOS(FisherRankedMethod):
         if interval is None:
             return None
         lo, hi = interval
-        return {
-            f"{gamma:g}": float(contested_positions(self.layout, x, gamma, lo, hi, self.run.min_per_row).mean())
-            for gamma in sorted((g for g in set(levels) if g < 1.0), reverse=True)
-        }
+        below = sorted((g for g in set(levels) if g < 1.0), reverse=True)
+        contested = contested_by_level(self.layout, x, below, lo, hi, self.run.min_per_row)
+        return {f"{gamma:g}": float(c.mean()) for gamma, c in zip(below, contested)}
