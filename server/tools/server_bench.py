@@ -5,8 +5,9 @@ runs in this process on synthetic data of the model's size (global values from
 the model's initialisation, heavy-tailed Fisher uploads): ranking each client's
 mask, encoding the downloads, validating and decoding the replies (``masked``
 Fisher encoding), the mask-aware aggregation, the Fisher-state update, the
-trimmed prior, the certified prior influence, the central-evaluation masks of
-every capacity level and the checkpoint. Next to each step the same run times
+trimmed prior and its interval (one sort gives both, as in the strategy), the
+certified prior influence, the central-evaluation masks of every capacity level
+(once per level, cached as the method caches them) and the checkpoint. Next to each step the same run times
 the step's *anchor*, the plainest numpy code that does the same arithmetic
 without the product's checks and guarantees (``argpartition`` top-k, a dense
 float32 sum of the deltas, ...), so the ratio column does not depend on the
@@ -48,8 +49,9 @@ from common.config import RunConfig
 from common.fisher_codec import encode_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout
+from common.level_masks import LevelMasks
 from common.models import build_model, model_layout, trainable_arrays
-from common.prior_influence import contested_positions, trim_count
+from common.prior_influence import contested_by_level, trim_count
 from common.protocol import encode_submodel
 from common.selection import budget, select_mask
 from common.validation import SentSubmodel, TrainReply, validate_train_reply
@@ -62,7 +64,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("validate", "validate + decode replies"),
     ("aggregate", "aggregate_masked"),
     ("fisher", "Fisher state update"),
-    ("prior", "trimmed prior"),
+    ("prior", "trimmed prior + interval"),
     ("influence", "prior_influence"),
     ("eval_masks", "central-evaluation masks"),
     ("checkpoint", "checkpoint (fsync)"),
@@ -162,13 +164,19 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     absx = np.abs(x)
 
     masks: list[NDArray[np.bool_]] = []
+    levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level
 
     def select() -> None:
         for key, gamma in zip(keys, caps):
-            est = state.estimate(key, rnd)
-            if est is None:  # evicted beyond fisher-memory-mb: ranked by the prior, as the method does
-                est = state.global_prior()
-            masks.append(select_mask(layout, x, gamma, "fisher", est, cfg.min_per_row))
+            if key in state.clients:
+                masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), cfg.min_per_row))
+                continue
+
+            def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+
+            # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
+            masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
 
     def select_anchor() -> None:
         for f, gamma in zip(uploads, caps):
@@ -233,7 +241,14 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.anchor["fisher"] = timed(fisher_anchor)
     replies.clear()
 
-    t.project["prior"] = timed(state.global_prior)
+    intervals: list = []
+
+    def prior() -> None:
+        # As in the strategy: the sort behind prior_influence's interval fills the prior too.
+        intervals.append(state.prior_interval())
+        state.global_prior()
+
+    t.project["prior"] = timed(prior)
     stored = [c.fisher for c in state.clients.values()]
     m = len(stored)
     cut = trim_count(cfg.fisher_trim, m)
@@ -253,19 +268,22 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     below = sorted({g for g in caps if g < 1.0}, reverse=True)
 
+    interval = intervals[0]
+
     def influence() -> None:
-        interval = state.prior_interval()
         if interval is not None:
-            for gamma in below:
-                contested_positions(layout, x, gamma, *interval, cfg.min_per_row)
+            contested_by_level(layout, x, below, *interval, cfg.min_per_row)
 
     t.project["influence"] = timed(influence)
     t.anchor["influence"] = None
 
     def eval_masks() -> None:
-        prior = state.global_prior()
         for gamma in sorted(set(caps), reverse=True):
-            select_mask(layout, x, gamma, "fisher", prior, cfg.min_per_row)
+
+            def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+
+            levels_cache.get(x, (state, state.version), gamma, by_prior)
 
     def eval_masks_anchor() -> None:
         scores = state.global_prior() * absx
