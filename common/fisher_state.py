@@ -63,6 +63,31 @@ def _spans(d: int) -> Iterator[slice]:
         yield slice(start, start + PRIOR_BLOCK)
 
 
+def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
+    """The mean of a flat array in float64: each block of :data:`PRIOR_BLOCK` values cast to float64 and
+    summed pairwise (``np.add.reduce``), the block sums added in order, divided by the count.
+
+    The summation order is this function's own (not numpy's buffer size), so the result is the same
+    wherever it runs; ``nan`` for an empty array.
+
+    Parameters
+    ----------
+    values : NDArray
+        Flat values (any real dtype).
+    buffer : NDArray[float64], optional
+        Scratch space of at least ``min(len(values), PRIOR_BLOCK)`` values (allocated when not given).
+    """
+    if values.size == 0:
+        return float("nan")
+    wide = np.empty(min(values.size, PRIOR_BLOCK), dtype=np.float64) if buffer is None else buffer
+    total = 0.0
+    for span in _spans(values.size):
+        w = wide[: len(values[span])]
+        w[...] = values[span]
+        total += float(np.add.reduce(w))
+    return total / values.size
+
+
 @dataclass
 class ClientFisher:
     """A client's current estimate.
@@ -135,24 +160,25 @@ class FisherState:
     def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
         """Scale to mean 1; ``None`` when the estimate carries no information (all zero).
 
-        Each value is divided in float64 and rounded once to float32, one block of
-        positions at a time through one float64 buffer (no float64 copy of the
-        whole vector; explicit casts instead of ``np.divide(..., dtype=float64)``,
-        whose buffered casting loop costs about twice as much for the same bits).
+        The mean is taken in float64 (:func:`mean64`); each value is then divided by
+        it in float64 and rounded once to float32. Both passes go one block of
+        positions at a time through one float64 buffer: no float64 copy of the whole
+        vector, and explicit casts instead of numpy's buffered casting loops
+        (``np.mean(..., dtype=float64)``, ``np.divide(..., dtype=float64)``), which
+        cost about twice as much.
         """
-        fisher = np.asarray(fisher)
-        mean = float(np.mean(fisher, dtype=np.float64))
+        flat = np.asarray(fisher).reshape(-1)
+        wide = np.empty(min(flat.size, PRIOR_BLOCK), dtype=np.float64)
+        mean = mean64(flat, wide)
         if not np.isfinite(mean) or mean <= 0:
             return None
-        flat = fisher.reshape(-1)
         out = np.empty(flat.shape, dtype=np.float32)
-        wide = np.empty(min(flat.size, PRIOR_BLOCK), dtype=np.float64)
         for span in _spans(flat.size):
             w = wide[: len(flat[span])]
             w[...] = flat[span]
             w /= mean
             out[span] = w
-        return out.reshape(fisher.shape)
+        return out.reshape(np.shape(fisher))
 
     def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""

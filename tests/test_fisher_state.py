@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_state import FisherState
+from common.fisher_state import PRIOR_BLOCK, FisherState, mean64
 
 D = 16
 BIG_IDS = [0, 1, 2**32, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1]
@@ -101,12 +101,23 @@ def test_stored_estimate_is_normalised():
 # global prior
 
 
+def test_mean64_sums_blocks_pairwise_in_order():
+    """The documented summation, to the bit: float64 blocks of PRIOR_BLOCK summed pairwise, then in order."""
+    rng = np.random.default_rng(14)
+    for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
+        total = 0.0
+        for start in range(0, f.size, PRIOR_BLOCK):
+            total += float(np.add.reduce(f[start : start + PRIOR_BLOCK].astype(np.float64)))
+        assert mean64(f) == total / f.size
+        assert mean64(f) == pytest.approx(float(np.mean(f, dtype=np.float64)), rel=1e-14)
+    assert np.isnan(mean64(np.zeros(0, dtype=np.float32)))
+
+
 def test_normalise_divides_in_float64_and_rounds_once():
     """Bit-equal to dividing each value by the float64 mean in float64, then rounding to float32."""
     rng = np.random.default_rng(12)
     for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
-        mean = np.mean(f, dtype=np.float64)
-        want = (f.astype(np.float64) / mean).astype(np.float32)
+        want = (f.astype(np.float64) / mean64(f)).astype(np.float32)
         assert FisherState.normalise(f).tobytes() == want.tobytes()
 
 

@@ -33,11 +33,13 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +88,20 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def interleaved(pairs: Sequence[tuple[Callable[[], object], Callable[[], object]]]) -> tuple[float, float]:
+    """Total seconds of the project's and the anchor's calls, timed alternately pair by pair.
+
+    A step done once per client is timed client by client, the project's call and
+    then the anchor's, so a burst of load from other work on the machine falls on
+    both sides alike instead of on whichever ran during it.
+    """
+    project = anchor = 0.0
+    for run_project, run_anchor in pairs:
+        project += timed(run_project)
+        anchor += timed(run_anchor)
+    return project, anchor
 
 
 def mask_entropy_bytes(k: int, d: int) -> float:
@@ -166,26 +182,25 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     masks: list[NDArray[np.bool_]] = []
     levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level
 
-    def select() -> None:
-        for key, gamma in zip(keys, caps):
-            if key in state.clients:
-                masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), cfg.min_per_row))
-                continue
+    def select(key: str, gamma: float) -> None:
+        if key in state.clients:
+            masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), cfg.min_per_row))
+            return
 
-            def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
-                return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+        def by_prior() -> NDArray[np.bool_]:
+            return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
 
-            # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
-            masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
+        # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
+        masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
 
-    def select_anchor() -> None:
-        for f, gamma in zip(uploads, caps):
-            k = budget(gamma, d)
-            if k < d:
-                np.argpartition(f * absx, d - k)[d - k :]
+    def select_anchor(f: NDArray[np.float32], gamma: float) -> None:
+        k = budget(gamma, d)
+        if k < d:
+            np.argpartition(f * absx, d - k)[d - k :]
 
-    t.project["select"] = timed(select)
-    t.anchor["select"] = timed(select_anchor)
+    t.project["select"], t.anchor["select"] = interleaved(
+        [(partial(select, key, gamma), partial(select_anchor, f, gamma)) for key, f, gamma in zip(keys, uploads, caps)]
+    )
 
     payloads = []
     t.project["encode"] = timed(lambda: payloads.extend(encode_submodel(x, m) for m in masks))
@@ -224,21 +239,19 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.anchor["aggregate"] = timed(aggregate_anchor)
     updates.clear()
 
-    def fisher_update() -> None:
-        for key, r in zip(keys, replies):
-            assert r.fisher is not None
-            state.update(key, r.fisher, r.update.weight, rnd)
+    acc = np.zeros(d, dtype=np.float32)
+    buf = np.empty(d, dtype=np.float32)
 
-    def fisher_anchor() -> None:
-        acc = np.zeros(d, dtype=np.float32)
-        buf = np.empty(d, dtype=np.float32)
-        for r in replies:
-            assert r.fisher is not None
-            np.multiply(r.fisher, np.float32(1 / r.fisher.mean()), out=buf)
-            acc += buf
+    def fisher_anchor(fisher: NDArray[np.float32]) -> None:
+        np.multiply(fisher, np.float32(1 / fisher.mean()), out=buf)
+        np.add(acc, buf, out=acc)
 
-    t.project["fisher"] = timed(fisher_update)
-    t.anchor["fisher"] = timed(fisher_anchor)
+    steps = []
+    for key, r in zip(keys, replies):
+        assert r.fisher is not None
+        steps.append((partial(state.update, key, r.fisher, r.update.weight, rnd), partial(fisher_anchor, r.fisher)))
+    t.project["fisher"], t.anchor["fisher"] = interleaved(steps)
+    steps.clear()
     replies.clear()
 
     intervals: list = []
@@ -293,13 +306,15 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.project["eval_masks"] = timed(eval_masks)
     t.anchor["eval_masks"] = timed(eval_masks_anchor)
 
-    path = workdir / "checkpoint.npz"
+    # A folder of its own: a repeated round would otherwise find its state's chunks stored by the one before.
+    folder = Path(tempfile.mkdtemp(dir=workdir))
+    path = folder / "checkpoint.npz"
     stored: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
     t.project["checkpoint"] = timed(lambda: stored.append(save_checkpoint(path, rnd, x, state.to_bytes())))
     size = path.stat().st_size + stored[0]
 
     def checkpoint_anchor() -> None:
-        raw = workdir / "raw.bin"
+        raw = folder / "raw.bin"
         with open(raw, "wb") as f:
             f.write(x.tobytes())
             for c in state.clients.values():
@@ -318,6 +333,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         "incremental_written_mb": written / 2**20,
         "incremental_seconds": time.perf_counter() - t0,
     }
+    shutil.rmtree(folder)
     return t
 
 
