@@ -17,7 +17,8 @@ entropy of a mask of ``k`` among ``d``).
 
 The state holds at most what ``fisher-memory-mb`` allows (the run config's
 default unless ``--fisher-memory-mb``); a configuration whose replies would
-not fit in ``--max-memory-gb`` is skipped and its estimated need printed.
+not fit in ``--max-memory-gb`` (replies held until aggregation plus the Fisher
+state, :func:`round_memory`) is skipped and its estimated need printed.
 
 Usage::
 
@@ -117,10 +118,22 @@ def capacities_for(n: int, levels: Sequence[float]) -> list[float]:
     return [levels[i % len(levels)] for i in range(n)]
 
 
-def reply_bytes_estimate(d: int, levels: Sequence[float], n: int) -> float:
-    """Bytes the server holds for ``n`` replies: mask (1/position), decoded Fisher (4/position), indices (8/kept)."""
-    density = float(np.mean(capacities_for(n, levels)))
-    return n * d * (1 + 4 + 8 * density)
+def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dict[str, float]:
+    """Bytes a round of ``n`` clients holds at its peak (after validation, before aggregation), by part.
+
+    * ``replies``: per client, the mask sent (1 byte per position), the decoded Fisher (4 per position),
+      the update's indices (8 per kept position) and its delta (4 per kept position);
+    * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``) and the state's fixed
+      12 bytes per position (:func:`common.fisher_state.fisher_capacity`).
+
+    The benchmark shares one delta array between replies of the same size, so it holds a little less
+    than ``replies``; a server holds more: the received messages until the round is aggregated.
+    """
+    kept = [budget(g, d) for g in capacities_for(n, levels)]
+    replies = sum(d * (1 + 4) + k * (8 + 4) for k in kept)
+    stored = min(n, fisher_capacity(cfg.fisher_memory_mb, d, cfg.fisher_precision))
+    state = stored * d * np.dtype(cfg.fisher_precision.replace("fp", "float")).itemsize + 12 * d
+    return {"replies": float(replies), "fisher_state": float(state)}
 
 
 class SyntheticRound:
@@ -429,7 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--fisher-memory-mb", type=float, default=None, help="default: the run config's")
     ap.add_argument("--fisher-precision", default=None, choices=("fp32", "fp16"), help="default: the run config's")
-    ap.add_argument("--max-memory-gb", type=float, default=8.0, help="skip rounds whose replies need more (GiB)")
+    ap.add_argument(
+        "--max-memory-gb", type=float, default=8.0, help="skip rounds whose replies and Fisher state need more (GiB)"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds per configuration; each step's fastest is kept")
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
     ap.add_argument("--seed", type=int, default=0)
@@ -460,10 +475,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = SyntheticRound(layout, x, args.pool, args.seed)
             downloads[model_name] = download_rows(data, cfg, levels)
             for n in clients:
-                need = reply_bytes_estimate(layout.size, levels, n) / 2**30
-                row: dict = {"model": model_name, "d": layout.size, "clients": n}
+                memory = {k: v / 2**30 for k, v in round_memory(layout.size, levels, n, cfg).items()}
+                need = sum(memory.values())
+                row: dict = {"model": model_name, "d": layout.size, "clients": n, "memory_gib": memory}
                 if need > args.max_memory_gb:
-                    row["skipped"] = f"replies need ~{need:.1f} GiB > --max-memory-gb {args.max_memory_gb:g}"
+                    row["skipped"] = (
+                        f"needs ~{need:.1f} GiB (replies {memory['replies']:.1f}, Fisher state "
+                        f"{memory['fisher_state']:.1f}) > --max-memory-gb {args.max_memory_gb:g}"
+                    )
                     print(f"{model_name} x {n}: {row['skipped']}", flush=True)
                     results.append(row)
                     continue
