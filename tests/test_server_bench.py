@@ -55,6 +55,11 @@ def test_tables_and_scaling_line():
     assert "| m | 20 | **whole round** | 40.00 | 20.00 | 2.0 |" in text
     assert "skipped: too big" in text
     assert scaling_lines(rows) == ["m: server seconds per round = 0.000 + 2.0000 x clients (largest deviation 0%)"]
+    earlier = [{**rows[0], "project": {**steps, "select": 4.0}, "round_project": 30.0}]
+    beside = table(rows, earlier)
+    assert "| m | 10 | select client masks | 1.000 | 1.000 | 1.0 | 4.000 | 4.0 |" in beside
+    assert "| m | 10 | **whole round** | 20.00 | 10.00 | 2.0 | 30.00 | 3.0 |" in beside
+    assert "| m | 20 | select client masks | 1.000 | 1.000 | 1.0 | - | - |" in beside  # not measured before
 
 
 def test_small_run_writes_json_and_plot(tmp_path):

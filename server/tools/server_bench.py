@@ -373,20 +373,50 @@ def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float])
     return rows
 
 
-def table(results: list[dict]) -> str:
-    """The per-step Markdown table: one block of rows per (model, clients)."""
-    lines = ["| model | clients | step | project s | numpy anchor s | ratio |", "|---|---|---|---|---|---|"]
+def table(results: list[dict], earlier: list[dict] | None = None) -> str:
+    """The per-step Markdown table: one block of rows per (model, clients).
+
+    Parameters
+    ----------
+    results : list[dict]
+        This run's rounds (``server_bench.json``'s ``rounds``).
+    earlier : list[dict], optional
+        An earlier run's rounds: its project seconds and ratio are shown beside this run's, step by step
+        (``-`` where it did not measure that model, client count or step).
+    """
+    before = {(r["model"], r["clients"]): r for r in earlier or [] if "skipped" not in r}
+    head = "| model | clients | step | project s | numpy anchor s | ratio |"
+    rule = "|---|---|---|---|---|---|"
+    if earlier is not None:
+        head += " earlier project s | earlier ratio |"
+        rule += "---|---|"
+
+    def cells(p: float | None, a: float | None, digits: int) -> tuple[str, str, str]:
+        ratio = "-" if p is None or a is None or a <= 0 else f"{p / a:.1f}"
+        return ("-" if p is None else f"{p:.{digits}f}", "-" if a is None else f"{a:.{digits}f}", ratio)
+
+    lines = [head, rule]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['clients']} | skipped: {r['skipped']} | - | - | - |")
+            tail = " - | - |" if earlier is not None else ""
+            lines.append(f"| {r['model']} | {r['clients']} | skipped: {r['skipped']} | - | - | - |{tail}")
             continue
-        for key, label in STEPS:
-            p, a = r["project"][key], r["anchor"][key]
-            ratio = "-" if a is None or a <= 0 else f"{p / a:.1f}"
-            anchor = "-" if a is None else f"{a:.3f}"
-            lines.append(f"| {r['model']} | {r['clients']} | {label} | {p:.3f} | {anchor} | {ratio} |")
-        tp, ta = r["round_project"], r["round_anchor"]
-        lines.append(f"| {r['model']} | {r['clients']} | **whole round** | {tp:.2f} | {ta:.2f} | {tp / ta:.1f} |")
+        old = before.get((r["model"], r["clients"]))
+        rows = [(label, r["project"][key], r["anchor"][key], key, 3) for key, label in STEPS]
+        rows.append(("**whole round**", r["round_project"], r["round_anchor"], None, 2))
+        for label, p, a, key, digits in rows:
+            project, anchor, ratio = cells(p, a, digits)
+            line = f"| {r['model']} | {r['clients']} | {label} | {project} | {anchor} | {ratio} |"
+            if earlier is not None:
+                if old is None:
+                    then = (None, None)
+                elif key is None:
+                    then = (old["round_project"], old["round_anchor"])
+                else:
+                    then = (old["project"].get(key), old["anchor"].get(key))
+                was, _, was_ratio = cells(*then, digits)
+                line += f" {was} | {was_ratio} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -449,6 +479,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/server-bench"))
+    ap.add_argument(
+        "--earlier", type=Path, default=None, help="an earlier server_bench.json, shown beside this run's steps"
+    )
     args = ap.parse_args(argv)
 
     overrides: dict[str, object] = {}
@@ -462,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if m not in IN_CHANNELS:
             raise SystemExit(f"--models: unknown model {m!r}; expected some of {sorted(IN_CHANNELS)}")
     clients = [int(c) for c in args.clients.split(",")]
+    # Read before anything is written: the earlier file may be the one this run replaces.
+    earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
     levels = [float(g) for g in args.capacities.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
@@ -505,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
     print()
-    print(table(results))
+    print(table(results, earlier))
     print()
     for line in scaling_lines(results):
         print(line)
