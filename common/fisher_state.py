@@ -50,7 +50,8 @@ ClientKey = int | str  # a stable client identity (the strategy uses the client 
 def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
     """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed prior).
 
-    The budget also holds the state's fixed part: an fp64 running sum and an fp32 cached prior (12 bytes x d).
+    The budget also holds the state's fixed part, 12 bytes x d: the fp32 cached prior and, while the
+    per-round ``prior_influence`` record is computed, the fp32 ends of the prior's interval.
     """
     per_client = d * np.dtype(PRECISIONS[precision]).itemsize
     return max(3, int((budget_mb * 2**20 - 12 * d) // per_client))
@@ -60,6 +61,31 @@ def _spans(d: int) -> Iterator[slice]:
     """Consecutive blocks of :data:`PRIOR_BLOCK` positions covering ``0..d-1``."""
     for start in range(0, d, PRIOR_BLOCK):
         yield slice(start, start + PRIOR_BLOCK)
+
+
+def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
+    """The mean of a flat array in float64: each block of :data:`PRIOR_BLOCK` values cast to float64 and
+    summed pairwise (``np.add.reduce``), the block sums added in order, divided by the count.
+
+    The summation order is this function's own (not numpy's buffer size), so the result is the same
+    wherever it runs; ``nan`` for an empty array.
+
+    Parameters
+    ----------
+    values : NDArray
+        Flat values (any real dtype).
+    buffer : NDArray[float64], optional
+        Scratch space of at least ``min(len(values), PRIOR_BLOCK)`` values (allocated when not given).
+    """
+    if values.size == 0:
+        return float("nan")
+    wide = np.empty(min(values.size, PRIOR_BLOCK), dtype=np.float64) if buffer is None else buffer
+    total = 0.0
+    for span in _spans(values.size):
+        w = wide[: len(values[span])]
+        w[...] = values[span]
+        total += float(np.add.reduce(w))
+    return total / values.size
 
 
 @dataclass
@@ -118,6 +144,7 @@ class FisherState:
         self.max_clients = max_clients
         self.precision = precision
         self.evictions = 0
+        self.version = 0  # uploads recorded since this object was made: equal versions, equal estimates
         self.d = d
         self.staleness_decay = staleness_decay
         self.ema = ema
@@ -125,8 +152,6 @@ class FisherState:
         self._prior: NDArray[np.float32] | None = None
         self.clients: dict[ClientKey, ClientFisher] = {}
         self._dtype = PRECISIONS[precision]
-        self._sum = np.zeros(d, dtype=np.float64)
-        self._weight = 0.0
         # Each stored client keeps one row ("slot") of the serialised state while it stays: rows of clients
         # that did not upload are then byte-identical, at the same offsets, from one checkpoint to the next.
         self._slots: dict[ClientKey, int] = {}
@@ -135,17 +160,25 @@ class FisherState:
     def normalise(fisher: NDArray) -> NDArray[np.float32] | None:
         """Scale to mean 1; ``None`` when the estimate carries no information (all zero).
 
-        Each value is divided in float64 and rounded once to float32, one block of
-        positions at a time (no float64 copy of the whole vector).
+        The mean is taken in float64 (:func:`mean64`); each value is then divided by
+        it in float64 and rounded once to float32. Both passes go one block of
+        positions at a time through one float64 buffer: no float64 copy of the whole
+        vector, and explicit casts instead of numpy's buffered casting loops
+        (``np.mean(..., dtype=float64)``, ``np.divide(..., dtype=float64)``), which
+        cost about twice as much.
         """
-        fisher = np.asarray(fisher)
-        mean = float(np.mean(fisher, dtype=np.float64))
+        flat = np.asarray(fisher).reshape(-1)
+        wide = np.empty(min(flat.size, PRIOR_BLOCK), dtype=np.float64)
+        mean = mean64(flat, wide)
         if not np.isfinite(mean) or mean <= 0:
             return None
-        out = np.empty(fisher.shape, dtype=np.float32)
-        for span in _spans(fisher.size):
-            np.divide(fisher[span], mean, out=out[span], dtype=np.float64, casting="same_kind")
-        return out
+        out = np.empty(flat.shape, dtype=np.float32)
+        for span in _spans(flat.size):
+            w = wide[: len(flat[span])]
+            w[...] = flat[span]
+            w /= mean
+            out[span] = w
+        return out.reshape(np.shape(fisher))
 
     def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
@@ -155,51 +188,40 @@ class FisherState:
         if new is None:
             return False
         old = self.clients.pop(client, None)
-        gone = old
         if old is not None:
             if self.ema > 0:
                 new *= np.float32(1 - self.ema)  # the same float32 arithmetic as ema * old + (1 - ema) * new
-                new += np.float32(self.ema) * old.fisher.astype(np.float32)
+                new += np.multiply(old.fisher, np.float32(self.ema), dtype=np.float32)
         elif self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
-            gone = self.clients.pop(stalest)
+            self.clients.pop(stalest)
             self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
             self.evictions += 1
         if self.precision == "fp16":
-            new = np.minimum(new, np.finfo(np.float16).max).astype(np.float16)
+            new = np.minimum(new, np.finfo(np.float16).max, out=new).astype(np.float16)
         self.clients[client] = ClientFisher(new, float(weight), round)
         self._slots.setdefault(client, len(self._slots))
-        self._prior = None
-        # The estimate it replaces leaves the running sum and the new one enters it in one pass.
-        terms = [(float(weight), new)] if gone is None else [(-gone.weight, gone.fisher), (float(weight), new)]
-        self._accumulate(terms)
-        if gone is not None:
-            self._weight -= gone.weight
-        self._weight += weight
+        self._prior = None  # recomputed from the stored estimates when next asked for
+        self.version += 1
         return True
 
-    def _accumulate(self, terms: list[tuple[float, NDArray]]) -> None:
-        """``_sum += w * f`` for each ``(w, f)`` in order, in float64, one block at a time.
-
-        Block by block, so no float64 temporary of length ``d`` exists and the sum
-        is read and written once for all the terms.
-        """
-        scaled = np.empty(min(self.d, PRIOR_BLOCK), dtype=np.float64)
-        for span in _spans(self.d):
-            out = scaled[: len(self._sum[span])]
-            for weight, fisher in terms:
-                self._sum[span] += np.multiply(fisher[span], weight, out=out, dtype=np.float64)
-
     def memory_bytes(self) -> int:
-        """Bytes held by the state's arrays (client estimates, the running sum, the cached prior)."""
+        """Bytes held by the state's arrays (client estimates and the cached prior)."""
         cached = 0 if self._prior is None else self._prior.nbytes
-        return sum(c.fisher.nbytes for c in self.clients.values()) + self._sum.nbytes + cached
+        return sum(c.fisher.nbytes for c in self.clients.values()) + cached
 
     def global_prior(self) -> NDArray[np.float32] | None:
-        """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any upload."""
-        if not self.clients or self._weight <= 0:
+        """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any upload.
+
+        Computed from the stored estimates when first asked for after an upload, and cached until the
+        next one: the example-weighted mean sums ``w * f`` in float64 over the stored clients in their
+        order, one block of positions at a time, so equal states (a restored one included) give equal bits.
+        """
+        stored = list(self.clients.values())
+        total = sum(c.weight for c in stored)
+        if not stored or total <= 0:
             return None
-        n = len(self.clients)
+        n = len(stored)
         k = trim_count(self.trim, n)
         if self._prior is None:  # cached until the next upload changes the estimates
             prior = np.empty(self.d, dtype=np.float32)
@@ -207,8 +229,15 @@ class FisherState:
                 for span, block in self._blocks():
                     prior[span] = sort_columns(block)[k : n - k].mean(axis=0, dtype=np.float64)
             else:
+                acc = np.empty(min(self.d, PRIOR_BLOCK), dtype=np.float64)
+                term = np.empty_like(acc)
                 for span in _spans(self.d):
-                    prior[span] = np.maximum(self._sum[span] / self._weight, 0)
+                    a, t = acc[: len(prior[span])], term[: len(prior[span])]
+                    np.multiply(stored[0].fisher[span], stored[0].weight, out=a, dtype=np.float64)
+                    for c in stored[1:]:
+                        a += np.multiply(c.fisher[span], c.weight, out=t, dtype=np.float64)
+                    a /= total
+                    prior[span] = np.maximum(a, 0)
             self._prior = prior
         return self._prior
 
@@ -278,8 +307,8 @@ class FisherState:
         it stays stored, so from one call to the next only the rows of clients
         that uploaded (and the small arrays after them) change, at the same byte
         offsets, which lets :mod:`server.persistence` write checkpoints
-        incrementally. The float64 running sum is stored as it is, so the
-        example-weighted prior resumes to the bit.
+        incrementally. The prior is not stored: it is recomputed from the
+        estimates, in the same order, so it resumes to the bit.
         """
         ids = list(self.clients)
         by_slot = sorted(ids, key=self._slots.__getitem__)  # slots are 0..n-1: evictions hand theirs over
@@ -292,8 +321,6 @@ class FisherState:
             "ids": np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
             "weights": np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             "rounds": np.array([self.clients[i].round for i in ids], dtype=np.int64),
-            "sum": self._sum,
-            "weight": np.array(self._weight, dtype=np.float64),
         }
         buf = io.BytesIO()
         # np.savez's layout, written directly: the rows streamed from the stored estimates (no stacked copy)
@@ -311,7 +338,7 @@ class FisherState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> FisherState:
-        """Restore from :meth:`to_bytes` (also reads the earlier layout, estimates in client order, no sum)."""
+        """Restore from :meth:`to_bytes` (also reads the earlier layouts: estimates in client order, a running sum)."""
         z = np.load(io.BytesIO(data))
         max_clients, evictions = (int(v) for v in z["limits"])
         state = cls(
@@ -328,10 +355,4 @@ class FisherState:
             f = rows[slot].copy()
             state.clients[i] = ClientFisher(f, float(w), int(r))
             state._slots[i] = int(slot)
-            if "sum" not in z.files:
-                state._accumulate([(float(w), f)])
-                state._weight += float(w)
-        if "sum" in z.files:
-            state._sum = z["sum"].astype(np.float64)
-            state._weight = float(z["weight"])
         return state

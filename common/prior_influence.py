@@ -22,6 +22,7 @@ client can flip, over all attacks (no attack has to be imagined to use it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -152,53 +153,87 @@ def contested_positions(
         ``True`` where the mask may differ between two estimates inside ``[lo, hi]``;
         outside these positions every such mask agrees.
     """
+    return contested_by_level(layout, x, [gamma], lo, hi, min_per_row)[0]
+
+
+def contested_by_level(
+    layout: ParamLayout,
+    x: NDArray,
+    gammas: Sequence[float],
+    lo: NDArray,
+    hi: NDArray,
+    min_per_row: int = 1,
+) -> list[NDArray[np.bool_]]:
+    """:func:`contested_positions` for several capacities at once (the same arrays, in the order of ``gammas``).
+
+    What does not depend on the capacity (the score bounds, the row guard's bounds)
+    is computed once, and the thresholds of every level come from one multi-rank
+    partition of each bound instead of two partitions per level.
+
+    Parameters
+    ----------
+    layout, x, lo, hi, min_per_row
+        As for :func:`contested_positions`.
+    gammas : Sequence[float]
+        Capacities, each in (0, 1].
+    """
     # lo, hi and |x| are float32 in practice: their float64 products are exact, so no bound is lost to rounding.
     absx = np.abs(np.asarray(x))
     s_lo = np.multiply(lo, absx, dtype=np.float64)
     s_hi = np.multiply(hi, absx, dtype=np.float64)
+    del absx
     if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
         raise ValueError(f"lo and hi must have shape ({layout.size},)")
     if np.any(s_lo > s_hi):
         raise ValueError("lo must not exceed hi")
     eligible = ~layout.always_kept
-    contested = np.zeros(layout.size, dtype=bool)
     n_eligible = int(np.count_nonzero(eligible))
-    if n_eligible == 0:
-        return contested
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
     guard = sum(t.rows * min(t.size // t.rows, max(min_per_row, 0)) for t in layout.tensors if len(t.shape) >= 2)
-    k = budget(gamma, layout.size)
-    need = k - (layout.size - n_eligible) - guard  # positions chosen by score beyond always-kept and guard
-    if need >= n_eligible - guard:
-        return contested  # every eligible position is kept whatever the scores
+    # Positions chosen by score beyond always-kept and guard; at or past n_eligible - guard every one is kept.
+    needs = [budget(g, layout.size) - (layout.size - n_eligible) - guard for g in gammas]
+    open_needs = [need for need in needs if need < n_eligible - guard]
+    if n_eligible == 0 or not open_needs:
+        return [np.zeros(layout.size, dtype=bool) for _ in gammas]
     if min_per_row > 0:
         not_guard, in_guard = _row_guard_bounds(layout, s_lo, s_hi, min_per_row)
     else:
         not_guard, in_guard = eligible, np.zeros(layout.size, dtype=bool)
-    if need > 0:
-        # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
-        # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
-        # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
-        # Positions outside that set sink to -inf, below every score, instead of being gathered out.
-        rest = eligible & ~in_guard
-        unsure = guard - int(np.count_nonzero(in_guard & eligible))
-        t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), need)
-        t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), need + unsure)
-        surely_in = in_guard | (s_lo > t_hi)
-    else:
-        t_lo = np.inf  # only the guard is kept beyond the always-kept positions
-        surely_in = in_guard
-    surely_out = not_guard & (s_hi < t_lo)
-    surely_in |= surely_out
-    np.logical_not(surely_in, out=contested)
-    contested &= eligible
-    return contested
+    # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
+    # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
+    # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
+    # Positions outside that set sink to -inf, below every score, instead of being gathered out.
+    rest = eligible & ~in_guard
+    unsure = guard - int(np.count_nonzero(in_guard & eligible))
+    ranked = sorted({need for need in open_needs if need > 0})
+    t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), ranked)
+    t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), [need + unsure for need in ranked])
+    del rest
+    candidates = eligible & ~in_guard  # contested positions are eligible and not surely in the guard
+    out = []
+    for need in needs:
+        contested = np.zeros(layout.size, dtype=bool)
+        if need < n_eligible - guard:
+            if need > 0:
+                i = ranked.index(need)
+                low_threshold = t_lo[i]
+                np.greater(s_lo, t_hi[i], out=contested)  # surely above the highest threshold: surely kept
+                np.logical_not(contested, out=contested)
+                contested &= candidates
+            else:
+                low_threshold = np.inf  # only the guard is kept beyond the always-kept positions
+                contested[:] = candidates
+            contested &= ~(not_guard & (s_hi < low_threshold))
+        out.append(contested)
+    return out
 
 
-def _kth_largest(values: NDArray[np.float64], k: int) -> float:
-    """The ``k``-th largest entry (``1 <= k <= len``), by an in-place partition of ``values``."""
-    values.partition(values.size - k)
-    return float(values[values.size - k])
+def _kth_largest(values: NDArray[np.float64], ks: Sequence[int]) -> list[float]:
+    """The ``k``-th largest entry for each ``k`` in ``ks`` (each ``1 <= k <= len``), by one in-place partition."""
+    if not ks:
+        return []
+    values.partition([values.size - k for k in ks])
+    return [float(values[values.size - k]) for k in ks]
 
 
 def _row_guard_bounds(

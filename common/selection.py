@@ -29,6 +29,7 @@ from common.layout import ParamLayout
 from common.rational import Capacity, capacity_fraction, ceil_times
 
 Rule = Literal["fisher", "magnitude"]
+_SCORE_BLOCK = 1 << 16  # positions per block when scores are cast to float64 (the buffer stays in L2)
 RULES: tuple[str, ...] = ("fisher", "magnitude")
 
 
@@ -73,7 +74,19 @@ def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:
     if fisher.shape != x.shape:
         raise ValueError(f"fisher shape {fisher.shape} differs from parameter shape {x.shape}")
     _check_fisher(fisher)
-    return np.multiply(fisher, np.abs(x), dtype=np.float64)
+    # Block by block through explicit casts: the same products as np.multiply(..., dtype=float64), without
+    # its buffered casting loop (about a third of the cost for ResNet-18).
+    absx = np.abs(x).reshape(-1)
+    flat = fisher.reshape(-1)
+    out = np.empty(flat.shape, dtype=np.float64)
+    wide = np.empty(min(flat.size, _SCORE_BLOCK), dtype=np.float64)
+    for start in range(0, flat.size, _SCORE_BLOCK):
+        span = slice(start, start + _SCORE_BLOCK)
+        o, w = out[span], wide[: len(out[span])]
+        o[...] = flat[span]
+        w[...] = absx[span]
+        o *= w
+    return out.reshape(x.shape)
 
 
 def magnitude_scores(x: NDArray) -> NDArray[np.float64]:
@@ -96,8 +109,9 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     """Keep ``forced`` plus the ``k - |forced|`` highest-scoring other positions.
 
     Deterministic: among equal scores the lower index wins. Runs in O(d): one
-    partition (introselect) finds the threshold score, then two comparisons and
-    a prefix of the tied positions finish the mask; nothing is sorted.
+    partition (introselect) finds the threshold score, then one comparison
+    finishes the mask (when other free positions tie the threshold: two
+    comparisons and a prefix of the tied positions); nothing is sorted.
 
     Parameters
     ----------
@@ -126,10 +140,18 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     work.partition(d - need)
     threshold = work[d - need]
     del work
+    # Usually no free position ties the threshold but itself: then the free positions at or above it are the mask.
+    at_least = scores >= threshold
+    free = ~mask if n_forced else None
+    if free is not None:
+        at_least &= free
+    if int(np.count_nonzero(at_least)) == need:
+        mask |= at_least
+        return mask
+    del at_least
     above = scores > threshold
     ties = scores == threshold
-    if n_forced:
-        free = ~mask
+    if free is not None:
         above &= free
         ties &= free
     room = need - int(np.count_nonzero(above))

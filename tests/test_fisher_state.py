@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_state import FisherState
+from common.fisher_state import PRIOR_BLOCK, FisherState, mean64
 
 D = 16
 BIG_IDS = [0, 1, 2**32, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1]
@@ -97,6 +99,66 @@ def test_stored_estimate_is_normalised():
 
 # ---------------------------------------------------------------------------
 # global prior
+
+
+def test_mean64_sums_blocks_pairwise_in_order():
+    """The documented summation, to the bit: float64 blocks of PRIOR_BLOCK summed pairwise, then in order."""
+    rng = np.random.default_rng(14)
+    for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
+        total = 0.0
+        for start in range(0, f.size, PRIOR_BLOCK):
+            total += float(np.add.reduce(f[start : start + PRIOR_BLOCK].astype(np.float64)))
+        assert mean64(f) == total / f.size
+        assert mean64(f) == pytest.approx(float(np.mean(f, dtype=np.float64)), rel=1e-14)
+    assert np.isnan(mean64(np.zeros(0, dtype=np.float32)))
+
+
+def test_normalise_divides_in_float64_and_rounds_once():
+    """Bit-equal to dividing each value by the float64 mean in float64, then rounding to float32."""
+    rng = np.random.default_rng(12)
+    for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
+        want = (f.astype(np.float64) / mean64(f)).astype(np.float32)
+        assert FisherState.normalise(f).tobytes() == want.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    plan=st.lists(
+        st.tuples(st.integers(0, 6), st.floats(0.5, 500.0), st.integers(0, 2**31 - 1)), min_size=1, max_size=12
+    ),
+    cap=st.one_of(st.none(), st.integers(1, 4)),
+    fp16=st.booleans(),
+)
+def test_mean_prior_is_the_float64_sum_over_the_stored_estimates_to_the_bit(plan, cap, fp16):
+    """After any uploads, replacements and evictions: sum ``w * f`` in float64 in stored order, / total, fp32."""
+    s = FisherState(D, trim=0.0, max_clients=cap, precision="fp16" if fp16 else "fp32")
+    for rnd, (client, w, seed) in enumerate(plan):
+        s.update(client, _fisher(np.random.default_rng(seed)), w, rnd)
+    stored = list(s.clients.values())
+    total = sum(c.weight for c in stored)
+    acc = stored[0].fisher.astype(np.float64) * stored[0].weight
+    for c in stored[1:]:
+        acc += c.fisher.astype(np.float64) * c.weight
+    want = np.maximum(acc / total, 0).astype(np.float32)
+    assert s.global_prior().tobytes() == want.tobytes()
+    restored = FisherState.from_bytes(s.to_bytes())
+    assert restored.global_prior().tobytes() == want.tobytes()
+
+
+def test_state_written_with_a_running_sum_still_loads():
+    """A checkpoint of the earlier layout (running sum and total weight stored) restores; the prior is recomputed."""
+    rng = np.random.default_rng(13)
+    s = FisherState(D, trim=0.0)
+    for c in range(3):
+        s.update(c, _fisher(rng), 10.0 + c, 1)
+    with np.load(io.BytesIO(s.to_bytes())) as z:
+        arrays = {name: z[name] for name in z.files}
+    assert "sum" not in arrays
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, sum=np.full(D, 123.0), weight=np.array(1.0))
+    t = FisherState.from_bytes(buf.getvalue())
+    assert t.global_prior().tobytes() == s.global_prior().tobytes()
+    assert t.to_bytes() == s.to_bytes()
 
 
 def test_prior_before_any_upload_is_none():

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from common.fisher_state import FisherState
 from common.layout import ParamLayout
-from common.prior_influence import contested_positions, sort_columns, trim_count, trimmed_mean_bounds
+from common.prior_influence import (
+    contested_by_level,
+    contested_positions,
+    sort_columns,
+    trim_count,
+    trimmed_mean_bounds,
+)
 from common.selection import budget, select_mask
 
 
@@ -229,3 +235,25 @@ def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
     assert np.array_equal(sort_columns(values), np.sort(values, axis=0))
     monkeypatch.setattr(pi, "NETWORK_MAX_ROWS", 3)
     assert np.array_equal(sort_columns(values), np.sort(values, axis=0))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 6)), min_size=1, max_size=3),
+    gammas=st.lists(st.floats(0.02, 1.0), min_size=1, max_size=5),
+    min_per_row=st.integers(0, 3),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_every_level_at_once_equals_each_level_alone(shapes, gammas, min_per_row, seed):
+    """Shared bounds and one multi-rank partition give each level's per-row reference (ties, repeats included)."""
+    arrays = {f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)}
+    layout = ParamLayout.from_arrays(arrays)
+    rng = np.random.default_rng(seed)
+    d = layout.size
+    lo = rng.integers(0, 3, d).astype(np.float32)
+    hi = lo + rng.integers(0, 2, d).astype(np.float32)
+    x = rng.integers(-2, 3, d).astype(np.float32)
+    got = contested_by_level(layout, x, gammas + gammas[:1], lo, hi, min_per_row)
+    assert len(got) == len(gammas) + 1
+    for gamma, contested in zip(gammas + gammas[:1], got):
+        assert np.array_equal(contested, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row))

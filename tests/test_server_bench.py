@@ -7,7 +7,16 @@ import math
 
 import pytest
 
-from server.tools.server_bench import STEPS, capacities_for, main, mask_entropy_bytes, scaling_lines, table
+from common.config import RunConfig
+from server.tools.server_bench import (
+    STEPS,
+    capacities_for,
+    main,
+    mask_entropy_bytes,
+    round_memory,
+    scaling_lines,
+    table,
+)
 
 
 def test_mask_entropy_bytes():
@@ -18,6 +27,14 @@ def test_mask_entropy_bytes():
 
 def test_capacities_cycle():
     assert capacities_for(5, [1.0, 0.25]) == [1.0, 0.25, 1.0, 0.25, 1.0]
+
+
+def test_round_memory_counts_each_reply_and_the_stored_estimates():
+    # Two clients of d = 100 at capacities 1 and 1/4: masks and decoded Fisher 5 bytes per position each,
+    # indices and deltas 12 bytes per kept position (100 + 25); both stored in fp32 plus 12 bytes per position.
+    assert round_memory(100, [1.0, 0.25], 2, RunConfig()) == {"replies": 2500.0, "fisher_state": 2000.0}
+    small = RunConfig(fisher_memory_mb=1, fisher_precision="fp16")  # a budget of 3 estimates (the floor)
+    assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18
 
 
 def test_tables_and_scaling_line():
@@ -38,6 +55,11 @@ def test_tables_and_scaling_line():
     assert "| m | 20 | **whole round** | 40.00 | 20.00 | 2.0 |" in text
     assert "skipped: too big" in text
     assert scaling_lines(rows) == ["m: server seconds per round = 0.000 + 2.0000 x clients (largest deviation 0%)"]
+    earlier = [{**rows[0], "project": {**steps, "select": 4.0}, "round_project": 30.0}]
+    beside = table(rows, earlier)
+    assert "| m | 10 | select client masks | 1.000 | 1.000 | 1.0 | 4.000 | 4.0 |" in beside
+    assert "| m | 10 | **whole round** | 20.00 | 10.00 | 2.0 | 30.00 | 3.0 |" in beside
+    assert "| m | 20 | select client masks | 1.000 | 1.000 | 1.0 | - | - |" in beside  # not measured before
 
 
 def test_small_run_writes_json_and_plot(tmp_path):

@@ -3,7 +3,10 @@
 The rule exactly minimises the masking surrogate ``sum_{j not in S} F_j^2 x_j^2`` over all masks of the
 budget (:func:`common.selection.select_mask`, with the guards documented there). The Fisher ranked by is
 the client's last upload blended toward the global prior as it ages; a client that never reported is
-ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k.
+ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k. Masks ranked by
+the prior or by magnitude depend only on the capacity level: they are computed once per level while the model
+and the Fisher state stay the same (:class:`common.level_masks.LevelMasks`), for central evaluation and every
+such client alike.
 
 Aggregation (``fedfibos-aggregation``): ``holders`` (default) moves each position by the example-weighted
 mean of the updates of the clients that held it (:func:`common.aggregation.aggregate_masked`);
@@ -23,10 +26,12 @@ from numpy.typing import NDArray
 from pydantic import Field
 
 from common.aggregation import aggregate_masked
+from common.layout import ParamLayout
+from common.level_masks import LevelMasks
 from common.methods import register
 from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
-from common.prior_influence import contested_positions
+from common.prior_influence import contested_by_level
 from common.schema import Schema
 from common.selection import select_mask
 from common.update_means import participant_mean_step
@@ -74,6 +79,11 @@ class FedFIbOS(FisherRankedMethod):
             self.observe(a, server_round)
         return new
 
+    def start_server(self, layout: ParamLayout) -> None:
+        """The Fisher state (see :class:`FisherRankedMethod`) and an empty cache of per-level masks."""
+        super().start_server(layout)
+        self.level_masks = LevelMasks()
+
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
         """Always: the mask is ranked by the client's Fisher."""
@@ -82,13 +92,23 @@ class FedFIbOS(FisherRankedMethod):
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:
-        """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists."""
+        """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists.
+
+        A ``prior`` or ``magnitude`` mask comes from the per-level cache (read-only); a ``client`` one is new.
+        """
         est, source = self.client_estimate(key, int(server_round))
         if est is None:
             source, rule = "magnitude", "magnitude"
         else:
             rule = "fisher"
-        return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row), source
+
+        def select() -> NDArray[np.bool_]:
+            return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row)
+
+        if source == "client":
+            return select(), source
+        # The Fisher state object and its version name the prior: a restored state is a new object.
+        return self.level_masks.get(x, (self.fisher, self.fisher.version), gamma, select), source
 
     def prior_influence(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, float] | None:
         """Per capacity level below 1: the share of a prior-ranked mask any one client could flip.
@@ -100,7 +120,6 @@ class FedFIbOS(FisherRankedMethod):
         if interval is None:
             return None
         lo, hi = interval
-        return {
-            f"{gamma:g}": float(contested_positions(self.layout, x, gamma, lo, hi, self.run.min_per_row).mean())
-            for gamma in sorted((g for g in set(levels) if g < 1.0), reverse=True)
-        }
+        below = sorted((g for g in set(levels) if g < 1.0), reverse=True)
+        contested = contested_by_level(self.layout, x, below, lo, hi, self.run.min_per_row)
+        return {f"{gamma:g}": float(c.mean()) for gamma, c in zip(below, contested)}

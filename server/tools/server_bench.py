@@ -5,8 +5,9 @@ runs in this process on synthetic data of the model's size (global values from
 the model's initialisation, heavy-tailed Fisher uploads): ranking each client's
 mask, encoding the downloads, validating and decoding the replies (``masked``
 Fisher encoding), the mask-aware aggregation, the Fisher-state update, the
-trimmed prior, the certified prior influence, the central-evaluation masks of
-every capacity level and the checkpoint. Next to each step the same run times
+trimmed prior and its interval (one sort gives both, as in the strategy), the
+certified prior influence, the central-evaluation masks of every capacity level
+(once per level, cached as the method caches them) and the checkpoint. Next to each step the same run times
 the step's *anchor*, the plainest numpy code that does the same arithmetic
 without the product's checks and guarantees (``argpartition`` top-k, a dense
 float32 sum of the deltas, ...), so the ratio column does not depend on the
@@ -16,7 +17,8 @@ entropy of a mask of ``k`` among ``d``).
 
 The state holds at most what ``fisher-memory-mb`` allows (the run config's
 default unless ``--fisher-memory-mb``); a configuration whose replies would
-not fit in ``--max-memory-gb`` is skipped and its estimated need printed.
+not fit in ``--max-memory-gb`` (replies held until aggregation plus the Fisher
+state, :func:`round_memory`) is skipped and its estimated need printed.
 
 Usage::
 
@@ -32,11 +34,13 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +52,9 @@ from common.config import RunConfig
 from common.fisher_codec import encode_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout
+from common.level_masks import LevelMasks
 from common.models import build_model, model_layout, trainable_arrays
-from common.prior_influence import contested_positions, trim_count
+from common.prior_influence import contested_by_level, trim_count
 from common.protocol import encode_submodel
 from common.selection import budget, select_mask
 from common.validation import SentSubmodel, TrainReply, validate_train_reply
@@ -62,7 +67,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("validate", "validate + decode replies"),
     ("aggregate", "aggregate_masked"),
     ("fisher", "Fisher state update"),
-    ("prior", "trimmed prior"),
+    ("prior", "trimmed prior + interval"),
     ("influence", "prior_influence"),
     ("eval_masks", "central-evaluation masks"),
     ("checkpoint", "checkpoint (fsync)"),
@@ -86,6 +91,20 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def interleaved(pairs: Sequence[tuple[Callable[[], object], Callable[[], object]]]) -> tuple[float, float]:
+    """Total seconds of the project's and the anchor's calls, timed alternately pair by pair.
+
+    A step done once per client is timed client by client, the project's call and
+    then the anchor's, so a burst of load from other work on the machine falls on
+    both sides alike instead of on whichever ran during it.
+    """
+    project = anchor = 0.0
+    for run_project, run_anchor in pairs:
+        project += timed(run_project)
+        anchor += timed(run_anchor)
+    return project, anchor
+
+
 def mask_entropy_bytes(k: int, d: int) -> float:
     """``d H(k/d) / 8``: the information in a mask of ``k`` kept among ``d`` (bytes)."""
     if k in (0, d):
@@ -99,10 +118,22 @@ def capacities_for(n: int, levels: Sequence[float]) -> list[float]:
     return [levels[i % len(levels)] for i in range(n)]
 
 
-def reply_bytes_estimate(d: int, levels: Sequence[float], n: int) -> float:
-    """Bytes the server holds for ``n`` replies: mask (1/position), decoded Fisher (4/position), indices (8/kept)."""
-    density = float(np.mean(capacities_for(n, levels)))
-    return n * d * (1 + 4 + 8 * density)
+def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dict[str, float]:
+    """Bytes a round of ``n`` clients holds at its peak (after validation, before aggregation), by part.
+
+    * ``replies``: per client, the mask sent (1 byte per position), the decoded Fisher (4 per position),
+      the update's indices (8 per kept position) and its delta (4 per kept position);
+    * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``) and the state's fixed
+      12 bytes per position (:func:`common.fisher_state.fisher_capacity`).
+
+    The benchmark shares one delta array between replies of the same size, so it holds a little less
+    than ``replies``; a server holds more: the received messages until the round is aggregated.
+    """
+    kept = [budget(g, d) for g in capacities_for(n, levels)]
+    replies = sum(d * (1 + 4) + k * (8 + 4) for k in kept)
+    stored = min(n, fisher_capacity(cfg.fisher_memory_mb, d, cfg.fisher_precision))
+    state = stored * d * np.dtype(cfg.fisher_precision.replace("fp", "float")).itemsize + 12 * d
+    return {"replies": float(replies), "fisher_state": float(state)}
 
 
 class SyntheticRound:
@@ -162,22 +193,27 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     absx = np.abs(x)
 
     masks: list[NDArray[np.bool_]] = []
+    levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level
 
-    def select() -> None:
-        for key, gamma in zip(keys, caps):
-            est = state.estimate(key, rnd)
-            if est is None:  # evicted beyond fisher-memory-mb: ranked by the prior, as the method does
-                est = state.global_prior()
-            masks.append(select_mask(layout, x, gamma, "fisher", est, cfg.min_per_row))
+    def select(key: str, gamma: float) -> None:
+        if key in state.clients:
+            masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), cfg.min_per_row))
+            return
 
-    def select_anchor() -> None:
-        for f, gamma in zip(uploads, caps):
-            k = budget(gamma, d)
-            if k < d:
-                np.argpartition(f * absx, d - k)[d - k :]
+        def by_prior() -> NDArray[np.bool_]:
+            return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
 
-    t.project["select"] = timed(select)
-    t.anchor["select"] = timed(select_anchor)
+        # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
+        masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
+
+    def select_anchor(f: NDArray[np.float32], gamma: float) -> None:
+        k = budget(gamma, d)
+        if k < d:
+            np.argpartition(f * absx, d - k)[d - k :]
+
+    t.project["select"], t.anchor["select"] = interleaved(
+        [(partial(select, key, gamma), partial(select_anchor, f, gamma)) for key, f, gamma in zip(keys, uploads, caps)]
+    )
 
     payloads = []
     t.project["encode"] = timed(lambda: payloads.extend(encode_submodel(x, m) for m in masks))
@@ -216,24 +252,29 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.anchor["aggregate"] = timed(aggregate_anchor)
     updates.clear()
 
-    def fisher_update() -> None:
-        for key, r in zip(keys, replies):
-            assert r.fisher is not None
-            state.update(key, r.fisher, r.update.weight, rnd)
+    acc = np.zeros(d, dtype=np.float32)
+    buf = np.empty(d, dtype=np.float32)
 
-    def fisher_anchor() -> None:
-        acc = np.zeros(d, dtype=np.float32)
-        buf = np.empty(d, dtype=np.float32)
-        for r in replies:
-            assert r.fisher is not None
-            np.multiply(r.fisher, np.float32(1 / r.fisher.mean()), out=buf)
-            acc += buf
+    def fisher_anchor(fisher: NDArray[np.float32]) -> None:
+        np.multiply(fisher, np.float32(1 / fisher.mean()), out=buf)
+        np.add(acc, buf, out=acc)
 
-    t.project["fisher"] = timed(fisher_update)
-    t.anchor["fisher"] = timed(fisher_anchor)
+    steps = []
+    for key, r in zip(keys, replies):
+        assert r.fisher is not None
+        steps.append((partial(state.update, key, r.fisher, r.update.weight, rnd), partial(fisher_anchor, r.fisher)))
+    t.project["fisher"], t.anchor["fisher"] = interleaved(steps)
+    steps.clear()
     replies.clear()
 
-    t.project["prior"] = timed(state.global_prior)
+    intervals: list = []
+
+    def prior() -> None:
+        # As in the strategy: the sort behind prior_influence's interval fills the prior too.
+        intervals.append(state.prior_interval())
+        state.global_prior()
+
+    t.project["prior"] = timed(prior)
     stored = [c.fisher for c in state.clients.values()]
     m = len(stored)
     cut = trim_count(cfg.fisher_trim, m)
@@ -253,19 +294,22 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     below = sorted({g for g in caps if g < 1.0}, reverse=True)
 
+    interval = intervals[0]
+
     def influence() -> None:
-        interval = state.prior_interval()
         if interval is not None:
-            for gamma in below:
-                contested_positions(layout, x, gamma, *interval, cfg.min_per_row)
+            contested_by_level(layout, x, below, *interval, cfg.min_per_row)
 
     t.project["influence"] = timed(influence)
     t.anchor["influence"] = None
 
     def eval_masks() -> None:
-        prior = state.global_prior()
         for gamma in sorted(set(caps), reverse=True):
-            select_mask(layout, x, gamma, "fisher", prior, cfg.min_per_row)
+
+            def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+
+            levels_cache.get(x, (state, state.version), gamma, by_prior)
 
     def eval_masks_anchor() -> None:
         scores = state.global_prior() * absx
@@ -275,13 +319,15 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.project["eval_masks"] = timed(eval_masks)
     t.anchor["eval_masks"] = timed(eval_masks_anchor)
 
-    path = workdir / "checkpoint.npz"
+    # A folder of its own: a repeated round would otherwise find its state's chunks stored by the one before.
+    folder = Path(tempfile.mkdtemp(dir=workdir))
+    path = folder / "checkpoint.npz"
     stored: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
     t.project["checkpoint"] = timed(lambda: stored.append(save_checkpoint(path, rnd, x, state.to_bytes())))
     size = path.stat().st_size + stored[0]
 
     def checkpoint_anchor() -> None:
-        raw = workdir / "raw.bin"
+        raw = folder / "raw.bin"
         with open(raw, "wb") as f:
             f.write(x.tobytes())
             for c in state.clients.values():
@@ -300,6 +346,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         "incremental_written_mb": written / 2**20,
         "incremental_seconds": time.perf_counter() - t0,
     }
+    shutil.rmtree(folder)
     return t
 
 
@@ -326,20 +373,50 @@ def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float])
     return rows
 
 
-def table(results: list[dict]) -> str:
-    """The per-step Markdown table: one block of rows per (model, clients)."""
-    lines = ["| model | clients | step | project s | numpy anchor s | ratio |", "|---|---|---|---|---|---|"]
+def table(results: list[dict], earlier: list[dict] | None = None) -> str:
+    """The per-step Markdown table: one block of rows per (model, clients).
+
+    Parameters
+    ----------
+    results : list[dict]
+        This run's rounds (``server_bench.json``'s ``rounds``).
+    earlier : list[dict], optional
+        An earlier run's rounds: its project seconds and ratio are shown beside this run's, step by step
+        (``-`` where it did not measure that model, client count or step).
+    """
+    before = {(r["model"], r["clients"]): r for r in earlier or [] if "skipped" not in r}
+    head = "| model | clients | step | project s | numpy anchor s | ratio |"
+    rule = "|---|---|---|---|---|---|"
+    if earlier is not None:
+        head += " earlier project s | earlier ratio |"
+        rule += "---|---|"
+
+    def cells(p: float | None, a: float | None, digits: int) -> tuple[str, str, str]:
+        ratio = "-" if p is None or a is None or a <= 0 else f"{p / a:.1f}"
+        return ("-" if p is None else f"{p:.{digits}f}", "-" if a is None else f"{a:.{digits}f}", ratio)
+
+    lines = [head, rule]
     for r in results:
         if "skipped" in r:
-            lines.append(f"| {r['model']} | {r['clients']} | skipped: {r['skipped']} | - | - | - |")
+            tail = " - | - |" if earlier is not None else ""
+            lines.append(f"| {r['model']} | {r['clients']} | skipped: {r['skipped']} | - | - | - |{tail}")
             continue
-        for key, label in STEPS:
-            p, a = r["project"][key], r["anchor"][key]
-            ratio = "-" if a is None or a <= 0 else f"{p / a:.1f}"
-            anchor = "-" if a is None else f"{a:.3f}"
-            lines.append(f"| {r['model']} | {r['clients']} | {label} | {p:.3f} | {anchor} | {ratio} |")
-        tp, ta = r["round_project"], r["round_anchor"]
-        lines.append(f"| {r['model']} | {r['clients']} | **whole round** | {tp:.2f} | {ta:.2f} | {tp / ta:.1f} |")
+        old = before.get((r["model"], r["clients"]))
+        rows = [(label, r["project"][key], r["anchor"][key], key, 3) for key, label in STEPS]
+        rows.append(("**whole round**", r["round_project"], r["round_anchor"], None, 2))
+        for label, p, a, key, digits in rows:
+            project, anchor, ratio = cells(p, a, digits)
+            line = f"| {r['model']} | {r['clients']} | {label} | {project} | {anchor} | {ratio} |"
+            if earlier is not None:
+                if old is None:
+                    then = (None, None)
+                elif key is None:
+                    then = (old["round_project"], old["round_anchor"])
+                else:
+                    then = (old["project"].get(key), old["anchor"].get(key))
+                was, _, was_ratio = cells(*then, digits)
+                line += f" {was} | {was_ratio} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -395,11 +472,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--fisher-memory-mb", type=float, default=None, help="default: the run config's")
     ap.add_argument("--fisher-precision", default=None, choices=("fp32", "fp16"), help="default: the run config's")
-    ap.add_argument("--max-memory-gb", type=float, default=8.0, help="skip rounds whose replies need more (GiB)")
+    ap.add_argument(
+        "--max-memory-gb", type=float, default=8.0, help="skip rounds whose replies and Fisher state need more (GiB)"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds per configuration; each step's fastest is kept")
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/server-bench"))
+    ap.add_argument(
+        "--earlier", type=Path, default=None, help="an earlier server_bench.json, shown beside this run's steps"
+    )
     args = ap.parse_args(argv)
 
     overrides: dict[str, object] = {}
@@ -413,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if m not in IN_CHANNELS:
             raise SystemExit(f"--models: unknown model {m!r}; expected some of {sorted(IN_CHANNELS)}")
     clients = [int(c) for c in args.clients.split(",")]
+    # Read before anything is written: the earlier file may be the one this run replaces.
+    earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
     levels = [float(g) for g in args.capacities.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
@@ -426,10 +510,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = SyntheticRound(layout, x, args.pool, args.seed)
             downloads[model_name] = download_rows(data, cfg, levels)
             for n in clients:
-                need = reply_bytes_estimate(layout.size, levels, n) / 2**30
-                row: dict = {"model": model_name, "d": layout.size, "clients": n}
+                memory = {k: v / 2**30 for k, v in round_memory(layout.size, levels, n, cfg).items()}
+                need = sum(memory.values())
+                row: dict = {"model": model_name, "d": layout.size, "clients": n, "memory_gib": memory}
                 if need > args.max_memory_gb:
-                    row["skipped"] = f"replies need ~{need:.1f} GiB > --max-memory-gb {args.max_memory_gb:g}"
+                    row["skipped"] = (
+                        f"needs ~{need:.1f} GiB (replies {memory['replies']:.1f}, Fisher state "
+                        f"{memory['fisher_state']:.1f}) > --max-memory-gb {args.max_memory_gb:g}"
+                    )
                     print(f"{model_name} x {n}: {row['skipped']}", flush=True)
                     results.append(row)
                     continue
@@ -452,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     flush=True,
                 )
     print()
-    print(table(results))
+    print(table(results, earlier))
     print()
     for line in scaling_lines(results):
         print(line)

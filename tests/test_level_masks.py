@@ -1,0 +1,82 @@
+"""Per-level masks: computed once while the model and the ranking stay the same, and equal to a fresh selection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.config import parse_run_config
+from common.layout import ParamLayout
+from common.level_masks import LevelMasks
+from common.methods import create_method
+from common.selection import select_mask
+
+ARRAYS = {"w1": np.zeros((8, 12)), "b1": np.zeros(8), "w2": np.zeros((5, 8)), "b2": np.zeros(5)}
+LAYOUT = ParamLayout.from_arrays(ARRAYS)
+D = LAYOUT.size
+
+
+def _x(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(D).astype(np.float32)
+
+
+def test_one_computation_per_level_while_model_and_token_are_equal():
+    cache, calls = LevelMasks(), []
+
+    def compute(gamma):
+        def run():
+            calls.append(gamma)
+            return np.arange(D) < int(gamma * D)
+
+        return run
+
+    x = _x(0)
+    a = cache.get(x, ("t", 1), 0.5, compute(0.5))
+    assert cache.get(x.copy(), ("t", 1), 0.5, compute(0.5)) is a  # an equal model in a new array
+    cache.get(x, ("t", 1), 0.25, compute(0.25))
+    assert calls == [0.5, 0.25] and (cache.hits, cache.misses) == (1, 2)
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = not a[0]
+    y = x.copy()
+    y[3] += 1
+    cache.get(y, ("t", 1), 0.5, compute(0.5))  # one value changed
+    cache.get(y, ("t", 2), 0.5, compute(0.5))  # the estimate changed
+    cache.get(y, ("t", 2), 0.25, compute(0.25))  # the earlier 0.25 mask was dropped with the rest
+    assert calls == [0.5, 0.25, 0.5, 0.5, 0.25]
+    cache.clear()
+    cache.get(y, ("t", 2), 0.25, compute(0.25))
+    assert calls[-1] == 0.25 and len(calls) == 6
+
+
+def _fedfibos():
+    method = create_method(parse_run_config({"method": "fedfibos", "min-per-row": 1}))
+    method.start_server(LAYOUT)
+    return method
+
+
+def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
+    method = _fedfibos()
+    x = _x(1)
+    before, source = method.mask_for(None, 1, 0.25, x)  # no Fisher yet: magnitude
+    assert source == "magnitude"
+    assert np.array_equal(before, select_mask(LAYOUT, x, 0.25, "magnitude", None, 1))
+    rng = np.random.default_rng(2)
+    for i, key in enumerate(("a", "b", "c", "d")):
+        method.fisher.update(key, rng.lognormal(0, 2, D).astype(np.float32), 10.0 + i, 1)
+    prior = method.fisher.global_prior()
+    for gamma in (0.25, 0.0625):
+        want = select_mask(LAYOUT, x, gamma, "fisher", prior, 1)
+        level, source = method.mask_for(None, 2, gamma, x)
+        assert source == "prior" and np.array_equal(level, want)
+        stranger, source = method.mask_for("never-seen", 2, gamma, x.copy())
+        assert source == "prior" and stranger is level  # one mask per level, not one per client
+    own, source = method.mask_for("a", 2, 0.25, x)
+    assert source == "client"
+    assert np.array_equal(own, select_mask(LAYOUT, x, 0.25, "fisher", method.fisher.estimate("a", 2), 1))
+    assert method.level_masks.misses == 3  # magnitude 0.25, prior 0.25, prior 0.0625
+    method.fisher.update("e", rng.lognormal(0, 2, D).astype(np.float32), 5.0, 2)  # the prior changes
+    after, _ = method.mask_for(None, 3, 0.25, x)
+    assert np.array_equal(after, select_mask(LAYOUT, x, 0.25, "fisher", method.fisher.global_prior(), 1))
+    method.load_state(method.state_bytes())  # a restored state is a new object: nothing stale is reused
+    again, _ = method.mask_for(None, 3, 0.25, x)
+    assert again is not after and np.array_equal(again, after)
