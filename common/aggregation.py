@@ -42,6 +42,25 @@ class MaskedUpdate:
 AGGREGATION_BLOCK = 1 << 20
 
 
+def check_updates(updates: Sequence[MaskedUpdate], d: int) -> None:
+    """Raise ``ValueError`` unless every update pairs each index in ``[0, d)`` with a delta and has weight > 0.
+
+    Parameters
+    ----------
+    updates : Sequence[MaskedUpdate]
+        Client updates about to be aggregated.
+    d : int
+        Length of the global vector.
+    """
+    for u in updates:
+        if u.indices.shape != u.delta.shape:
+            raise ValueError("indices and delta differ in length")
+        if u.indices.size and (u.indices.min() < 0 or u.indices.max() >= d):
+            raise ValueError(f"update indices outside [0, {d})")
+        if not u.weight > 0:
+            raise ValueError(f"weight must be positive, got {u.weight}")
+
+
 def aggregate_masked(
     x: NDArray[np.float32], updates: Sequence[MaskedUpdate], server_lr: float = 1.0
 ) -> NDArray[np.float32]:
@@ -63,11 +82,7 @@ def aggregate_masked(
         Server step ``eta_g`` (1.0 = plain masked averaging).
     """
     d = x.shape[0]
-    for u in updates:
-        if u.indices.shape != u.delta.shape:
-            raise ValueError("indices and delta differ in length")
-        if not u.weight > 0:
-            raise ValueError(f"weight must be positive, got {u.weight}")
+    check_updates(updates, d)
     full = [u.indices.size == d for u in updates]  # strictly increasing indices below d: exactly 0..d-1
     out = x.copy()
     scaled = np.empty(min(d, AGGREGATION_BLOCK), dtype=np.float64)

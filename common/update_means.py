@@ -20,16 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from common.aggregation import MaskedUpdate
-
-
-def _check(update: MaskedUpdate, d: int) -> None:
-    if update.indices.shape != update.delta.shape:
-        raise ValueError("indices and delta differ in length")
-    if update.indices.size and (update.indices.min() < 0 or update.indices.max() >= d):
-        raise ValueError(f"update indices outside [0, {d})")
-    if not update.weight > 0:
-        raise ValueError(f"weight must be positive, got {update.weight}")
+from common.aggregation import MaskedUpdate, check_updates
 
 
 def nonzero_mean_step(
@@ -49,8 +40,8 @@ def nonzero_mean_step(
     d = x.shape[0]
     num = np.zeros(d, dtype=np.float64)
     count = np.zeros(d, dtype=np.int64)
+    check_updates(updates, d)
     for u in updates:
-        _check(u, d)
         num[u.indices] += u.delta.astype(np.float64)
         count[u.indices] += u.delta != 0
     moved = count > 0
@@ -76,8 +67,8 @@ def participant_mean_step(
     d = x.shape[0]
     num = np.zeros(d, dtype=np.float64)
     total = 0.0
+    check_updates(updates, d)
     for u in updates:
-        _check(u, d)
         num[u.indices] += u.weight * u.delta.astype(np.float64)
         total += u.weight
     if total == 0.0:

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.aggregation import MaskedUpdate, aggregate_masked, average_held
+from common.update_means import nonzero_mean_step, participant_mean_step
 
 
 def _brute(x, masks, deltas, weights, eta):
@@ -123,6 +124,16 @@ def test_invalid_weight_raises(weight):
     bad = MaskedUpdate(np.array([1], dtype=np.int64), np.array([1.0], dtype=np.float32), weight)
     with pytest.raises(ValueError):
         aggregate_masked(x, [good, bad])
+    np.testing.assert_array_equal(x, np.zeros(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("step", [aggregate_masked, nonzero_mean_step, participant_mean_step])
+@pytest.mark.parametrize("index", [-1, 3])
+def test_every_aggregation_rejects_indices_outside_the_vector(step, index):
+    x = np.zeros(3, dtype=np.float32)
+    bad = MaskedUpdate(np.array([0, index], dtype=np.int64), np.ones(2, dtype=np.float32), 1.0)
+    with pytest.raises(ValueError, match="outside"):
+        step(x, [bad])
     np.testing.assert_array_equal(x, np.zeros(3, dtype=np.float32))
 
 
