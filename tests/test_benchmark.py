@@ -7,7 +7,7 @@ import csv
 
 import pytest
 
-from server.tools.benchmark import Partition, main, settings_differ, summarise
+from server.tools.benchmark import LAST_ROUNDS, Partition, main, run_row, settings_differ, summarise
 
 
 def test_partition_specs():
@@ -39,6 +39,22 @@ def test_summary_is_mean_and_std_over_seeds():
     ]
     table = summarise(rows)
     assert "0.850 ± 0.071" in table and "| 2 |" in table
+
+
+def test_row_gives_the_last_round_and_the_mean_of_the_last_rounds():
+    run = {"method": "fedavg", "dataset": "digits", "partitioner": "iid", "seed": 0, "upload_encoding": "none"}
+    client = {"status": "ok", "bytes_down": 10, "bytes_up": 5, "train_seconds": 0.1, "fisher_seconds": 0.0}
+    accs = [0.1, 0.5, 0.9, 0.6, 0.8, 0.7, 0.5]  # round 0 (before training), then rounds 1..6
+    rounds = [
+        {"round": i, "global": {"accuracy": a}, "clients": [client] if i else [], "server_seconds": 0.0}
+        for i, a in enumerate(accs)
+    ]
+    row = run_row({"run": run, "rounds": rounds}, 1.0)
+    assert row["global_acc"] == 0.5 and row["rounds"] == 6
+    assert row["global_acc_last"] == pytest.approx(sum(accs[-LAST_ROUNDS:]) / LAST_ROUNDS)
+    short = run_row({"run": run, "rounds": rounds[:3]}, 1.0)  # fewer rounds than LAST_ROUNDS: all of them
+    assert short["global_acc_last"] == pytest.approx((0.5 + 0.9) / 2)
+    assert f"last {LAST_ROUNDS} rounds" in summarise([row]) and "0.700 ± 0.000" in summarise([row])
 
 
 def test_bad_method_fails_before_any_run(tmp_path):

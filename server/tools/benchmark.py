@@ -86,8 +86,17 @@ class Partition:
         return {"partitioner": "iid"}
 
 
+#: Rounds averaged in ``global_acc_last``: with a sample of the clients per round the final round's accuracy
+#: swings by several points from round to round, so the table also gives the mean over the last rounds.
+LAST_ROUNDS = 5
+
+
 def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> dict[str, Any]:
-    """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to ``target_acc``)."""
+    """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to ``target_acc``).
+
+    ``global_acc`` is the full model after the last round; ``global_acc_last`` its mean over the last
+    :data:`LAST_ROUNDS` rounds (fewer in a shorter run).
+    """
     run = metrics["run"]
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
     last = rounds[-1]["global"]
@@ -110,6 +119,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         "fisher_encoding": run.get("upload_encoding") or config_from_flat(run).upload_encoding,
         "rounds": len(rounds),
         "global_acc": last["accuracy"],
+        "global_acc_last": statistics.fmean(r["global"]["accuracy"] for r in rounds[-LAST_ROUNDS:]),
         "local_acc": local["accuracy"] if local else float("nan"),
         "kib_down_per_client_round": mean("bytes_down", clients) / 1024,
         "kib_up_per_client_round": mean("bytes_up", ok) / 1024,
@@ -150,12 +160,13 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         return f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}"
 
-    head = ["dataset", "partition", "method", "Fisher enc.", "seeds", "global acc"]
+    head = ["dataset", "partition", "method", "Fisher enc.", "seeds", "global acc", f"last {LAST_ROUNDS} rounds"]
     head += [f"acc @{lv}" for lv in levels]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dataset, partition, method, enc), group in sorted(groups.items()):
         cells = [dataset, partition, method, enc, str(len(group)), ms([g["global_acc"] for g in group])]
+        cells.append(ms([g.get("global_acc_last", float("nan")) for g in group]))
         cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in levels]
         cells += [
             ms([g["local_acc"] for g in group]),
