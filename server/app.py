@@ -41,16 +41,16 @@ def main(grid: Grid, context: Context) -> None:
     results = Path(cfg.results_dir).expanduser().resolve()
     results.mkdir(parents=True, exist_ok=True)
     split = load_run_dataset(cfg)
-    model = build_run_model(cfg, split.train.num_classes, split.train.in_channels)
+    method = create_method(cfg)
+    model = method.federated_model(build_run_model(cfg, split.train.num_classes, split.train.in_channels))
     layout = model_layout(model)
     evaluator = CentralEvaluator(
-        build_run_model(cfg, split.train.num_classes, split.train.in_channels),
+        method.federated_model(build_run_model(cfg, split.train.num_classes, split.train.in_channels)),
         layout,
         split.test,
         pick_device("auto"),
     )
     x0 = layout.flatten(trainable_arrays(model))
-    method = create_method(cfg)
     strategy_class = AsyncSubmodelStrategy if method.asynchronous else SubmodelStrategy
     strategy = strategy_class(cfg, layout, method)
     checkpoint = results / CHECKPOINT
