@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in seeds:
                 for method in methods:
                     # fail early, naming the bad key
-                    probe = parse_run_config({**BENCH_DEFAULTS, **extra, "method": method})
+                    probe = parse_run_config({**BENCH_DEFAULTS, **extra, "method": method, "dataset": dataset})
                     uploads = probe.upload_encoding != "none"
                     for enc in encodings if uploads else encodings[:1]:
                         cfg = {
