@@ -144,6 +144,9 @@ def test_lora_keys_fail_fast_naming_the_key() -> None:
         parse_run_config({"method": "lora"})  # the default model is the image CNN
     with pytest.raises(ConfigError, match="lora-aggregation"):
         parse_run_config({"lora-aggregation": "mean"})
+    pretrained = {"method": "lora", "model": "hf", "model-path": "org/model", "dataset": "ag_news"}
+    with pytest.raises(ConfigError, match="fisher-estimator='received': method='lora' measures"):
+        parse_run_config({**pretrained, "fisher-estimator": "received"})
 
 
 @pytest.fixture(scope="module")

@@ -101,10 +101,15 @@ class LoRA(FisherRankedMethod):
 
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
-        """Adapters need a pretrained model to adapt."""
+        """Adapters need a pretrained model to adapt; their Fisher is measured along training only."""
         if run.model != "hf":
             raise ValueError(
                 f"method='lora' adapts a pretrained model: set model='hf' and model-path (not {run.model!r})"
+            )
+        if run.fisher_estimator != "path":
+            raise ValueError(
+                f"fisher-estimator={run.fisher_estimator!r}: method='lora' measures the Fisher of its adapters along "
+                "local training (fisher-estimator='path')"
             )
 
     @classmethod
