@@ -131,7 +131,8 @@ def rank_mask(layout: ParamLayout, pairs: Sequence[LoraPair], ranks: Mapping[str
 
 def held_ranks(layout: ParamLayout, pairs: Sequence[LoraPair], mask: NDArray[np.bool_]) -> dict[str, int]:
     """The rank per layer of a :func:`rank_mask`; ``ValueError`` if ``mask`` is not one."""
-    ranks = {p.layer: int(layout.unflatten(mask)[p.a].any(axis=1).sum()) for p in pairs}
+    parts = layout.unflatten(mask)
+    ranks = {p.layer: int(parts[p.a].any(axis=1).sum()) for p in pairs}
     if not pairs:
         return ranks
     if not np.array_equal(rank_mask(layout, pairs, ranks), mask):

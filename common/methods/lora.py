@@ -30,6 +30,7 @@ from common.layout import ParamLayout, TensorSpec
 from common.lora import (
     LORA_AGGREGATIONS,
     LORA_ALLOCATIONS,
+    LoraPair,
     aggregate_lora,
     allocate_ranks,
     held_ranks,
@@ -210,7 +211,7 @@ class LoRA(FisherRankedMethod):
         return self._adapted(received, train)[0]
 
 
-def check_rank_fits(pairs: Sequence, max_rank: int) -> None:
+def check_rank_fits(pairs: Sequence[LoraPair], max_rank: int) -> None:
     """``ConfigError`` naming ``lora-max-rank`` when it exceeds an adapted layer's smaller dimension (or none is)."""
     if not pairs:
         raise ConfigError("method='lora': the model has no adapted layers")
