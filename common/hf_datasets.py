@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +102,7 @@ def _images(column: list[Any], channels: int) -> NDArray[np.uint8]:
     return np.stack(out) if out else np.zeros((0, channels, 1, 1), np.uint8)
 
 
-def hash_tokens(texts: list[str], length: int = TEXT_LENGTH, vocab: int = TEXT_VOCAB) -> NDArray[np.int64]:
+def hash_tokens(texts: Sequence[str], length: int = TEXT_LENGTH, vocab: int = TEXT_VOCAB) -> NDArray[np.int64]:
     """Lower-cased whitespace tokens hashed (stable crc32) into ``[1, vocab)``, padded with 0."""
     import zlib
 
@@ -112,13 +113,13 @@ def hash_tokens(texts: list[str], length: int = TEXT_LENGTH, vocab: int = TEXT_V
     return out
 
 
-def _convert(name: str, ds: Any) -> ArrayDataset:
+def _convert(name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.int64]] | None = None) -> ArrayDataset:
     spec = HUB_DATASETS[name]
     labels = np.asarray(ds[spec.label_column], dtype=np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise ValueError(f"dataset {name!r}: labels outside [0, {spec.num_classes})")
     if spec.channels == 0:
-        x = hash_tokens(list(ds[spec.input_column]))
+        x = (encode or hash_tokens)(list(ds[spec.input_column]))
     else:
         x = _images(ds[spec.input_column], spec.channels)
     groups = None
@@ -127,11 +128,18 @@ def _convert(name: str, ds: Any) -> ArrayDataset:
     return ArrayDataset(x, labels, spec.num_classes, groups)
 
 
-def load_hub_dataset(name: str, test_fraction: float, seed: int, path: str | None = None) -> SplitDataset:
+def load_hub_dataset(
+    name: str,
+    test_fraction: float,
+    seed: int,
+    path: str | None = None,
+    encode: Callable[[Sequence[str]], NDArray[np.int64]] | None = None,
+) -> SplitDataset:
     """Load a hub dataset (or its local copy) as a training pool and a server test set.
 
     The dataset's own ``test`` split is the server's test set when it exists;
     otherwise ``test_fraction`` of the examples is held out (stratified, seeded).
+    ``encode`` turns a text dataset's texts into token ids (``None``: hashed words).
     """
     if name not in HUB_DATASETS:
         raise ValueError(f"unknown hub dataset {name!r}; expected one of {sorted(HUB_DATASETS)}")
@@ -140,9 +148,9 @@ def load_hub_dataset(name: str, test_fraction: float, seed: int, path: str | Non
         _check_columns(name, split, list(ds.column_names))
     if "train" not in splits:
         raise ValueError(f"dataset {name!r} has no 'train' split (found {sorted(splits)})")
-    train = _convert(name, splits["train"])
+    train = _convert(name, splits["train"], encode)
     if "test" in splits:
-        return SplitDataset(train, _convert(name, splits["test"]))
+        return SplitDataset(train, _convert(name, splits["test"], encode))
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(len(train))

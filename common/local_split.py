@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.array_dataset import ArrayDataset
-from common.datasets import load_dataset
+from common.datasets import load_run_dataset
 from common.partitioning import partition_indices
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     """Deterministically derive this node's splits from the run's seed and its partition id."""
     from sklearn.model_selection import train_test_split
 
-    pool = load_dataset(run.dataset, run.test_fraction, run.seed, run.data_path).train
+    pool = load_run_dataset(run).train
     idx = partition_indices(
         pool.y,
         run.partitioner,

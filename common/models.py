@@ -22,11 +22,14 @@ is the identity. The rate is 1 (a no-op) unless a width method sets it
 (:func:`set_scaler_rate`).
 * ``fasttext``: a bag of hashed-token embeddings and a one-hidden-layer
   classifier (fastText-style) for AG News token ids (``common.hf_datasets``).
+* ``hf``: a pretrained Hugging Face sequence classifier loaded from ``model-path``
+  (:mod:`common.hf_models`), for token ids of its own tokenizer.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -35,8 +38,12 @@ from torch import nn
 
 from common.layout import ParamLayout
 
-MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18", "fasttext")
-TEXT_MODELS: tuple[str, ...] = ("fasttext",)  # models whose input is token ids, not images
+if TYPE_CHECKING:
+    from common.config import RunConfig
+
+MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18", "fasttext", "hf")
+TEXT_MODELS: tuple[str, ...] = ("fasttext", "hf")  # models whose input is token ids, not images
+PRETRAINED_MODELS: tuple[str, ...] = ("hf",)  # models loaded from the run's model-path
 
 
 class Scaler(nn.Module):
@@ -221,7 +228,31 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
             from common.hf_datasets import TEXT_VOCAB  # the vocabulary the token ids were hashed into
 
             return FastText(num_classes, TEXT_VOCAB)
+    if name in PRETRAINED_MODELS:
+        raise ValueError(f"model {name!r} is loaded from a model-path: use build_run_model")
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
+
+
+def build_run_model(run: RunConfig, num_classes: int, in_channels: int, skeleton: bool = False) -> nn.Module:
+    """The run's model: :func:`build_model`, or the pretrained model at ``model-path`` for ``model = "hf"``.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The validated run configuration (``model``, ``seed``, ``model-path``, ``hf-embeddings``).
+    num_classes : int
+        Output classes (the dataset's labels).
+    in_channels : int
+        Input channels (images); ignored by text models.
+    skeleton : bool
+        Only the architecture is needed (module types and names): a pretrained model is built from its
+        configuration without reading its weights.
+    """
+    if run.model == "hf":
+        from common.hf_models import build_hf_model  # transformers costs seconds to import: only when used
+
+        return build_hf_model(run.model_path, num_classes, run.seed, run.hf_embeddings, skeleton)
+    return build_model(run.model, num_classes, in_channels, run.seed)
 
 
 def trainable_arrays(model: nn.Module) -> dict[str, NDArray[np.float32]]:

@@ -11,11 +11,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from common.config import parse_run_config
-from common.datasets import load_dataset
+from common.datasets import load_run_dataset
 from common.device import pick_device
 from common.evaluation import CentralEvaluator
 from common.methods import create_method
-from common.models import build_model, model_layout, trainable_arrays
+from common.models import build_run_model, model_layout, trainable_arrays
 from server.async_strategy import AsyncSubmodelStrategy
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
 from server.strategy import EvaluateFn, SubmodelStrategy
@@ -40,17 +40,17 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     results = Path(cfg.results_dir).expanduser().resolve()
     results.mkdir(parents=True, exist_ok=True)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed, cfg.data_path)
-    model = build_model(cfg.model, split.train.num_classes, split.train.in_channels, cfg.seed)
+    split = load_run_dataset(cfg)
+    method = create_method(cfg)
+    model = method.federated_model(build_run_model(cfg, split.train.num_classes, split.train.in_channels))
     layout = model_layout(model)
     evaluator = CentralEvaluator(
-        build_model(cfg.model, split.train.num_classes, split.train.in_channels, cfg.seed),
+        method.federated_model(build_run_model(cfg, split.train.num_classes, split.train.in_channels)),
         layout,
         split.test,
         pick_device("auto"),
     )
     x0 = layout.flatten(trainable_arrays(model))
-    method = create_method(cfg)
     strategy_class = AsyncSubmodelStrategy if method.asynchronous else SubmodelStrategy
     strategy = strategy_class(cfg, layout, method)
     checkpoint = results / CHECKPOINT

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from common.config import ConfigError, RunConfig, parse_capacity_list, parse_run_config
+from common.hf_models import resolve_model_path
 from server.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.tools.report import summary_table, write_accuracy_plot
 
@@ -534,7 +535,8 @@ class LocalFederation:
 
         Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
         ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
-        config with :func:`check_run_config` (and that ``data-path``, if any, exists). Starts nothing.
+        config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist).
+        Starts nothing.
         """
         flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
         if self.simulation:
@@ -549,6 +551,8 @@ class LocalFederation:
         # Every node of a local federation reads data-path on this machine.
         if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
             raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
+        if cfg.model_path:  # a local model folder must exist here too (a hub id is fetched by each process)
+            resolve_model_path(cfg.model_path)
         return overrides
 
     def run(

@@ -123,9 +123,10 @@ def inprocess_federation(run_config: Mapping[str, Any], capacities: Mapping[int,
     Every round's record is appended to ``records``; ``x0`` is the run's initial flat model.
     """
     from common.config import parse_run_config
-    from common.datasets import load_dataset
+    from common.datasets import load_run_dataset
     from common.evaluation import CentralEvaluator
-    from common.models import build_model, model_layout, trainable_arrays
+    from common.methods import create_method
+    from common.models import build_run_model, model_layout, trainable_arrays
     from server.app import central_evaluate_fn
     from server.strategy import SubmodelStrategy
 
@@ -135,11 +136,15 @@ def inprocess_federation(run_config: Mapping[str, Any], capacities: Mapping[int,
         for i, (nid, g) in enumerate(capacities.items())
     }
     grid = InProcessGrid(nodes, run_config)
-    split = load_dataset(cfg.dataset, cfg.test_fraction, cfg.seed)
-    model = build_model(cfg.model, 10, 1, cfg.seed)
+    split = load_run_dataset(cfg)
+    classes, channels = split.train.num_classes, split.train.in_channels
+    method = create_method(cfg)
+    model = method.federated_model(build_run_model(cfg, classes, channels))
     layout = model_layout(model)
-    evaluator = CentralEvaluator(build_model(cfg.model, 10, 1, cfg.seed), layout, split.test, "cpu")
+    evaluator = CentralEvaluator(
+        method.federated_model(build_run_model(cfg, classes, channels)), layout, split.test, "cpu"
+    )
     records: list[dict] = []
-    strategy = SubmodelStrategy(cfg, layout, on_round=records.append)
+    strategy = SubmodelStrategy(cfg, layout, method, on_round=records.append)
     x0 = layout.flatten(trainable_arrays(model))
     return InProcessFederation(cfg, grid, strategy, records, x0, central_evaluate_fn(evaluator))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 
 import pytest
 
@@ -145,3 +146,15 @@ def test_a_run_config_key_a_flag_sets_is_refused_naming_the_flag(tmp_path, capsy
         main(["--methods", "fedfibos", "--datasets", "digits", "-c", override, "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_default_methods_leave_out_those_the_data_does_not_fit_and_named_ones_fail(tmp_path, capsys):
+    from common.config import ConfigError
+
+    plan_only = ["--datasets", "digits", "--partitions", "iid", "--seeds", "0", "--reuse", "--existing-only"]
+    assert main([*plan_only, "--out", str(tmp_path / "a")]) == 0
+    planned = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert planned and not any(name.endswith("-lora") for name in planned)  # LoRA needs a pretrained text model
+    assert "lora left out on digits: method='lora' adapts a pretrained model" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="method='lora' adapts a pretrained model"):
+        main([*plan_only, "--methods", "lora", "--out", str(tmp_path / "b")])

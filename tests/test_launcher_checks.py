@@ -26,6 +26,7 @@ BAD_SETTINGS = [
     (["--capacities", "1,1/4,"], "item 3 is empty"),
     (["-c", "data-path='/nonexistent'"], "data-path='/nonexistent'"),
     (["-c", "dataset='cifar10' data-path='/nonexistent'"], "data-path='/nonexistent': no such file"),
+    (["-c", "dataset='ag_news' model='hf' model-path='/nonexistent'"], "model-path='/nonexistent': no such model"),
     (["--rounds", "2", "-c", "num-rounds=3"], "num-rounds=3 (from -c) and --rounds 2"),
     (["-c", "results-dir='/elsewhere'"], "results-dir='/elsewhere' (from -c) and --results"),
     (["-c", "capacity-mix='1,1/4'"], "capacity-mix='1,1/4': applies only to nodes without a capacity"),

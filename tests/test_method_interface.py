@@ -73,7 +73,7 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
 
 
 def test_registry_lists_every_method_and_rejects_unknown_names():
-    assert list(registry())[:8] == [
+    assert list(registry())[:9] == [
         "fedfibos",
         "fiarse",
         "heterofl",
@@ -82,11 +82,15 @@ def test_registry_lists_every_method_and_rejects_unknown_names():
         "fedavg-drop",
         "fedgmr",
         "cahfp",
+        "lora",
     ]
     with pytest.raises(ConfigError, match="method='random-topk'"):
         parse_run_config({"method": "random-topk"})
+    # LoRA adapts a pretrained text model (the config is only parsed: nothing is loaded)
+    pretrained = {"model": "hf", "model-path": "org/model", "dataset": "ag_news"}
     for name in registry():
-        assert create_method(parse_run_config({"method": name})).name == name
+        extra = pretrained if name == "lora" else {}
+        assert create_method(parse_run_config({"method": name, **extra})).name == name
 
 
 def _method_name_comparisons(path: Path, names: set[str]) -> list[str]:

@@ -53,6 +53,6 @@ def create_method(run: RunConfig) -> Method:
 
 
 # The built-in methods, imported (and so registered) in the order the README's table lists them.
-BUILTIN = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg_drop", "fedgmr", "cahfp")
+BUILTIN = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg_drop", "fedgmr", "cahfp", "lora")
 for _module in BUILTIN:
     import_module(f"{__name__}.{_module}")

@@ -183,6 +183,14 @@ class Method:
         """One log line with the settings that shape this method's behaviour."""
         return f"method={self.name}"
 
+    def federated_model(self, model: nn.Module) -> nn.Module:
+        """The model whose trainable parameters are the federated vector, built from the run's ``model``.
+
+        The server builds its global model (and its evaluator) through this; the default is ``model``
+        itself. A method that federates something else (LoRA adapters on a frozen base) wraps it here.
+        """
+        return model
+
     # -------------------------------------------------------------- server side
     def start_server(self, layout: ParamLayout) -> None:
         """Set up the server-side state for a global model of ``layout``."""

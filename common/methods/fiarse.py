@@ -35,7 +35,7 @@ from common.layout import ParamLayout
 from common.methods import register
 from common.methods.base import Accepted, LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
-from common.models import build_model, load_flat
+from common.models import build_run_model, load_flat
 from common.schema import Schema
 from common.threshold_masks import (
     attach_threshold_gates,
@@ -93,7 +93,7 @@ class FIARSE(MaskedMethod):
         """Find the gated positions of the architecture (module types only: built on the meta device)."""
         super().start_server(layout)
         with torch.device("meta"):
-            probe = build_model(self.run.model, 2, 1, self.run.seed)
+            probe = build_run_model(self.run, 2, 1, skeleton=True)
         self.gated = gated_positions(layout, gated_names(probe))
 
     def mask_for(

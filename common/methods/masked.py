@@ -34,7 +34,7 @@ from common.fisher_estimation import example_indices, per_example_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout
 from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
-from common.models import build_model, load_flat, model_layout
+from common.models import build_run_model, load_flat, model_layout
 from common.protocol import decode_submodel, encode_submodel
 from common.training import TrainConfig, local_classes, train_masked
 from common.validation import SentSubmodel, TrainReply, validate_train_reply
@@ -93,7 +93,7 @@ class MaskedMethod(Method):
 
     # -------------------------------------------------------------- client side
     def _model(self, train: ArrayDataset) -> tuple[nn.Module, ParamLayout]:
-        model = build_model(self.run.model, train.num_classes, train.in_channels, self.run.seed)
+        model = build_run_model(self.run, train.num_classes, train.in_channels)
         return model, model_layout(model)
 
     def client_train(
