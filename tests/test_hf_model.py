@@ -12,7 +12,7 @@ from common.evaluation import evaluate
 from common.hf_models import HFClassifier, build_hf_model, tokenize
 from common.models import build_run_model, model_layout, trainable_arrays
 from tests.inprocess_grid import inprocess_federation
-from tests.tiny_text import news_dataset, tiny_bert
+from tests.tiny_text import news_dataset, tiny_bert, tiny_text_run
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -26,18 +26,7 @@ def text_setup(tmp_path_factory):
 
 
 def _run(model_path: str, data_path: str, **extra) -> dict:
-    return {
-        "dataset": "ag_news",
-        "data-path": data_path,
-        "model": "hf",
-        "model-path": model_path,
-        "text-length": 12,
-        "batch-size": 16,
-        "lr": 0.05,
-        "local-epochs": 1,
-        "seed": 3,
-        **extra,
-    }
+    return tiny_text_run(model_path, data_path, **extra)
 
 
 def test_model_takes_the_dataset_labels_its_tokenizer_and_the_embedding_rule(text_setup) -> None:

@@ -19,6 +19,7 @@ from common.lora import (
     lora_rank,
     rank_mask,
 )
+from tests.tiny_text import tiny_text_run
 
 A, B, HEAD = "m.lora_A.default.weight", "m.lora_B.default.weight", "head.bias"
 
@@ -160,22 +161,9 @@ def text_setup(tmp_path_factory):
 
 
 def _run(model_path: str, data_path: str, **extra) -> dict:
-    return {
-        "method": "lora",
-        "dataset": "ag_news",
-        "data-path": data_path,
-        "model": "hf",
-        "model-path": model_path,
-        "text-length": 12,
-        "batch-size": 16,
-        "lr": 0.05,
-        "local-epochs": 1,
-        "seed": 3,
-        "num-rounds": 2,
-        "eval-every": 2,
-        "lora-max-rank": 8,
-        **extra,
-    }
+    return tiny_text_run(
+        model_path, data_path, method="lora", **{"num-rounds": 2, "eval-every": 2, "lora-max-rank": 8, **extra}
+    )
 
 
 @pytest.mark.parametrize("allocation", ["uniform", "fisher"])

@@ -196,6 +196,16 @@ def _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row):
     return eligible & ~(surely_in | (not_guard & (s_hi < t_lo)))
 
 
+def _tied_case(shapes: list[tuple[int, int]], seed: int) -> tuple[ParamLayout, np.ndarray, np.ndarray, np.ndarray]:
+    """Matrices of ``shapes`` plus a bias, with weights and prior bounds from few distinct values (many ties)."""
+    layout = ParamLayout.from_arrays({f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)})
+    rng = np.random.default_rng(seed)
+    d = layout.size
+    lo = rng.integers(0, 3, d).astype(np.float32)
+    hi = lo + rng.integers(0, 2, d).astype(np.float32)
+    return layout, rng.integers(-2, 3, d).astype(np.float32), lo, hi
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 6)), min_size=1, max_size=3),
@@ -205,13 +215,7 @@ def _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row):
 )
 def test_contested_positions_match_a_per_row_reference(shapes, gamma, min_per_row, seed):
     """Ties included (few distinct values): the vectorised bounds equal a row-by-row computation."""
-    arrays = {f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)}
-    layout = ParamLayout.from_arrays(arrays)
-    rng = np.random.default_rng(seed)
-    d = layout.size
-    lo = rng.integers(0, 3, d).astype(np.float32)
-    hi = lo + rng.integers(0, 2, d).astype(np.float32)
-    x = rng.integers(-2, 3, d).astype(np.float32)
+    layout, x, lo, hi = _tied_case(shapes, seed)
     got = contested_positions(layout, x, gamma, lo, hi, min_per_row)
     assert np.array_equal(got, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row))
 
@@ -246,13 +250,7 @@ def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
 )
 def test_every_level_at_once_equals_each_level_alone(shapes, gammas, min_per_row, seed):
     """Shared bounds and one multi-rank partition give each level's per-row reference (ties, repeats included)."""
-    arrays = {f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)}
-    layout = ParamLayout.from_arrays(arrays)
-    rng = np.random.default_rng(seed)
-    d = layout.size
-    lo = rng.integers(0, 3, d).astype(np.float32)
-    hi = lo + rng.integers(0, 2, d).astype(np.float32)
-    x = rng.integers(-2, 3, d).astype(np.float32)
+    layout, x, lo, hi = _tied_case(shapes, seed)
     got = contested_by_level(layout, x, gammas + gammas[:1], lo, hi, min_per_row)
     assert len(got) == len(gammas) + 1
     for gamma, contested in zip(gammas + gammas[:1], got):

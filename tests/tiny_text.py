@@ -76,3 +76,19 @@ def news_dataset(folder: Path, train: int = 160, test: int = 40, seed: int = 0) 
         splits[name] = datasets.Dataset.from_dict({"text": texts, "label": labels}, feats)
     datasets.DatasetDict(splits).save_to_disk(str(folder))
     return folder
+
+
+def tiny_text_run(model_path: str, data_path: str, **extra: object) -> dict:
+    """Run config of a small, fast text federation on :func:`tiny_bert` and :func:`news_dataset` (``extra`` wins)."""
+    return {
+        "dataset": "ag_news",
+        "data-path": data_path,
+        "model": "hf",
+        "model-path": model_path,
+        "text-length": 12,
+        "batch-size": 16,
+        "lr": 0.05,
+        "local-epochs": 1,
+        "seed": 3,
+        **extra,
+    }
