@@ -13,24 +13,16 @@ from common.local_split import derive_local_data
 from common.models import FastText, build_model, model_layout, trainable_arrays
 from common.selection import select_mask
 from common.training import TrainConfig, train_masked
+from tests.tiny_text import news_texts
 
 datasets = pytest.importorskip("datasets")
-
-TOPICS = {
-    0: ["election", "minister", "treaty", "summit", "vote"],
-    1: ["team", "wins", "league", "coach", "season"],
-    2: ["stocks", "profit", "merger", "shares", "bank"],
-    3: ["chip", "software", "startup", "internet", "robot"],
-}
-FILLER = ["the", "a", "of", "new", "after", "report", "says", "in"]
 
 
 def _news(n: int, rng: np.random.Generator):
     """AG News' schema (text, 4-class label) with topic words that make the label learnable."""
-    labels = rng.integers(0, 4, n)
-    texts = [" ".join(rng.choice(TOPICS[int(y)] + FILLER, 12)) for y in labels]
+    texts, labels = news_texts(n, rng, words=12)
     feats = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(num_classes=4)})
-    return datasets.Dataset.from_dict({"text": texts, "label": [int(y) for y in labels]}, feats)
+    return datasets.Dataset.from_dict({"text": texts, "label": labels}, feats)
 
 
 def test_padding_is_ignored_and_ids_fit_the_vocabulary() -> None:

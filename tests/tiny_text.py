@@ -57,10 +57,10 @@ def tiny_bert(folder: Path, seed: int = 0, extra_tokens: int = 0, hidden: int = 
     return folder
 
 
-def news_texts(n: int, rng: np.random.Generator) -> tuple[list[str], list[int]]:
-    """``n`` texts of 10 words with topic words that make the 4-way label learnable."""
+def news_texts(n: int, rng: np.random.Generator, words: int = 10) -> tuple[list[str], list[int]]:
+    """``n`` texts of ``words`` words with topic words that make the 4-way label learnable."""
     labels = rng.integers(0, 4, n)
-    texts = [" ".join(rng.choice(TOPICS[int(y)] + FILLER, 10)) for y in labels]
+    texts = [" ".join(rng.choice(TOPICS[int(y)] + FILLER, words)) for y in labels]
     return texts, [int(y) for y in labels]
 
 

@@ -25,11 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common.aggregation import aggregate_masked
+from common.aggregation import MaskedUpdate, aggregate_masked
 from common.layout import ParamLayout
 from common.level_masks import LevelMasks
 from common.methods import register
-from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
 from common.prior_influence import contested_by_level
 from common.schema import Schema
@@ -68,16 +67,11 @@ class FedFIbOS(FisherRankedMethod):
         """Method, the Fisher settings and the aggregation."""
         return f"{super().describe()} aggregation={self.opts.aggregation}"
 
-    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """``fedfibos-aggregation``: the holder mean or the participant mean; then each reply's Fisher is observed."""
-        updates = [a.reply.update for a in accepted]
+    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
+        """``fedfibos-aggregation``: the holder mean or the participant mean."""
         if self.opts.aggregation == "participants":
-            new = participant_mean_step(x, updates, self.run.server_lr)
-        else:
-            new = aggregate_masked(x, updates, self.run.server_lr)
-        for a in accepted:
-            self.observe(a, server_round)
-        return new
+            return participant_mean_step(x, updates, self.run.server_lr)
+        return aggregate_masked(x, updates, self.run.server_lr)
 
     def start_server(self, layout: ParamLayout) -> None:
         """The Fisher state (see :class:`FisherRankedMethod`) and an empty cache of per-level masks."""

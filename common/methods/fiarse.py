@@ -29,11 +29,11 @@ from numpy.typing import NDArray
 from pydantic import Field
 
 from common import protocol as P
-from common.aggregation import aggregate_masked
+from common.aggregation import MaskedUpdate, aggregate_masked
 from common.array_dataset import ArrayDataset
 from common.layout import ParamLayout
 from common.methods import register
-from common.methods.base import Accepted, LocalUpdate, Received
+from common.methods.base import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
 from common.models import build_run_model, load_flat
 from common.schema import Schema
@@ -102,9 +102,8 @@ class FIARSE(MaskedMethod):
         """Every ungated position and the gated ones at or above the capacity's threshold (``threshold``)."""
         return threshold_mask(x, self.gated, threshold_for(x, self.gated, gamma)), "threshold"
 
-    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
+    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
         """``fiarse-aggregation``: the non-zero-count mean (published) or the holder mean."""
-        updates = [a.reply.update for a in accepted]
         if self.opts.aggregation == "nonzero":
             return nonzero_mean_step(x, updates, self.run.server_lr)
         return aggregate_masked(x, updates, self.run.server_lr)

@@ -24,6 +24,7 @@ from pydantic import Field
 from torch import nn
 
 from common import protocol as P
+from common.aggregation import MaskedUpdate
 from common.fisher_codec import encode_fisher
 from common.hf_lora import PEFT_PREFIX, add_lora
 from common.layout import ParamLayout, TensorSpec
@@ -40,7 +41,7 @@ from common.lora import (
     rank_mask,
 )
 from common.methods import register
-from common.methods.base import Accepted, LocalUpdate, Received
+from common.methods.base import LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.models import build_run_model
 from common.schema import ConfigError, Schema
@@ -155,13 +156,9 @@ class LoRA(FisherRankedMethod):
         ranks, source = self.layer_ranks(key, server_round, gamma)
         return rank_mask(self.layout, self.pairs, ranks), source
 
-    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """``lora-aggregation`` over the accepted adapters; the Fisher state, if read, is updated."""
-        updates = [a.reply.update for a in accepted]
-        new = aggregate_lora(x, self.layout, self.pairs, updates, self.opts.aggregation, self.run.server_lr)
-        for a in accepted:
-            self.observe(a, server_round)
-        return new
+    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
+        """``lora-aggregation`` over the accepted adapters (the base class then updates the Fisher state)."""
+        return aggregate_lora(x, self.layout, self.pairs, updates, self.opts.aggregation, self.run.server_lr)
 
     # -------------------------------------------------------------- client side
     def _federated_layout(self, train: ArrayDataset) -> ParamLayout:

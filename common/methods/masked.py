@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from common import protocol as P
-from common.aggregation import aggregate_masked
+from common.aggregation import MaskedUpdate, aggregate_masked
 from common.array_dataset import ArrayDataset
 from common.fisher_codec import encode_fisher
 from common.fisher_estimation import example_indices, per_example_fisher
@@ -77,11 +77,15 @@ class MaskedMethod(Method):
         return validate_train_reply(arrays, metrics, meta, sent, self.layout, self.run.upload_encoding)
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
-        new = aggregate_masked(x, [a.reply.update for a in accepted], self.run.server_lr)
+        """Apply :meth:`mean_step` to the accepted updates, then fold each reply into the method's state."""
+        new = self.mean_step(x, [a.reply.update for a in accepted])
         for a in accepted:
             self.observe(a, server_round)
         return new
+
+    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
+        """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
+        return aggregate_masked(x, updates, self.run.server_lr)
 
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
         """Fold one accepted reply into the method's state (after the model update)."""
