@@ -18,6 +18,7 @@ from common.device import pick_device
 from common.evaluation import evaluate
 from common.methods import create_method
 from common.methods.base import Method, Received
+from common.peak_memory import PeakRSS
 from common.training import round_train_config
 
 app = ClientApp()
@@ -68,9 +69,13 @@ def train(msg: Message, context: Context) -> Message:
     run, node, data = _setup(context)
     method: Method = create_method(run)
     got = received(msg)
-    update = method.client_train(got, data.train, round_train_config(run, node, got.round), pick_device(node.device))
+    with PeakRSS() as peak:
+        update = method.client_train(
+            got, data.train, round_train_config(run, node, got.round), pick_device(node.device)
+        )
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
-    return train_reply(msg, update, got.round, got.digest, run.upload_encoding)
+    peak_mib = peak.peak_mib if peak.peak_bytes else None
+    return train_reply(msg, update, got.round, got.digest, run.upload_encoding, peak_mib)
 
 
 @app.evaluate()

@@ -13,7 +13,12 @@ from common.methods.base import LocalUpdate
 
 
 def train_reply(
-    msg: Message, update: LocalUpdate, server_round: int, mask_digest: str, fisher_encoding: str
+    msg: Message,
+    update: LocalUpdate,
+    server_round: int,
+    mask_digest: str,
+    fisher_encoding: str,
+    peak_rss_mib: float | None = None,
 ) -> Message:
     """Reply to ``msg`` with the method's local ``update``.
 
@@ -29,18 +34,21 @@ def train_reply(
         Digest of the mask (or kept channels) the server sent, echoed back.
     fisher_encoding : str
         Fisher upload encoding used (``none`` for methods that upload none).
+    peak_rss_mib : float or None
+        The client process's peak resident memory while it trained, in MiB; ``None`` sends no value.
     """
+    metrics = {
+        "num-examples": update.num_examples,
+        "train-loss": update.loss,
+        "train-seconds": update.train_seconds,
+        "fisher-seconds": update.fisher_seconds,
+    }
+    if peak_rss_mib is not None:
+        metrics["peak-rss-mib"] = float(peak_rss_mib)
     content = RecordDict(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),
-            P.METRICS: MetricRecord(
-                {
-                    "num-examples": update.num_examples,
-                    "train-loss": update.loss,
-                    "train-seconds": update.train_seconds,
-                    "fisher-seconds": update.fisher_seconds,
-                }
-            ),
+            P.METRICS: MetricRecord(metrics),
             P.META: ConfigRecord(
                 {"round": server_round, "mask-digest": mask_digest, "fisher-encoding": fisher_encoding}
             ),

@@ -16,7 +16,8 @@ Client -> server (TRAIN)::
                         fisher.*             the Fisher payload (common.fisher_codec)
                         classes uint8[C]     HeteroFL / FedRolex with label split: 1 per class in the
                                              client's training data (common.label_split)
-    metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds
+    metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds,
+                        peak-rss-mib (optional: the client process's peak resident MiB while training)
     config "meta":      round, mask-digest, fisher-encoding
 
 CA-HFP (``method = "cahfp"``) sends a physically smaller model instead (TRAIN and EVALUATE)::

@@ -148,6 +148,8 @@ def validate_train_reply(
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
         values[key] = _finite_number(metrics, key)
+    if "peak-rss-mib" in metrics:  # optional: a client on a platform without /proc or resource sends none
+        values["peak-rss-mib"] = _finite_number(metrics, "peak-rss-mib")
     update = MaskedUpdate(np.flatnonzero(sent.mask), delta.copy(), float(n))
     return TrainReply(update, fisher, values)
 

@@ -67,6 +67,7 @@ class ClientRound:
     train_loss: float | None = None
     train_seconds: float | None = None
     fisher_seconds: float | None = None
+    peak_rss_mib: float | None = None  # the client process's peak resident memory while it trained
     num_examples: int | None = None
     capacity_source: str = "node-config"
     client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
@@ -332,6 +333,7 @@ class SubmodelStrategy(Strategy):
         info.train_loss = reply.metrics["train-loss"]
         info.train_seconds = reply.metrics["train-seconds"]
         info.fisher_seconds = reply.metrics["fisher-seconds"]
+        info.peak_rss_mib = reply.metrics.get("peak-rss-mib")
         info.num_examples = int(reply.metrics["num-examples"])
 
     def apply_train_replies(self, server_round: int, parts: list[ReplyParts]) -> list[TrainReply]:

@@ -128,6 +128,8 @@ CATALOGUE = {
     "missing examples": lambda r: (r.metrics.pop("num-examples"), r)[1],
     "NaN loss": _set("metrics", "train-loss", float("nan")),
     "negative seconds": _set("metrics", "train-seconds", -1.0),
+    "negative peak memory": _set("metrics", "peak-rss-mib", -3.0),
+    "NaN peak memory": _set("metrics", "peak-rss-mib", float("nan")),
     "reply from node that was not sent": lambda r: ReplyParts(999, r.arrays, r.metrics, r.meta),
 }
 

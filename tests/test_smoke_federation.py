@@ -81,6 +81,14 @@ def test_download_bytes_follow_capacity_and_submodel_size(federation):
             assert c["bytes_up"] <= 2.1 * 4 * k + 4096  # delta + default Fisher payload
 
 
+def test_each_client_reports_its_peak_memory(federation):
+    _, metrics, _ = federation
+    for r in metrics["rounds"][1:]:
+        for c in r["clients"]:
+            # a SuperNode's ClientApp holds Python, torch and the CNN: more than 50 MiB, far less than 16 GiB
+            assert 50 < c["peak_rss_mib"] < 16 * 1024, c
+
+
 def test_outputs_exist_and_load(federation):
     results, metrics, _ = federation
     saved = json.loads((results / "metrics.json").read_text())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 import time
@@ -125,6 +126,9 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         "kib_up_per_client_round": mean("bytes_up", ok) / 1024,
         "client_train_s": mean("train_seconds", ok),
         "client_fisher_s": mean("fisher_seconds", ok),
+        "client_peak_mib": max(
+            (c["peak_rss_mib"] for c in ok if c.get("peak_rss_mib") is not None), default=float("nan")
+        ),
         "server_s_per_round": statistics.fmean(r["server_seconds"] for r in rounds),
         "wall_s": wall,
         "s_to_target_acc": float("nan") if reach is None else reach,
@@ -163,6 +167,10 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "partition", "method", "Fisher enc.", "seeds", "global acc", f"last {LAST_ROUNDS} rounds"]
     head += [f"acc @{lv}" for lv in levels]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
+    # runs made before clients reported their peak memory have none; the column appears once one does
+    with_peak = any(math.isfinite(row.get("client_peak_mib", float("nan"))) for row in rows)
+    if with_peak:
+        head.append("client peak MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dataset, partition, method, enc), group in sorted(groups.items()):
         cells = [dataset, partition, method, enc, str(len(group)), ms([g["global_acc"] for g in group])]
@@ -176,6 +184,8 @@ def summarise(rows: list[dict[str, Any]]) -> str:
             ms([g["client_fisher_s"] for g in group], digits=3),
             ms([g["server_s_per_round"] for g in group], digits=2),
         ]
+        if with_peak:
+            cells.append(ms([g.get("client_peak_mib", float("nan")) for g in group], digits=0))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
