@@ -145,16 +145,18 @@ class RunConfig(Schema):
     )
     server_lr: float = Field(1.0, gt=0, le=10, description="server step `eta_g`")
     fisher_encoding: Literal[FISHER_ENCODINGS] = Field(  # type: ignore[valid-type]
-        "masked", description="uplink Fisher payload (methods that rank by Fisher)"
+        "ranked",
+        description="uplink Fisher payload (methods that rank by Fisher): `ranked` sends the largest values over "
+        "the whole model in the bytes `masked` would take (`docs/FISHER.md`)",
     )
     fisher_estimator: Literal["path", "received"] = Field(
-        "path",
+        "received",
         description="how clients estimate their Fisher: `path` squares the minibatch gradients of local training "
         "(no extra cost); `received` averages squared per-example gradients at the received weights, before the "
         "first step, on `fisher-examples` examples (the quantity the ranking is defined on)",
     )
     fisher_examples: int = Field(
-        128, ge=0, le=1_000_000, description="examples in a `received` Fisher estimate (0 = all local examples)"
+        32, ge=0, le=1_000_000, description="examples in a `received` Fisher estimate (0 = all local examples)"
     )
     fisher_warmup: bool = Field(
         False,

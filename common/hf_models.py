@@ -115,6 +115,9 @@ class HFClassifier(nn.Module):
         The tokenizer's padding id: those positions are masked out of attention.
     """
 
+    # transformers' attention-mask helpers branch on tensor values, which torch.func.vmap cannot trace.
+    vmap_safe = False
+
     def __init__(self, net: nn.Module, pad_id: int) -> None:
         super().__init__()
         self.net = net

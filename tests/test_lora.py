@@ -146,8 +146,9 @@ def test_lora_keys_fail_fast_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="lora-aggregation"):
         parse_run_config({"lora-aggregation": "mean"})
     pretrained = {"method": "lora", "model": "hf", "model-path": "org/model", "dataset": "ag_news"}
-    with pytest.raises(ConfigError, match="fisher-estimator='received': method='lora' measures"):
-        parse_run_config({**pretrained, "fisher-estimator": "received"})
+    parse_run_config(pretrained)  # uniform ranks read no Fisher: the fisher-* defaults do not concern them
+    with pytest.raises(ConfigError, match="fisher-estimator='received': lora-allocation='fisher' measures"):
+        parse_run_config({**pretrained, "lora-allocation": "fisher", "fisher-estimator": "received"})
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,10 @@ def test_two_round_lora_federation_sends_bytes_in_proportion_to_rank(text_setup,
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    fed = inprocess_federation(_run(*text_setup, **{"lora-allocation": allocation}), {11: 1.0, 12: 0.25, 13: 0.0625})
+    keys = {"lora-allocation": allocation}
+    if allocation == "fisher":  # measured along training; `masked` keeps each layer's Fisher mass exact
+        keys |= {"fisher-estimator": "path", "fisher-encoding": "masked"}
+    fed = inprocess_federation(_run(*text_setup, **keys), {11: 1.0, 12: 0.25, 13: 0.0625})
     layout = fed.strategy.layout
     # the federated vector is the adapters (4 layers: query and value of 2 blocks, 16 x 16) and the head only
     assert all(".lora_" in n or ".modules_to_save." in n for n in layout.names)

@@ -108,10 +108,12 @@ class LoRA(FisherRankedMethod):
             raise ValueError(
                 f"method='lora' adapts a pretrained model: set model='hf' and model-path (not {run.model!r})"
             )
-        if run.fisher_estimator != "path":
+        # Only the Fisher allocation measures anything; uniform ranks ignore the fisher-* keys like fedavg does.
+        if cls.reads_fisher(run) and run.fisher_estimator != "path":
             raise ValueError(
-                f"fisher-estimator={run.fisher_estimator!r}: method='lora' measures the Fisher of its adapters along "
-                "local training (fisher-estimator='path')"
+                f"fisher-estimator={run.fisher_estimator!r}: lora-allocation='fisher' measures the Fisher of the "
+                "adapters along local training (set fisher-estimator='path', and fisher-encoding='masked' to keep each "
+                "layer's Fisher mass exact)"
             )
 
     @classmethod

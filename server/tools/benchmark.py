@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clients-per-capacity", type=int, default=2, help="clients at each capacity level")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument(
-        "--fisher-encodings", default="masked", help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}"
+        "--fisher-encodings", default="ranked", help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}"
     )
     ap.add_argument(
         "--run-config", "-c", action="append", default=[], help="extra run-config overrides for every run (repeatable)"
