@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.tools.selection_quality",
         "How close the server's mask is to the exact-Fisher one, per estimator and upload encoding",
     ),
+    "bench-fisher-cost": (
+        "server.tools.fisher_cost_bench",
+        "A client's Fisher estimate and upload encoding, timed against its local training",
+    ),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
     "docs": (
         "server.tools.docs_reference",
