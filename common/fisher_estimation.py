@@ -12,17 +12,22 @@ computes the defined quantity on a bounded number of examples, before the first
 local step. Gradients are taken with respect to the *effective* tensors, so
 positions outside the client's mask (value 0) get their Fisher too.
 
-Every model is estimated with ``torch.func.vmap(grad(...))``: one vectorised pass per
-chunk, in which each example is its own batch of one. The model runs in ``eval`` mode:
-dropout is off (the estimate is of the weights received, not of a random thinning of
-them), and norms that keep running statistics normalise with them, never with the rest
-of the chunk, and are not updated. The static norms of this project's models keep none
-and normalise each example by its own statistics, as a one-example loop would. A model
-whose forward pass branches on tensor values (``vmap_safe = False``: the Hugging Face
-wrapper) takes one ``grad`` per example instead; the result is the same. So does a large
-model on a CPU (``loop_above`` weights): one example's backward pass through ResNet-18
-already keeps the cores busy, and vmap's batched convolutions cost more there (32
-examples: 3.2 s vectorised against 1.4 s one at a time, 2 cores).
+The model runs in ``eval`` mode: dropout is off (the estimate is of the weights received,
+not of a random thinning of them), and norms that keep running statistics normalise with
+them and are not updated. The static norms of this project's models keep none and
+normalise each example by its own statistics. Each example is its own batch of one:
+
+* on a CPU, one backward pass of plain autograd per example. It needs no tracing and no
+  extra imports (``torch.func``'s first call imports ``torch._dynamo``, about 1.2 s in
+  each fresh ClientApp process, which a deployment starts for every round), and one
+  example's backward pass through ResNet-18 already keeps the cores busy (32 examples:
+  1.4 s looped against 3.2 s through ``vmap``, 2 cores);
+* on an accelerator, ``torch.func.vmap(grad(...))``: one vectorised pass per chunk of
+  examples, the chunk bounded by bytes (one gradient of the whole model per example). A
+  model whose forward pass branches on tensor values (``vmap_safe = False``: the Hugging
+  Face wrapper) keeps the loop there too.
+
+Both give the same estimate (tested against each other and against a float64 reference).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def per_example_fisher(
     device: torch.device,
     chunk: int = 64,
     max_chunk_mib: float = 512.0,
-    loop_above: int = 2_000_000,
+    vectorise: bool | None = None,
 ) -> NDArray[np.float32]:
     """Mean squared per-example gradient of the loss at the effective weights ``params * mask``.
 
@@ -92,10 +97,11 @@ def per_example_fisher(
     chunk : int
         Most examples per vectorised pass.
     max_chunk_mib : float
-        Bound on the per-example gradients of one pass, in MiB (``4 d`` bytes an example): ResNet-18
-        (11.2 M weights) takes 11 examples a pass at the default, the CNN the whole ``chunk``.
-    loop_above : int
-        On a CPU, models with more trainable weights than this take one ``grad`` per example.
+        Bound on the per-example gradients of one vectorised pass, in MiB (``4 d`` bytes an example):
+        ResNet-18 (11.2 M weights) takes 11 examples a pass at the default, the CNN the whole ``chunk``.
+    vectorise : bool, optional
+        ``True``: ``vmap`` over chunks; ``False``: one autograd backward pass per example; ``None``
+        (default): ``vmap`` on an accelerator for models that allow it, the loop otherwise.
 
     Returns
     -------
@@ -116,31 +122,27 @@ def per_example_fisher(
         return F.cross_entropy(local_logits(out, present), yi.unsqueeze(0))
 
     was_training = model.training
-    # Running statistics must neither be updated in place (vmap forbids it) nor mix the chunk's examples.
     model.eval()
-    vectorised = getattr(model, "vmap_safe", True) and (device.type != "cpu" or layout.size <= loop_above)
-    if vectorised:
-        per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
-
-        def add_chunk(xs: torch.Tensor, ys: torch.Tensor) -> None:
-            g = per_example(tensors, xs, ys)
-            for name in sums:
-                sums[name].add_(g[name].square().sum(0))
-
-    else:
-        grad_one = grad(loss_one)
-
-        def add_chunk(xs: torch.Tensor, ys: torch.Tensor) -> None:
-            for xi, yi in zip(xs, ys, strict=True):
-                g = grad_one(tensors, xi, yi)
-                for name in sums:
-                    sums[name].add_(g[name].square())
-
-    # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
-    per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
+    vmap_safe = getattr(model, "vmap_safe", True)
+    if vectorise is None:
+        vectorise = device.type != "cpu" and vmap_safe
+    elif vectorise and not vmap_safe:
+        raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
     try:
-        for start in range(0, len(indices), per_chunk):
-            add_chunk(as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
+        if vectorise:
+            per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
+            # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
+            per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
+            for start in range(0, len(indices), per_chunk):
+                g = per_example(tensors, as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
+                for name in sums:
+                    sums[name].add_(g[name].square().sum(0))
+        else:
+            leaves = {name: t.requires_grad_(True) for name, t in tensors.items()}
+            for i in range(len(indices)):
+                grads = torch.autograd.grad(loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values()))
+                for name, g in zip(leaves, grads, strict=True):
+                    sums[name].add_(g.square())
     finally:
         model.train(was_training)
     n = float(len(indices))

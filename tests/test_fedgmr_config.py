@@ -33,7 +33,7 @@ def test_fedgmr_is_a_method_with_validated_keys():
 
 def test_clients_upload_fisher_only_when_a_rule_reads_it():
     assert parse_run_config({"method": "fedgmr"}).upload_encoding == "none"
-    assert parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"}).upload_encoding == "masked"
+    assert parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"}).upload_encoding == "ranked"
 
 
 @pytest.mark.parametrize(

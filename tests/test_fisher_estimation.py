@@ -39,8 +39,9 @@ def _brute_force(model, layout, params, mask, data, indices, present) -> np.ndar
     return total / len(indices)
 
 
+@pytest.mark.parametrize("vectorise", [False, True])
 @pytest.mark.parametrize(("name", "channels", "side", "label_mask"), [("cnn", 1, 8, False), ("cnn", 1, 8, True)])
-def test_vectorised_estimate_equals_one_backward_pass_per_example(name, channels, side, label_mask):
+def test_estimate_equals_one_backward_pass_per_example(name, channels, side, label_mask, vectorise):
     model = build_model(name, 10, channels, seed=1)
     layout = model_layout(model)
     params = layout.flatten(trainable_arrays(model))
@@ -49,7 +50,16 @@ def test_vectorised_estimate_equals_one_backward_pass_per_example(name, channels
     indices = example_indices(len(data), 25, seed=4)
     present = local_classes(torch.from_numpy(data.y), 10, label_mask)
     got = per_example_fisher(
-        build_model(name, 10, channels, seed=1), layout, params, mask, data, indices, present, torch.device("cpu"), 7
+        build_model(name, 10, channels, seed=1),
+        layout,
+        params,
+        mask,
+        data,
+        indices,
+        present,
+        torch.device("cpu"),
+        7,
+        vectorise=vectorise,
     )
     want = _brute_force(build_model(name, 10, channels, seed=1), layout, params, mask, data, indices, present)
     assert got.shape == (layout.size,) and got.dtype == np.float32
@@ -57,9 +67,9 @@ def test_vectorised_estimate_equals_one_backward_pass_per_example(name, channels
     assert np.count_nonzero(got[~mask]) > 0  # positions the client does not hold get their Fisher too
 
 
-@pytest.mark.parametrize("loop_above", [0, 2_000_000])  # one grad per example / vectorised
+@pytest.mark.parametrize("vectorise", [False, True])  # one backward pass per example / vmap over chunks
 @pytest.mark.parametrize(("name", "channels", "side", "n"), [("cnn-bn", 1, 28, 9), ("resnet18", 3, 32, 3)])
-def test_a_batch_norm_model_is_estimated_per_example_in_eval_mode(name, channels, side, n, loop_above):
+def test_a_batch_norm_model_is_estimated_per_example_in_eval_mode(name, channels, side, n, vectorise):
     model = build_model(name, 10, channels, seed=0)
     layout = model_layout(model)
     params = layout.flatten(trainable_arrays(model))
@@ -67,14 +77,14 @@ def test_a_batch_norm_model_is_estimated_per_example_in_eval_mode(name, channels
     data = _data(n, channels, side, 10, seed=5)
     indices = np.arange(n)
     # chunks of 2 (and of 1 for ResNet-18, by the byte bound): no example's statistics mix with another's
-    got = per_example_fisher(model, layout, params, mask, data, indices, None, torch.device("cpu"), 2, 40.0, loop_above)
+    got = per_example_fisher(model, layout, params, mask, data, indices, None, torch.device("cpu"), 2, 40.0, vectorise)
     want = _brute_force(build_model(name, 10, channels, seed=0), layout, params, mask, data, indices, None)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
     assert model.training  # the caller's mode is restored
 
 
 def test_a_transformer_is_estimated_one_example_at_a_time(tmp_path):
-    """transformers' mask helpers defeat vmap: the per-example loop must give the one-example means."""
+    """transformers' mask helpers defeat vmap: the loop must give the mean of the one-example estimates."""
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
     from common.config import parse_run_config

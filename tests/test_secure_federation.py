@@ -24,7 +24,7 @@ def test_registered_nodes_train_and_an_unregistered_one_is_refused(tmp_path):
         join += ["--capacity", "0.125", "--keys", str(tmp_path / "keys"), "--runtime-port", str(free_port())]
         fed.group.start(join, fed.logs / "join.log", {**fed.env, "OMP_NUM_THREADS": "1"})
         metrics = fed.run(
-            {"num-rounds": 2, "eval-every": 0, "local-epochs": 1, "min-nodes": 3}, tmp_path / "run", timeout=600
+            {"num-rounds": 2, "eval-every": 0, "local-epochs": 3, "min-nodes": 3}, tmp_path / "run", timeout=600
         )
         link_log = (fed.logs / "superlink.log").read_text()
         join_log = (fed.logs / "join.log").read_text()
