@@ -39,7 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.layout import ParamLayout
-from common.mask_codec import MASK_KINDS, decode_mask, encode_mask, index_dtype
+from common.mask_codec import MASK_KINDS, decode_mask, encode_mask, index_dtype, mask_kind
 
 FisherEncoding = Literal["masked", "topm", "log8", "dense", "ranked"]
 FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense", "ranked")
@@ -59,10 +59,12 @@ def _log8(values: NDArray[np.float64]) -> tuple[NDArray[np.uint8], float, float]
     pos = values > 0
     if not pos.any():
         return codes, 0.0, 0.0
-    logs = np.log(values[pos])
-    lo, hi = float(np.float32(logs.min())), float(np.float32(logs.max()))
+    # float32 logs: their error (1e-7 relative) is far below one code step, at half the time of float64
+    logs = np.log(values[pos].astype(np.float32))
+    lo, hi = float(logs.min()), float(logs.max())
     span = hi - lo if hi > lo else 1.0
-    codes[pos] = (np.rint((logs - lo) / span * (_LOG8_LEVELS - 1)) + 1).astype(np.uint8)
+    steps = np.rint((logs - np.float32(lo)) * np.float32((_LOG8_LEVELS - 1) / span))
+    codes[pos] = (np.clip(steps, 0, _LOG8_LEVELS - 1) + 1).astype(np.uint8)
     return codes, lo, hi
 
 
@@ -76,25 +78,22 @@ def _unlog8(codes: NDArray[np.uint8], lo: float, hi: float) -> NDArray[np.float3
     return out
 
 
-def ranked_count(order: NDArray[np.int64], budget_bytes: int) -> int:
+def ranked_count(d: int, budget_bytes: int) -> int:
     """Largest ``m`` whose ``ranked`` position set (compact mask) plus ``m`` value bytes fit ``budget_bytes``.
 
     Parameters
     ----------
-    order : NDArray[int64]
-        Positions by decreasing Fisher (ties: lower index first); its length is ``d``.
+    d : int
+        Model size (positions).
     budget_bytes : int
         Bytes available for the position set and the 8-bit values.
 
-    The set's size depends on the mask encoding chosen for it, so the count is found by
-    bisection on the real encoded size (non-decreasing in ``m``; every value adds a byte).
+    The set's size depends only on ``m`` and ``d`` (:func:`common.mask_codec.mask_kind`) and is
+    non-decreasing in ``m`` (every value adds a byte), so the count is found by bisection on it.
     """
-    d = order.size
 
     def cost(m: int) -> int:
-        mask = np.zeros(d, dtype=bool)
-        mask[order[:m]] = True
-        return int(encode_mask(mask)[1].nbytes) + m
+        return mask_kind(d, m)[1] + m
 
     lo, hi = 0, d  # cost(lo) fits; find the largest m that fits
     if cost(hi) <= budget_bytes:
@@ -106,6 +105,27 @@ def ranked_count(order: NDArray[np.int64], budget_bytes: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def largest(values: NDArray[np.float64], m: int) -> NDArray[np.bool_]:
+    """Mask of the ``m`` largest ``values``, ties to the lower index (the first ``m`` of a stable descending sort).
+
+    One partition instead of a sort: the ``m``-th largest value is the threshold, every value above it
+    is in, and the lowest-indexed values equal to it fill the rest.
+    """
+    d = values.size
+    top = np.zeros(d, dtype=bool)
+    if m >= d:
+        top[:] = True
+        return top
+    if m <= 0:
+        return top
+    threshold = np.partition(values, d - m)[d - m]
+    above = values > threshold
+    top |= above
+    ties = np.flatnonzero(values == threshold)
+    top[ties[: m - int(np.count_nonzero(above))]] = True
+    return top
 
 
 def encode_fisher(
@@ -156,10 +176,7 @@ def encode_fisher(
     if mode == "ranked":
         k = int(np.count_nonzero(mask))
         fixed = 1 + 8  # set kind + log range; the row means cost what masked's row means cost
-        order = np.argsort(-f, kind="stable")
-        m = max(1, ranked_count(order, 4 * k - fixed))
-        top = np.zeros(f.size, dtype=bool)
-        top[order[:m]] = True
+        top = largest(f, max(1, ranked_count(f.size, 4 * k - fixed)))
         kind, data = encode_mask(top)
         codes, lo, hi = _log8(f[top])
         return {

@@ -119,22 +119,30 @@ def decode_elias_fano(data: NDArray, d: int) -> NDArray[np.int64]:
     return idx
 
 
-def encode_mask(mask: NDArray[np.bool_]) -> tuple[MaskKind, NDArray]:
-    """Encode a boolean mask as its smallest kind; returns ``(kind, array)``.
+def mask_kind(d: int, k: int) -> tuple[MaskKind, int]:
+    """The kind :func:`encode_mask` picks for ``k`` set positions of ``d``, and its size in bytes.
 
-    Among equal sizes ``indices`` is preferred to ``bits``, and both to ``elias-fano``.
+    The size depends on the counts alone, not on where the positions are. Among equal sizes
+    ``indices`` is preferred to ``bits``, and both to ``elias-fano``.
     """
-    mask = np.asarray(mask, dtype=bool)
-    d = mask.shape[0]
-    k = int(np.count_nonzero(mask))
     if k == d:
-        return "full", np.zeros(0, dtype=np.uint8)
+        return "full", 0
     sizes = {
         "indices": k * index_dtype(d).itemsize,
         "bits": (d + 7) // 8,
         "elias-fano": elias_fano_bytes(d, k) if k > 0 else None,
     }
     kind = min((n for n, b in sizes.items() if b is not None), key=lambda n: sizes[n])
+    return kind, int(sizes[kind])  # type: ignore[return-value]
+
+
+def encode_mask(mask: NDArray[np.bool_]) -> tuple[MaskKind, NDArray]:
+    """Encode a boolean mask as its smallest kind (:func:`mask_kind`); returns ``(kind, array)``."""
+    mask = np.asarray(mask, dtype=bool)
+    d = mask.shape[0]
+    kind, _ = mask_kind(d, int(np.count_nonzero(mask)))
+    if kind == "full":
+        return "full", np.zeros(0, dtype=np.uint8)
     if kind == "indices":
         return "indices", np.flatnonzero(mask).astype(index_dtype(d))
     if kind == "bits":

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_codec import decode_fisher, encode_fisher, expected_names, ranked_count
+from common.fisher_codec import decode_fisher, encode_fisher, expected_names, largest, ranked_count
 from common.layout import ParamLayout
-from common.mask_codec import encode_mask
+from common.mask_codec import encode_mask, mask_kind
 from common.models import build_model, model_layout, trainable_arrays
 from common.selection import select_mask
 
@@ -30,9 +30,27 @@ def _set_cost(order: np.ndarray, m: int) -> int:
 @given(d=st.integers(1, 3000), budget=st.integers(0, 4000), seed=st.integers(0, 10**6))
 def test_ranked_count_is_the_largest_m_that_fits(d, budget, seed):
     order = np.random.default_rng(seed).permutation(d)
-    m = ranked_count(order, budget)
+    m = ranked_count(d, budget)
     fits = [mm for mm in range(d + 1) if _set_cost(order, mm) <= budget]
     assert m == max(fits)
+
+
+@settings(max_examples=80, deadline=None)
+@given(d=st.integers(1, 400), m=st.integers(0, 420), levels=st.integers(1, 6), seed=st.integers(0, 10**6))
+def test_largest_is_the_head_of_a_stable_descending_sort(d, m, levels, seed):
+    values = np.random.default_rng(seed).integers(0, levels, d).astype(np.float64)  # many ties
+    want = np.zeros(d, dtype=bool)
+    want[np.argsort(-values, kind="stable")[:m]] = True
+    np.testing.assert_array_equal(largest(values, m), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 5000), seed=st.integers(0, 10**6))
+def test_mask_kind_is_what_encode_mask_writes(d, seed):
+    rng = np.random.default_rng(seed)
+    mask = rng.random(d) < rng.choice([0.0, 0.01, 0.2, 0.7, 1.0])
+    kind, data = encode_mask(mask)
+    assert mask_kind(d, int(mask.sum())) == (kind, data.nbytes)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ the real client code, for each model x estimator x capacity:
 The client is one Dirichlet partition of ``--partitions`` (the benchmark's 8-client
 split); its mask is the magnitude top-k of the initial model at the capacity. Each
 figure is the median of ``--repeat`` runs after one warm-up run (one-time costs such as
-kernel selection are not a round's cost).
+kernel selection are not a round's cost), with ``--threads`` torch threads (default 1,
+what ``fibos local`` gives each SuperNode).
 
 Usage::
 
@@ -207,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=0.1, help="Dirichlet concentration")
     ap.add_argument("--client", type=int, default=0, help="which partition is the measured client")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: what `fibos local` gives each SuperNode)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/fisher-cost")
     args = ap.parse_args(argv)
@@ -216,10 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error(f"--estimators: {e!r} is neither 'received' nor 'path'")
     if args.encoding not in FISHER_ENCODINGS:
         ap.error(f"--encoding: {args.encoding!r} is not one of {', '.join(FISHER_ENCODINGS)}")
-    for key in ("local_epochs", "fisher_examples", "repeat"):
+    for key in ("local_epochs", "fisher_examples", "repeat", "threads"):
         if getattr(args, key) < 1:
             ap.error(f"--{key.replace('_', '-')}: must be at least 1")
     capacities = parse_capacities(args.capacities)
+    torch.set_num_threads(args.threads)
     split = load_dataset(args.dataset, 0.2, args.seed)
     idx = partition_indices(split.train.y, "dirichlet", args.partitions, args.client, args.seed, alpha=args.alpha)
     data = split.train.subset(idx)
