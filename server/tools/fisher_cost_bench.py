@@ -35,9 +35,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from common.array_dataset import ArrayDataset
@@ -122,18 +122,18 @@ def measure_costs(
     rows = []
     for gamma in capacities:
         mask = select_mask(layout, x, gamma, "magnitude")
-        train = _median_seconds(lambda: train_masked(model, layout, x, mask, data, cfg, device, False), repeat)
+        train = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat)
         for est in estimators:
             if est == "received":
                 estimate = _median_seconds(
-                    lambda: per_example_fisher(model, layout, x, mask, data, idx, None, device), repeat
+                    partial(per_example_fisher, model, layout, x, mask, data, idx, None, device), repeat
                 )
                 fisher = per_example_fisher(model, layout, x, mask, data, idx, None, device)
             else:
-                along = _median_seconds(lambda: train_masked(model, layout, x, mask, data, cfg, device, True), repeat)
+                along = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, True), repeat)
                 estimate = max(along - train, 0.0)  # what accumulating along the path adds to the same training
                 fisher = train_masked(model, layout, x, mask, data, cfg, device, True).fisher
-            encode = _median_seconds(lambda: encode_fisher(fisher, mask, layout, encoding), repeat)
+            encode = _median_seconds(partial(encode_fisher, fisher, mask, layout, encoding), repeat)
             rows.append(
                 CostRow(
                     dataset,
