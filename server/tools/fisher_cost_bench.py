@@ -29,12 +29,10 @@ and prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -49,6 +47,7 @@ from common.partitioning import partition_indices
 from common.selection import select_mask
 from common.training import TrainConfig, train_masked
 from server.launcher import parse_capacities
+from server.tools.bench_rows import write_rows
 
 
 @dataclass(frozen=True)
@@ -173,12 +172,7 @@ def write_outputs(rows: Sequence[CostRow], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fisher_cost.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    with open(out / "fisher_cost.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        w.writerows(asdict(r) for r in rows)
+    write_rows(rows, out, "fisher_cost")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in sorted({(r.model, r.estimator) for r in rows}):
         pts = sorted((r.capacity, r.overhead) for r in rows if (r.model, r.estimator) == key)

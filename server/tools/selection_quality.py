@@ -34,11 +34,9 @@ capacity, one line per estimator x encoding) to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +52,7 @@ from common.partitioning import partition_indices
 from common.selection import masking_error, select_mask
 from common.training import TrainConfig, train_loop, train_masked
 from server.launcher import parse_capacities
+from server.tools.bench_rows import write_rows
 
 
 @dataclass(frozen=True)
@@ -250,12 +249,7 @@ def write_outputs(rows: Sequence[Row], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "selection.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    with open(out / "selection.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        w.writerows(asdict(r) for r in rows)
+    write_rows(rows, out, "selection")
     groups = sorted({(r.dataset, r.model) for r in rows})
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.5), squeeze=False)
     for ax, (dataset, model_name) in zip(axes[0], groups):
