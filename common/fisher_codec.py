@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from common.layout import ParamLayout
 from common.mask_codec import MASK_KINDS, decode_mask, encode_mask, index_dtype, mask_kind
+from common.selection import topk_mask
 
 FisherEncoding = Literal["masked", "topm", "log8", "dense", "ranked"]
 FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense", "ranked")
@@ -107,27 +108,6 @@ def ranked_count(d: int, budget_bytes: int) -> int:
     return lo
 
 
-def largest(values: NDArray[np.float64], m: int) -> NDArray[np.bool_]:
-    """Mask of the ``m`` largest ``values``, ties to the lower index (the first ``m`` of a stable descending sort).
-
-    One partition instead of a sort: the ``m``-th largest value is the threshold, every value above it
-    is in, and the lowest-indexed values equal to it fill the rest.
-    """
-    d = values.size
-    top = np.zeros(d, dtype=bool)
-    if m >= d:
-        top[:] = True
-        return top
-    if m <= 0:
-        return top
-    threshold = np.partition(values, d - m)[d - m]
-    above = values > threshold
-    top |= above
-    ties = np.flatnonzero(values == threshold)
-    top[ties[: m - int(np.count_nonzero(above))]] = True
-    return top
-
-
 def encode_fisher(
     fisher: NDArray, mask: NDArray[np.bool_], layout: ParamLayout, mode: FisherEncoding
 ) -> dict[str, NDArray]:
@@ -176,7 +156,7 @@ def encode_fisher(
     if mode == "ranked":
         k = int(np.count_nonzero(mask))
         fixed = 1 + 8  # set kind + log range; the row means cost what masked's row means cost
-        top = largest(f, max(1, ranked_count(f.size, 4 * k - fixed)))
+        top = topk_mask(f, max(1, ranked_count(f.size, 4 * k - fixed)))  # ties to the lower index
         kind, data = encode_mask(top)
         codes, lo, hi = _log8(f[top])
         return {

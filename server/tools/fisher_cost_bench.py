@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -48,6 +49,8 @@ from common.selection import select_mask
 from common.training import TrainConfig, train_masked
 from server.launcher import parse_capacities
 from server.tools.bench_rows import write_rows
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -66,15 +69,15 @@ class CostRow:
     overhead: float
 
 
-def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall seconds of ``repeat`` calls of ``fn`` after one unmeasured call."""
-    fn()
+def _median_seconds(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    """Median wall seconds of ``repeat`` calls of ``fn`` after one unmeasured call, and the last result."""
+    result = fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        result = fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), result
 
 
 def measure_costs(
@@ -121,18 +124,19 @@ def measure_costs(
     rows = []
     for gamma in capacities:
         mask = select_mask(layout, x, gamma, "magnitude")
-        train = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat)
+        train, _ = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat)
         for est in estimators:
             if est == "received":
-                estimate = _median_seconds(
+                estimate, fisher = _median_seconds(
                     partial(per_example_fisher, model, layout, x, mask, data, idx, None, device), repeat
                 )
-                fisher = per_example_fisher(model, layout, x, mask, data, idx, None, device)
             else:
-                along = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, True), repeat)
+                along, trained = _median_seconds(
+                    partial(train_masked, model, layout, x, mask, data, cfg, device, True), repeat
+                )
                 estimate = max(along - train, 0.0)  # what accumulating along the path adds to the same training
-                fisher = train_masked(model, layout, x, mask, data, cfg, device, True).fisher
-            encode = _median_seconds(partial(encode_fisher, fisher, mask, layout, encoding), repeat)
+                fisher = trained.fisher
+            encode, _ = _median_seconds(partial(encode_fisher, fisher, mask, layout, encoding), repeat)
             rows.append(
                 CostRow(
                     dataset,
