@@ -22,6 +22,7 @@ from common.fisher_codec import FISHER_ENCODINGS
 from common.hf_models import EMBEDDING_RULES
 from common.methods import method_class, registry
 from common.models import MODELS, PRETRAINED_MODELS, TEXT_MODELS
+from common.optimizers import OPTIMIZERS
 from common.partitioning import PARTITIONERS
 from common.rational import capacity_fraction
 from common.restoration import CAPACITY_KINDS
@@ -120,15 +121,23 @@ class RunConfig(Schema):
     seed: int = Field(42, ge=0, le=2**32 - 1, description="model init, splits, partitions, batch order")
     local_epochs: int = Field(3, ge=1, le=1000, description="local epochs per round")
     batch_size: int = Field(32, ge=1, le=65_536, description="local minibatch (examples)")
+    optimizer: Literal[OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "sgd",
+        description="client optimiser, created afresh every round: `sgd` (with `momentum`) or `adamw` (betas "
+        "0.9, 0.999; what fine-tuning a pretrained transformer or its LoRA adapters usually takes, with an `lr` "
+        "near 5e-5 for the whole model and 1e-3 for adapters, `docs/TRANSFORMERS.md`)",
+    )
     lr: float = Field(
         0.1,
         gt=0,
         le=10,
-        description="client SGD learning rate; under strong label skew (2 classes per client) 0.1 can kill the "
+        description="client learning rate; under strong label skew (2 classes per client) SGD at 0.1 can kill the "
         "network, 0.05 did not (`docs/BENCHMARKS.md`)",
     )
-    momentum: float = Field(0.9, ge=0, le=0.999, description="client SGD momentum")
-    weight_decay: float = Field(0.0, ge=0, le=1, description="client SGD weight decay")
+    momentum: float = Field(0.9, ge=0, le=0.999, description='client SGD momentum (`optimizer = "sgd"` only)')
+    weight_decay: float = Field(
+        0.0, ge=0, le=1, description="client weight decay (SGD's L2 term; AdamW's decoupled decay)"
+    )
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
     clip_grad_norm: float = Field(
         0.0,

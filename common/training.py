@@ -1,6 +1,6 @@
 """The one local training loop every method uses, with pluggable statistics accumulators.
 
-SGD (with momentum, weight decay and an optional FedProx term) over the local split, minibatch
+SGD (with momentum) or AdamW, with weight decay and an optional FedProx term, over the local split, minibatch
 order seeded per run, round and partition. A method adds what its server needs as
 :class:`Accumulator` objects, which see every counted step's gradients before the FedProx term
 is added (they describe the data loss):
@@ -29,6 +29,7 @@ from torch.nn.utils import prune
 from common.array_dataset import ArrayDataset
 from common.layout import ParamLayout
 from common.models import load_flat
+from common.optimizers import make_optimizer
 
 if TYPE_CHECKING:
     from common.config import NodeConfig, RunConfig
@@ -45,7 +46,7 @@ class TrainConfig:
     batch_size : int
         Minibatch size (examples).
     lr, momentum, weight_decay : float
-        SGD settings.
+        Optimiser settings (``momentum``: SGD only).
     proximal_mu : float
         FedProx coefficient of ``mu/2 * ||w - w_received||^2`` (0 = off).
     label_mask : bool
@@ -54,6 +55,8 @@ class TrainConfig:
         Training steps whose gradients the accumulators see (0 = all).
     seed : int
         Seed of the minibatch order.
+    optimizer : {"sgd", "adamw"}
+        The optimiser (:func:`common.optimizers.make_optimizer`), created afresh for this round.
     clip_grad_norm : float
         Largest L2 norm of a step's gradient over all trained parameters; larger gradients are scaled
         down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local training
@@ -70,6 +73,7 @@ class TrainConfig:
     fisher_batches: int = 0
     seed: int = 0
     clip_grad_norm: float = 0.0
+    optimizer: str = "sgd"
 
 
 def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
@@ -90,6 +94,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         fisher_batches=run.fisher_batches,
         seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
         clip_grad_norm=run.clip_grad_norm,
+        optimizer=run.optimizer,
     )
 
 
@@ -169,7 +174,7 @@ def train_loop(
     device: torch.device,
     accumulators: Sequence[Accumulator] = (),
 ) -> LoopResult:
-    """Train every parameter of ``model`` that requires a gradient, in place, with SGD on ``data``.
+    """Train every parameter of ``model`` that requires a gradient, in place, on ``data``.
 
     Parameters
     ----------
@@ -189,7 +194,7 @@ def train_loop(
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     anchor = [p.detach().clone() for p in params] if cfg.proximal_mu > 0 else None
-    opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
     x = torch.from_numpy(data.x).to(device)  # uint8 images stay compact until batched
     y = torch.from_numpy(data.y).to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
