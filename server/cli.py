@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.tools.fisher_cost_bench",
         "A client's Fisher estimate and upload encoding, timed against its local training",
     ),
+    "bench-text-recipe": (
+        "server.tools.text_recipe_bench",
+        "Which optimiser and step size fine-tune a pretrained text model (central training, per recipe)",
+    ),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
     "docs": (
         "server.tools.docs_reference",
