@@ -173,7 +173,7 @@ def train_recipe(
             torch.nn.utils.clip_grad_norm_(params, clip_grad_norm)
         opt.step()
         seconds += time.perf_counter() - started
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % eval_every == 0 or step == len(batches):
             rows.append(row(step, float(np.mean(losses)), seconds / step))
             losses = []
