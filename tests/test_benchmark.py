@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 
 import pytest
 
@@ -53,9 +54,40 @@ def test_row_gives_the_last_round_and_the_mean_of_the_last_rounds():
     row = run_row({"run": run, "rounds": rounds}, 1.0)
     assert row["global_acc"] == 0.5 and row["rounds"] == 6
     assert row["global_acc_last"] == pytest.approx(sum(accs[-LAST_ROUNDS:]) / LAST_ROUNDS)
+    assert math.isnan(row["client_s_per_step"])  # runs recorded before clients reported their examples
     short = run_row({"run": run, "rounds": rounds[:3]}, 1.0)  # fewer rounds than LAST_ROUNDS: all of them
     assert short["global_acc_last"] == pytest.approx((0.5 + 0.9) / 2)
     assert f"last {LAST_ROUNDS} rounds" in summarise([row]) and "0.700 ± 0.000" in summarise([row])
+
+
+def test_row_gives_traffic_per_capacity_and_seconds_per_step():
+    run = {"method": "lora", "dataset": "digits", "partitioner": "iid", "seed": 0, "upload_encoding": "none"}
+    run |= {"local_epochs": 2, "batch_size": 32}
+
+    def client(capacity, down, up, seconds, examples, status="ok"):
+        return {
+            "capacity": capacity,
+            "status": status,
+            "bytes_down": down,
+            "bytes_up": up,
+            "train_seconds": seconds,
+            "fisher_seconds": 0.0,
+            "num_examples": examples,
+        }
+
+    clients = [
+        client(1.0, 2048, 1024, 8.0, 64),
+        client(0.25, 1024, 512, 3.0, 33),
+        client(0.25, 3072, 0, None, 10, "lost"),
+    ]
+    rounds = [{"round": 0, "global": {"accuracy": 0.1}, "clients": [], "server_seconds": 0.0}]
+    rounds += [{"round": 1, "global": {"accuracy": 0.5}, "clients": clients, "server_seconds": 0.0}]
+    row = run_row({"run": run, "rounds": rounds}, 1.0)
+    assert (row["kib_down_cap_1"], row["kib_up_cap_1"]) == (2.0, 1.0)
+    # a lost reply still cost its download; its upload never came
+    assert (row["kib_down_cap_0.25"], row["kib_up_cap_0.25"]) == (2.0, 0.5)
+    # 2 epochs of ceil(64/32) = 2 steps in 8 s; 2 epochs of ceil(33/32) = 2 steps in 3 s
+    assert row["client_s_per_step"] == pytest.approx((8.0 / 4 + 3.0 / 4) / 2)
 
 
 def test_bad_method_fails_before_any_run(tmp_path):
