@@ -46,8 +46,9 @@ from common.hf_models import EMBEDDING_RULES, HFClassifier, build_hf_model, toke
 from common.optimizers import OPTIMIZERS, make_optimizer
 from server.tools.bench_rows import write_rows
 
-#: Parts of the model a recipe trains.
-PARTS: tuple[str, ...] = ("full", "lora")
+#: Parts of the model a recipe trains, and whether that part is LoRA adapters on the frozen base.
+ADAPTERS: dict[str, bool] = {"full": False, "lora": True}
+PARTS: tuple[str, ...] = tuple(ADAPTERS)
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def build_recipe_model(
 ) -> HFClassifier:
     """The pretrained classifier with the head from ``seed``, and LoRA adapters for a ``lora`` recipe."""
     model = build_hf_model(model_path, num_classes, seed, embeddings)  # type: ignore[arg-type]
-    if recipe.part == "lora":
+    if ADAPTERS[recipe.part]:
         add_lora(model, lora_rank, lora_alpha, seed)
     return model
 
