@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from common.array_dataset import ArrayDataset
 from common.datasets import TEXT_DATASETS, load_dataset
+from common.evaluation import evaluate
 from common.hf_lora import add_lora
 from common.hf_models import EMBEDDING_RULES, HFClassifier, build_hf_model, tokenize
 from common.optimizers import OPTIMIZERS, make_optimizer
@@ -49,6 +50,8 @@ from server.tools.bench_rows import write_rows
 #: Parts of the model a recipe trains, and whether that part is LoRA adapters on the frozen base.
 ADAPTERS: dict[str, bool] = {"full": False, "lora": True}
 PARTS: tuple[str, ...] = tuple(ADAPTERS)
+#: The recipes train and score on the CPU, with ``--threads`` torch threads (what a SuperNode of fibos local has).
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -100,18 +103,6 @@ class RecipeRow:
     trained_weights: int
 
 
-def test_accuracy(model: torch.nn.Module, data: ArrayDataset, batch_size: int = 256) -> float:
-    """Share of ``data`` the model classifies correctly (eval mode, no gradients)."""
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for start in range(0, len(data.y), batch_size):
-            x = torch.as_tensor(data.x[start : start + batch_size])
-            y = torch.as_tensor(data.y[start : start + batch_size])
-            correct += int((model(x).argmax(dim=1) == y).sum())
-    return correct / len(data.y)
-
-
 def build_recipe_model(
     recipe: Recipe, model_path: str, num_classes: int, seed: int, embeddings: str, lora_rank: int, lora_alpha: float
 ) -> HFClassifier:
@@ -157,7 +148,7 @@ def train_recipe(
     opt = make_optimizer(params, recipe.optimizer, recipe.lr, momentum=momentum)
 
     def row(step: int, loss: float, seconds: float) -> RecipeRow:
-        acc = test_accuracy(model, test)
+        _, acc = evaluate(model, test, CPU)
         return RecipeRow(recipe.label, recipe.part, recipe.optimizer, recipe.lr, step, loss, acc, seconds, trained)
 
     rows = [row(0, float("nan"), float("nan"))]
