@@ -1,8 +1,19 @@
-"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder."""
+"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder, the tiny text model."""
 
 from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+
+@pytest.fixture(scope="module")
+def text_setup(tmp_path_factory):
+    """``(model-path, data-path)`` of the tiny BERT (hidden 16, 2 layers) and the generated news set."""
+    from tests.tiny_text import news_dataset, tiny_bert
+
+    root = tmp_path_factory.mktemp("text")
+    return str(tiny_bert(root / "bert")), str(news_dataset(root / "news"))

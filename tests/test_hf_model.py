@@ -12,17 +12,10 @@ from common.evaluation import evaluate
 from common.hf_models import HFClassifier, build_hf_model, tokenize
 from common.models import build_run_model, model_layout, trainable_arrays
 from tests.inprocess_grid import inprocess_federation
-from tests.tiny_text import news_dataset, tiny_bert, tiny_text_run
+from tests.tiny_text import tiny_bert, tiny_text_run
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
-
-
-@pytest.fixture(scope="module")
-def text_setup(tmp_path_factory):
-    """``(model-path, data-path)`` of the tiny BERT and the generated news set."""
-    root = tmp_path_factory.mktemp("hf")
-    return str(tiny_bert(root / "bert")), str(news_dataset(root / "news"))
 
 
 def _run(model_path: str, data_path: str, **extra) -> dict:

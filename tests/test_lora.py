@@ -152,13 +152,10 @@ def test_lora_keys_fail_fast_naming_the_key() -> None:
 
 
 @pytest.fixture(scope="module")
-def text_setup(tmp_path_factory):
-    """``(model-path, data-path)`` of the tiny BERT (hidden 16, 2 layers) and the generated news set."""
+def text_setup(text_setup):
+    """The shared tiny BERT and news set (``tests/conftest.py``), for the tests that need ``peft``."""
     pytest.importorskip("peft")
-    from tests.tiny_text import news_dataset, tiny_bert
-
-    root = tmp_path_factory.mktemp("lora")
-    return str(tiny_bert(root / "bert")), str(news_dataset(root / "news"))
+    return text_setup
 
 
 def _run(model_path: str, data_path: str, **extra) -> dict:

@@ -11,16 +11,9 @@ import torch
 
 from common.array_dataset import ArrayDataset
 from server.tools.text_recipe_bench import Recipe, RecipeRow, build_recipe_model, main, table, train_recipe
-from tests.tiny_text import news_dataset, tiny_bert
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
-
-
-@pytest.fixture(scope="module")
-def text_setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("recipe")
-    return str(tiny_bert(root / "bert")), str(news_dataset(root / "news"))
 
 
 def test_a_recipe_names_part_optimizer_and_step() -> None:
