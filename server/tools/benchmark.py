@@ -137,9 +137,8 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         row[f"acc_cap_{level}"] = v["accuracy"]
     # traffic and step time per capacity level: what a device of that size pays (CSV only, not the summary)
     for level in sorted({c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True):
-        mine = [c for c in clients if c.get("capacity") == level]
-        row[f"kib_down_cap_{level:g}"] = mean("bytes_down", mine) / 1024
-        row[f"kib_up_cap_{level:g}"] = mean("bytes_up", [c for c in mine if c["status"] == "ok"]) / 1024
+        row[f"kib_down_cap_{level:g}"] = mean("bytes_down", [c for c in clients if c.get("capacity") == level]) / 1024
+        row[f"kib_up_cap_{level:g}"] = mean("bytes_up", [c for c in ok if c.get("capacity") == level]) / 1024
     steps = [
         c["train_seconds"] / (run["local_epochs"] * math.ceil(c["num_examples"] / run["batch_size"]))
         for c in ok
