@@ -75,7 +75,8 @@ def train(msg: Message, context: Context) -> Message:
         )
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     peak_mib = peak.peak_mib if peak.peak_bytes else None
-    return train_reply(msg, update, got.round, got.digest, run.upload_encoding, peak_mib)
+    encoding = update.fisher_encoding if update.fisher_encoding is not None else run.upload_encoding
+    return train_reply(msg, update, got.round, got.digest, encoding, peak_mib)
 
 
 @app.evaluate()

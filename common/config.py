@@ -159,19 +159,30 @@ class RunConfig(Schema):
         description="uplink Fisher payload (methods that rank by Fisher): `ranked` sends the largest values over "
         "the whole model in the bytes `masked` would take (`docs/FISHER.md`)",
     )
-    fisher_estimator: Literal["path", "received"] = Field(
-        "received",
-        description="how clients estimate their Fisher: `path` squares the minibatch gradients of local training "
-        "(no extra cost); `received` averages squared per-example gradients at the received weights, before the "
-        "first step, on `fisher-examples` examples (the quantity the ranking is defined on)",
+    fisher_estimator: Literal["global", "received", "path"] = Field(
+        "global",
+        description="where clients measure the Fisher a mask is ranked by: `global` averages squared per-example "
+        "gradients at the full current global model (the definition; a client due for a refresh is also sent the "
+        "values outside its mask, counted in its bytes down); `received` at the submodel it received, zeros "
+        "included (masks then chase the layers they starve); `path` squares the minibatch gradients of local "
+        "training (no extra cost)",
+    )
+    fisher_every: int = Field(
+        5,
+        ge=1,
+        le=100_000,
+        description='`fisher-estimator = "global"`: a client measures its Fisher again once its estimate is this '
+        "many rounds old, and keeps its mask in between (1 = every round it trains)",
     )
     fisher_examples: int = Field(
-        32, ge=0, le=1_000_000, description="examples in a `received` Fisher estimate (0 = all local examples)"
+        32, ge=0, le=1_000_000, description="examples in a per-example Fisher estimate (0 = all local examples)"
     )
     fisher_warmup: bool = Field(
-        False,
-        description="before round 1, every node returns its Fisher at the initial model (no training), so round 1 "
-        'is ranked by Fisher instead of by magnitude; needs `fisher-estimator = "received"`',
+        True,
+        description="before round 1, every node that trains returns its Fisher at the initial model (no training), "
+        "so round 1 is ranked by Fisher instead of by magnitude (one exchange; with `global` it costs each node "
+        "one download of the model); applies to methods that rank by Fisher with the `global` or `received` "
+        "estimator",
     )
     fisher_batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
     fisher_ema: float = Field(
@@ -197,7 +208,14 @@ class RunConfig(Schema):
         le=10_000_000,
         description="budget for per-client Fisher; beyond it the stalest clients are evicted and use the prior",
     )
-    min_per_row: int = Field(1, ge=0, le=1_000_000, description="guard: weights kept per output unit")
+    min_per_row: int = Field(
+        1, ge=0, le=1_000_000, description="guard of Fisher-ranked masks: weights kept per output unit (0 = none)"
+    )
+    keep_vectors: bool = Field(
+        True,
+        description="guard of Fisher-ranked masks: every 1-D tensor that can learn (biases, norm scales) is kept; "
+        "`false` ranks them like any weight. Biases that feed a BatchNorm cannot learn and take no budget",
+    )
     eval_every: int = Field(
         5, ge=0, le=100_000, description="federated evaluation every N rounds (and the last); 0 = never"
     )
@@ -290,13 +308,6 @@ class RunConfig(Schema):
             )
         if self.method not in registry():
             raise ValueError(f"method={self.method!r}: allowed values are {', '.join(registry())}")
-        if self.fisher_warmup and self.fisher_estimator != "received":
-            raise ValueError(
-                "fisher-warmup=true needs fisher-estimator='received': the warm-up does not train, so a Fisher "
-                f"measured along training (fisher-estimator={self.fisher_estimator!r}) would be empty"
-            )
-        if self.fisher_warmup and not method_class(self.method).reads_fisher(self):
-            raise ValueError(f"fisher-warmup=true: method {self.method!r} does not rank by Fisher")
         method_class(self.method).check_run(self)  # the method's own rules across keys
         return self
 
@@ -311,6 +322,15 @@ class RunConfig(Schema):
             prefix = registry()[name].options_prefix.replace("-", "_")
             out.update({f"{prefix}{k}": v for k, v in opts.model_dump().items()})
         return out
+
+    @property
+    def warms_up(self) -> bool:
+        """Whether round 0 is a Fisher warm-up: asked for, and the method ranks by a Fisher measured untrained."""
+        return (
+            self.fisher_warmup
+            and self.fisher_estimator != "path"  # the warm-up takes no step, so a path estimate would be empty
+            and method_class(self.method).reads_fisher(self)
+        )
 
     @property
     def upload_encoding(self) -> str:

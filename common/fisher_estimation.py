@@ -14,8 +14,14 @@ positions outside the client's mask (value 0) get their Fisher too.
 
 The model runs in ``eval`` mode: dropout is off (the estimate is of the weights received,
 not of a random thinning of them), and norms that keep running statistics normalise with
-them and are not updated. The static norms of this project's models keep none and
-normalise each example by its own statistics. Each example is its own batch of one:
+them and are not updated. The static norms of this project's models keep none: in training
+they normalise by the statistics of the minibatch. Here they normalise every example by the
+statistics of the whole sample of examples, computed first and then held fixed
+(:func:`sample_statistics`): an example's gradient then depends on that example only, as a
+per-example gradient must, and on the same kind of statistics training uses. (Normalising each
+example by its own statistics, a batch of one, would measure another function, and fails
+where a feature map is 1x1, e.g. ResNet-18's last stage on 8x8 inputs.) Each example is its
+own batch of one:
 
 * on a CPU, one backward pass of plain autograd per example. It needs no tracing and no
   extra imports (``torch.func``'s first call imports ``torch._dynamo``, about 1.2 s in
@@ -32,6 +38,9 @@ Both give the same estimate (tested against each other and against a float64 ref
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -42,6 +51,54 @@ from torch.func import functional_call, grad, vmap
 from common.array_dataset import ArrayDataset
 from common.layout import ParamLayout
 from common.training import as_input, local_logits
+
+
+def _static_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    """BatchNorm modules that keep no running statistics (they normalise by the batch's)."""
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None]
+
+
+@contextmanager
+def sample_statistics(model: nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor) -> Iterator[None]:
+    """Hold every static norm at the statistics of ``inputs`` while the block runs (model in ``eval`` mode).
+
+    One forward pass over the whole sample sets each norm's (biased) per-channel mean and
+    variance of its input, layer by layer as a training step would normalise that batch; the
+    norms then use them for any single example. Restored to static norms afterwards.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The architecture, in ``eval`` mode.
+    params : dict[str, torch.Tensor]
+        The weights the statistics are computed at (as passed to ``functional_call``).
+    inputs : torch.Tensor
+        The sample, a batch in the model's input form.
+    """
+    norms = _static_norms(model)
+    if not norms:
+        yield
+        return
+
+    def capture(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        x = args[0]
+        dims = [0, *range(2, x.dim())]
+        module.running_mean = x.mean(dims).detach()
+        module.running_var = x.var(dims, unbiased=False).detach()
+
+    hooks = [m.register_forward_pre_hook(capture) for m in norms]
+    try:
+        with torch.no_grad():
+            functional_call(model, {k: v.detach() for k, v in params.items()}, (inputs,))
+    finally:
+        for h in hooks:
+            h.remove()
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.running_mean = None
+            m.running_var = None
 
 
 def example_indices(n: int, max_examples: int, seed: int) -> NDArray[np.int64]:
@@ -129,21 +186,38 @@ def per_example_fisher(
     elif vectorise and not vmap_safe:
         raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
     try:
-        if vectorise:
-            per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
-            # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
-            per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
-            for start in range(0, len(indices), per_chunk):
-                g = per_example(tensors, as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
-                for name in sums:
-                    sums[name].add_(g[name].square().sum(0))
-        else:
-            leaves = {name: t.requires_grad_(True) for name, t in tensors.items()}
-            for i in range(len(indices)):
-                grads = torch.autograd.grad(loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values()))
-                for name, g in zip(leaves, grads, strict=True):
-                    sums[name].add_(g.square())
+        with sample_statistics(model, tensors, as_input(x_all)):
+            _accumulate(model, layout, tensors, sums, x_all, y_all, loss_one, vectorise, chunk, max_chunk_mib)
     finally:
         model.train(was_training)
     n = float(len(indices))
     return layout.flatten({name: (s / n).cpu().numpy() for name, s in sums.items()}).astype(np.float32)
+
+
+def _accumulate(
+    model: nn.Module,
+    layout: ParamLayout,
+    tensors: dict[str, torch.Tensor],
+    sums: dict[str, torch.Tensor],
+    x_all: torch.Tensor,
+    y_all: torch.Tensor,
+    loss_one: Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], torch.Tensor],
+    vectorise: bool,
+    chunk: int,
+    max_chunk_mib: float,
+) -> None:
+    """Add every example's squared gradient to ``sums`` (vectorised by chunks, or one backward pass each)."""
+    if vectorise:
+        per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
+        # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
+        per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
+        for start in range(0, len(x_all), per_chunk):
+            g = per_example(tensors, as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
+            for name in sums:
+                sums[name].add_(g[name].square().sum(0))
+    else:
+        leaves = {name: t.requires_grad_(True) for name, t in tensors.items()}
+        for i in range(len(x_all)):
+            grads = torch.autograd.grad(loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values()))
+            for name, g in zip(leaves, grads, strict=True):
+                sums[name].add_(g.square())

@@ -49,14 +49,21 @@ class ParamLayout:
     ----------
     tensors : tuple[TensorSpec, ...]
         Trainable tensors in canonical (``state_dict``) order.
+    inert : frozenset[str]
+        Names of tensors that cannot learn (e.g. a bias that feeds a BatchNorm, whose gradient is always
+        zero): Fisher-ranked submodels never spend budget on them (:func:`common.inert.inert_parameters`).
     """
 
     tensors: tuple[TensorSpec, ...]
+    inert: frozenset[str] = frozenset()
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, NDArray]) -> ParamLayout:
-        """Build a layout from named arrays, keeping their order."""
-        return cls(tuple(TensorSpec(n, tuple(int(s) for s in a.shape)) for n, a in arrays.items()))
+    def from_arrays(cls, arrays: Mapping[str, NDArray], inert: frozenset[str] = frozenset()) -> ParamLayout:
+        """Build a layout from named arrays, keeping their order (``inert``: tensors that cannot learn)."""
+        unknown = inert - set(arrays)
+        if unknown:
+            raise ValueError(f"inert tensors {sorted(unknown)} are not among the arrays")
+        return cls(tuple(TensorSpec(n, tuple(int(s) for s in a.shape)) for n, a in arrays.items()), frozenset(inert))
 
     @property
     def names(self) -> list[str]:
@@ -97,6 +104,22 @@ class ParamLayout:
             if len(t.shape) < 2:
                 keep[start : start + t.size] = True
         return keep
+
+    @cached_property
+    def inert_mask(self) -> NDArray[np.bool_]:
+        """Positions of the :attr:`inert` tensors (they cannot learn)."""
+        out = np.zeros(self.size, dtype=bool)
+        for t, start in zip(self.tensors, self.offsets[:-1]):
+            if t.name in self.inert:
+                out[start : start + t.size] = True
+        return out
+
+    def count_per_tensor(self, mask: NDArray[np.bool_]) -> dict[str, int]:
+        """Positions of ``mask`` (length ``d``) in each tensor, by name."""
+        if mask.shape != (self.size,):
+            raise ValueError(f"mask has shape {mask.shape}, expected ({self.size},)")
+        bounds = self.offsets.tolist()
+        return {t.name: int(np.count_nonzero(mask[a:b])) for t, a, b in zip(self.tensors, bounds[:-1], bounds[1:])}
 
     def flatten(self, arrays: Mapping[str, NDArray]) -> NDArray[np.float32]:
         """Concatenate named arrays into one float32 vector in layout order.

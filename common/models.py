@@ -13,13 +13,16 @@ activations, so statistics averaged across widths would fit none of them;
 HeteroFL's and FedRolex's published models build their norms the same way
 (``momentum=None, track_running_stats=track`` with ``track=False`` for training).
 
-Every hidden layer is followed by a *scaler* (:class:`Scaler`, or
+Every convolution is followed by a *scaler* (:class:`Scaler`, or
 :class:`ScaledBatchNorm2d` in ResNet-18, where each scaler precedes a norm as in
 the published ResNet): in training it divides the layer's output by the width
 rate of the client's submodel, so a submodel holding a share ``r`` of a layer's
 input channels sees activations of the full model's magnitude; in evaluation it
-is the identity. The rate is 1 (a no-op) unless a width method sets it
-(:func:`set_scaler_rate`).
+is the identity. The CNNs' hidden linear layer ``fc1`` also has one, marked
+``hidden_linear``: HeteroFL's published convolutional model scales only its
+conv blocks (conv -> scaler -> norm, the norm an identity without normalisation)
+and has no hidden linear layer, so that scaler stays at rate 1 unless asked for.
+The rate is 1 (a no-op) unless a width method sets it (:func:`set_scaler_rate`).
 * ``fasttext``: a bag of hashed-token embeddings and a one-hidden-layer
   classifier (fastText-style) for AG News token ids (``common.hf_datasets``).
 * ``hf``: a pretrained Hugging Face sequence classifier loaded from ``model-path``
@@ -36,6 +39,7 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from common.inert import inert_parameters
 from common.layout import ParamLayout
 
 if TYPE_CHECKING:
@@ -51,15 +55,22 @@ class Scaler(nn.Module):
 
     HeteroFL's ``modules.Scaler`` (``input / self.rate if self.training else input``).
 
+    Parameters
+    ----------
+    hidden_linear : bool
+        It scales a hidden linear layer (no norm after it), not a convolution: :func:`set_scaler_rate`
+        leaves it at 1 unless asked to scale such layers too.
+
     Attributes
     ----------
     rate : float
         The width rate of the submodel being trained, in (0, 1] (1 = no-op).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hidden_linear: bool = False) -> None:
         super().__init__()
         self.rate = 1.0
+        self.hidden_linear = hidden_linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x / self.rate if self.training and self.rate != 1.0 else x
@@ -80,8 +91,8 @@ class ScaledBatchNorm2d(nn.BatchNorm2d):
         return super().forward(x / self.rate if self.training and self.rate != 1.0 else x)
 
 
-def set_scaler_rate(model: nn.Module, rate: float) -> int:
-    """Set the rate of every scaler of ``model``; returns how many there are.
+def set_scaler_rate(model: nn.Module, rate: float, hidden_linear: bool = False) -> int:
+    """Set the rate of the scalers of ``model``; returns how many were set to ``rate``.
 
     Parameters
     ----------
@@ -89,13 +100,19 @@ def set_scaler_rate(model: nn.Module, rate: float) -> int:
         A model of this module.
     rate : float
         Width rate of the submodel, in (0, 1].
+    hidden_linear : bool
+        Also scale the hidden linear layers (:attr:`Scaler.hidden_linear`); otherwise their scalers are
+        set to 1, as HeteroFL's published convolutional model scales only its conv blocks.
     """
     if not 0 < rate <= 1:
         raise ValueError(f"scaler rate must be in (0, 1], got {rate}")
-    scalers = [m for m in model.modules() if isinstance(m, (Scaler, ScaledBatchNorm2d))]
-    for m in scalers:
-        m.rate = float(rate)
-    return len(scalers)
+    count = 0
+    for m in model.modules():
+        if isinstance(m, (Scaler, ScaledBatchNorm2d)):
+            scaled = hidden_linear or not getattr(m, "hidden_linear", False)
+            m.rate = float(rate) if scaled else 1.0
+            count += scaled
+    return count
 
 
 def static_bn(channels: int) -> nn.BatchNorm2d:
@@ -121,7 +138,7 @@ class SmallCNN(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(4)  # 8x8 and 28x28 inputs both end as 4x4 maps
         self.fc1 = nn.Linear(64 * 4 * 4, 128)
         self.fc2 = nn.Linear(128, num_classes)
-        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler()
+        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler(hidden_linear=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.scale1(self.conv1(x)))
@@ -134,7 +151,8 @@ class SmallBNCNN(nn.Module):
     """:class:`SmallCNN` with static BatchNorm after each convolution.
 
     Each block is conv -> scaler -> norm -> ReLU, the order of HeteroFL's ``models/conv.py``; the
-    hidden linear layer has a scaler but no norm. BatchNorm weights start at 1 and biases at 0.
+    hidden linear layer has no norm, and its scaler is a ``hidden_linear`` one (rate 1 unless
+    :func:`set_scaler_rate` is asked to scale it). BatchNorm weights start at 1 and biases at 0.
 
     Parameters
     ----------
@@ -153,7 +171,7 @@ class SmallBNCNN(nn.Module):
         self.pool = nn.AdaptiveMaxPool2d(4)
         self.fc1 = nn.Linear(64 * 4 * 4, 128)
         self.fc2 = nn.Linear(128, num_classes)
-        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler()
+        self.scale1, self.scale2, self.scale3 = Scaler(), Scaler(), Scaler(hidden_linear=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn1(self.scale1(self.conv1(x))))
@@ -261,8 +279,8 @@ def trainable_arrays(model: nn.Module) -> dict[str, NDArray[np.float32]]:
 
 
 def model_layout(model: nn.Module) -> ParamLayout:
-    """Flat layout of the model's trainable parameters."""
-    return ParamLayout.from_arrays(trainable_arrays(model))
+    """Flat layout of the model's trainable parameters, with the ones that cannot learn marked inert."""
+    return ParamLayout.from_arrays(trainable_arrays(model), inert_parameters(model))
 
 
 def load_flat(model: nn.Module, layout: ParamLayout, flat: NDArray[np.float32]) -> None:

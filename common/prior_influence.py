@@ -131,6 +131,7 @@ def contested_positions(
     lo: NDArray,
     hi: NDArray,
     min_per_row: int = 1,
+    keep_vectors: bool = True,
 ) -> NDArray[np.bool_]:
     """Positions whose membership in the Fisher-ranked mask depends on one client's upload.
 
@@ -146,6 +147,8 @@ def contested_positions(
         Per-position bounds of the Fisher estimate the mask is ranked by (``lo <= hi``).
     min_per_row : int
         The selection's row guard (positions kept per output unit).
+    keep_vectors : bool
+        The selection's vector guard (1-D tensors always kept).
 
     Returns
     -------
@@ -153,7 +156,7 @@ def contested_positions(
         ``True`` where the mask may differ between two estimates inside ``[lo, hi]``;
         outside these positions every such mask agrees.
     """
-    return contested_by_level(layout, x, [gamma], lo, hi, min_per_row)[0]
+    return contested_by_level(layout, x, [gamma], lo, hi, min_per_row, keep_vectors)[0]
 
 
 def contested_by_level(
@@ -163,6 +166,7 @@ def contested_by_level(
     lo: NDArray,
     hi: NDArray,
     min_per_row: int = 1,
+    keep_vectors: bool = True,
 ) -> list[NDArray[np.bool_]]:
     """:func:`contested_positions` for several capacities at once (the same arrays, in the order of ``gammas``).
 
@@ -172,7 +176,7 @@ def contested_by_level(
 
     Parameters
     ----------
-    layout, x, lo, hi, min_per_row
+    layout, x, lo, hi, min_per_row, keep_vectors
         As for :func:`contested_positions`.
     gammas : Sequence[float]
         Capacities, each in (0, 1].
@@ -186,12 +190,14 @@ def contested_by_level(
         raise ValueError(f"lo and hi must have shape ({layout.size},)")
     if np.any(s_lo > s_hi):
         raise ValueError("lo must not exceed hi")
-    eligible = ~layout.always_kept
+    # Inert positions are in no mask below capacity 1 and take no budget (common.selection.select_mask).
+    forced = layout.always_kept & ~layout.inert_mask if keep_vectors else np.zeros(layout.size, dtype=bool)
+    eligible = ~forced & ~layout.inert_mask
     n_eligible = int(np.count_nonzero(eligible))
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
     guard = sum(t.rows * min(t.size // t.rows, max(min_per_row, 0)) for t in layout.tensors if len(t.shape) >= 2)
     # Positions chosen by score beyond always-kept and guard; at or past n_eligible - guard every one is kept.
-    needs = [budget(g, layout.size) - (layout.size - n_eligible) - guard for g in gammas]
+    needs = [budget(g, layout.size) - int(np.count_nonzero(forced)) - guard for g in gammas]
     open_needs = [need for need in needs if need < n_eligible - guard]
     if n_eligible == 0 or not open_needs:
         return [np.zeros(layout.size, dtype=bool) for _ in gammas]

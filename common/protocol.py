@@ -6,6 +6,10 @@ Server -> client (TRAIN and EVALUATE)::
                         mask    bits uint8[ceil(d/8)] | indices uint{8,16,32}[k] | elias-fano uint8 | empty
     config "submodel-config":  mask-kind, mask-digest, d, round
     config "config":           the strategy's train_config / evaluate_config, only when not empty
+    arrays "fisher-at": values float32[d-k]  TRAIN of a Fisher refresh (``fisher-estimator = "global"``):
+                        the global values outside the mask, so the node measures its Fisher at the full
+                        global model; then (and with the other estimators) the reply carries the Fisher
+                        payload, otherwise none (meta ``fisher-encoding = "none"``)
 
 A TRAIN message of round 0 is the Fisher warm-up (``fisher-warmup``): the node takes no local
 step and replies with a zero delta and its Fisher at the received weights.
@@ -63,6 +67,7 @@ from common.mask_codec import decode_mask, encode_mask, index_dtype, mask_digest
 
 SUBMODEL = "submodel"
 SUBMODEL_CONFIG = "submodel-config"
+FISHER_AT = "fisher-at"  # the global values outside the mask, sent with a Fisher refresh
 CONFIG = "config"  # Flower's name for the strategy's train_config / evaluate_config record
 UPDATE = "update"
 METRICS = "metrics"

@@ -5,16 +5,18 @@ FedFIbOS keeps the ``k = ceil(gamma * d)`` positions with the largest
 minimises the masking surrogate ``eps(S) = sum_{j not in S} F_j^2 x_j^2`` over all
 ``|S| = k``. FIARSE-style magnitude selection keeps the largest ``|x_j|``.
 
-Guards (documented in README, "Selection guards"):
+Guards (documented in README, "Selection guards"), each optional:
 
-* 1-D tensors (biases, normalisation scales) are always kept: they are a tiny
-  share of ``d`` and a unit without its bias shifts every activation.
+* ``keep_vectors``: 1-D tensors (biases, normalisation scales) are always kept.
 * every output unit (row of a >=2-D tensor) keeps at least ``min_per_row`` of its
   highest-scoring weights, so no unit or layer is emptied.
 * forced positions count toward the budget; when they alone exceed ``k`` the
   mask is exactly the forced set (the budget is then exceeded, and the reported
   density shows it).
 * ties are broken by the lower flat index, so selection is deterministic.
+
+Positions of tensors that cannot learn (``layout.inert``: a bias feeding a BatchNorm) never take
+budget: below capacity 1 they are outside every mask.
 """
 
 from __future__ import annotations
@@ -200,6 +202,7 @@ def select_mask(
     rule: Rule,
     fisher: NDArray | None = None,
     min_per_row: int = 1,
+    keep_vectors: bool = True,
 ) -> NDArray[np.bool_]:
     """Flat submodel mask for one client.
 
@@ -220,6 +223,8 @@ def select_mask(
         Diagonal Fisher estimate for this client, flat, length ``d``.
     min_per_row : int
         Guard: positions kept per output unit (0 disables the guard).
+    keep_vectors : bool
+        Guard: every 1-D tensor that can learn is kept (``False``: they rank like any other position).
 
     Returns
     -------
@@ -243,8 +248,16 @@ def select_mask(
     # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
     scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
     forced = row_guard(scores, layout, min_per_row)
-    forced |= layout.always_kept
-    return topk_mask(scores, k, forced)
+    if keep_vectors:
+        forced |= layout.always_kept
+    inert = layout.inert_mask
+    if not inert.any():
+        return topk_mask(scores, k, forced)
+    live = np.flatnonzero(~inert)
+    forced &= ~inert
+    mask = np.zeros(layout.size, dtype=bool)
+    mask[live] = topk_mask(scores[live], min(k, live.size), forced[live])
+    return mask
 
 
 def select_submodel(

@@ -1,4 +1,4 @@
-"""FIARSE's threshold masks: one magnitude threshold per submodel, a straight-through surrogate gradient.
+"""FIARSE's threshold masks: one magnitude threshold per submodel, the mask re-evaluated at every step.
 
 A client of capacity ``gamma`` holds every position ``j`` of a *gated* tensor (the weights and
 biases of convolutions, linear layers and embeddings) with ``|x_j| >= theta``, where ``theta`` is
@@ -8,13 +8,21 @@ normalisation layers are never gated and are held in full (:func:`threshold_for`
 
 During local training the mask is not frozen: every forward pass uses
 ``w * 1[|w| >= theta]`` with the round's ``theta``, so a held weight that shrinks below the
-threshold leaves the submodel inside the round. The indicator's gradient is replaced by the
-surrogate ``d 1[s >= theta] / ds = 2 theta / (s + theta)^2`` on the positions above the threshold
-(zero elsewhere), with ``s = |w|`` (:class:`ThresholdIndicator`), so the gradient that reaches a
-held weight is ``1 + 2 theta |w| / (|w| + theta)^2`` times the gradient of the effective weight
-(:func:`surrogate_factor`): weights near the threshold are pushed harder. Positions below the
-threshold get no gradient at all, so the submodel can only shrink within a round; the server's
-next threshold decides what re-enters.
+threshold leaves the submodel inside the round (:class:`ThresholdGate`). Two readings of the
+indicator's gradient:
+
+* **the published code's** (the default): the indicator is a constant, so a held weight gets the
+  plain masked gradient ``1[|w| >= theta] * g``. The published ``Bern`` function returns the bool
+  tensor ``scores >= threshold``; autograd marks a bool output as not differentiable, so its custom
+  backward is never called and only the product ``w * mask`` carries a gradient;
+* **the paper's text** (``surrogate=True``): the indicator's gradient is replaced by the surrogate
+  ``d 1[s >= theta] / ds = 2 theta / (s + theta)^2`` on the positions above the threshold (zero
+  elsewhere), with ``s = |w|`` (:class:`ThresholdIndicator`), so the gradient that reaches a held
+  weight is ``1 + 2 theta |w| / (|w| + theta)^2`` times the gradient of the effective weight
+  (:func:`surrogate_factor`): weights near the threshold are pushed harder.
+
+Either way, positions below the threshold get no gradient at all, so the submodel can only shrink
+within a round; the server's next threshold decides what re-enters.
 """
 
 from __future__ import annotations
@@ -134,7 +142,11 @@ def received_threshold(values: NDArray, gated: NDArray[np.bool_], mask: NDArray[
 
 
 class ThresholdIndicator(torch.autograd.Function):
-    """``1[s >= theta]`` forward; backward ``grad * 2 theta / (s + theta)^2`` where ``s >= theta``, else 0."""
+    """``1[s >= theta]`` forward; backward ``grad * 2 theta / (s + theta)^2`` where ``s >= theta``, else 0.
+
+    The paper's surrogate. Unlike the published ``Bern``, the forward returns the indicator as a float
+    tensor, so autograd does call this backward.
+    """
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -171,11 +183,12 @@ class ThresholdGate(nn.Module):
     theta : float
         The round's threshold (absolute weight value).
     surrogate : bool
-        Backpropagate through the indicator with :class:`ThresholdIndicator`'s surrogate; ``False``
-        treats the indicator as a constant (the gradient is the effective weight's, on held positions).
+        Backpropagate through the indicator with :class:`ThresholdIndicator`'s surrogate (the paper's
+        text); ``False`` (the published code) treats the indicator as a constant, so a held position
+        gets the effective weight's gradient and the others none.
     """
 
-    def __init__(self, theta: float, surrogate: bool = True) -> None:
+    def __init__(self, theta: float, surrogate: bool = False) -> None:
         super().__init__()
         self.register_buffer("theta", torch.tensor(float(theta)))
         self.surrogate = surrogate
@@ -189,9 +202,22 @@ class ThresholdGate(nn.Module):
 
 
 def attach_threshold_gates(
-    model: nn.Module, names: Iterable[str], theta: float, surrogate: bool = True
+    model: nn.Module, names: Iterable[str], theta: float, surrogate: bool = False
 ) -> list[tuple[nn.Module, str]]:
-    """Gate every parameter in ``names`` with a :class:`ThresholdGate`; returns the gated ``(module, name)`` pairs."""
+    """Gate every parameter in ``names`` with a :class:`ThresholdGate`; returns the gated ``(module, name)`` pairs.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model whose parameters are gated (in place).
+    names : Iterable[str]
+        Full names of the parameters to gate (:func:`gated_names`).
+    theta : float
+        The round's threshold.
+    surrogate : bool
+        Train through the indicator's surrogate gradient (the paper's text) instead of the plain masked
+        gradient (the published code, the default); see :class:`ThresholdGate`.
+    """
     modules = dict(model.named_modules())
     gated = []
     for full in sorted(names):

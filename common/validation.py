@@ -44,6 +44,8 @@ class SentSubmodel:
         Digest of the encoded mask sent.
     max_examples : int
         Training examples the node reported at discovery (upper bound of a sane count).
+    fisher : bool
+        Whether the node was asked for its Fisher this round (if not, its reply carries none).
     """
 
     node_id: int
@@ -51,6 +53,7 @@ class SentSubmodel:
     mask: NDArray[np.bool_]
     digest: str
     max_examples: int
+    fisher: bool = True
 
 
 @dataclass(frozen=True)

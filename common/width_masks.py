@@ -4,8 +4,9 @@ Both keep, in every hidden layer, ``ceil(r * c)`` of its ``c`` output channels
 (``r`` = the client's capacity), and the matching input columns of the next
 layer; the image input channels and the classifier's outputs are always kept.
 HeteroFL always keeps the first channels; FedRolex rolls the window by one
-channel per round (``start = round mod c``), so over rounds every channel is
-trained by small clients too.
+channel per round (as published, ``start = -(round - 1) mod c``: the first
+round keeps the first channels, then the window moves down), so over rounds
+every channel is trained by small clients too.
 
 A width ratio ``r`` keeps about ``r^2`` of a hidden layer's weights. To compare
 methods at the same parameter budget (as FIARSE's evaluation does), a client of
@@ -143,7 +144,19 @@ def width_mask(
 ) -> NDArray[np.bool_]:
     """Flat mask of a width-``ratio`` submodel whose channel windows start at ``roll mod c``.
 
-    ``roll = 0`` is HeteroFL's static slice; ``roll = round`` is FedRolex.
+    ``roll = 0`` is HeteroFL's static slice; FedRolex's published window of round ``t`` (from 0) is
+    ``roll = -t`` (:meth:`common.methods.fedrolex.FedRolex.roll`).
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        Flat layout of the full model.
+    graph : Mapping[str, TensorChannels]
+        Channel graph of the model.
+    ratio : float
+        Width ratio in (0, 1]: every group keeps ``ceil(ratio * c)`` channels.
+    roll : int
+        Start of every group's window, taken modulo the group's ``c`` (may be negative).
     """
     sizes = group_sizes(layout, graph)
     keep = {g: np.zeros(n, dtype=bool) for g, n in sizes.items()}

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 from common import protocol as P
 from common.config import RunConfig
 from common.layout import ParamLayout
+from common.mask_stability import MaskHistory, per_capacity_means
 from common.methods import create_method
 from common.methods.base import Accepted, Method
 from common.participation import sample_clients
@@ -71,6 +72,12 @@ class ClientRound:
     num_examples: int | None = None
     capacity_source: str = "node-config"
     client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
+    fisher_asked: bool = False  # the message asked for the node's Fisher
+    fisher_at_bytes: int = 0  # bytes of the global values outside the mask sent for a Fisher refresh
+    mask_overlap: float | None = None  # Jaccard overlap with this client's previous TRAIN mask (None: first)
+    layer_positions: dict[str, int] | None = None  # held positions per tensor (TRAIN messages)
+    submodel_accuracy: float | None = None  # the round's global model on this client's mask, server test set
+    submodel_loss: float | None = None
 
 
 def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
@@ -115,6 +122,7 @@ class SubmodelStrategy(Strategy):
         self.clients: dict[int, ClientRound] = {}
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.first_round = 1  # > 1 when resuming from a checkpoint
+        self.mask_history = MaskHistory(layout.size)
 
     # ------------------------------------------------------------------ helpers
     def summary(self) -> None:
@@ -197,10 +205,15 @@ class SubmodelStrategy(Strategy):
         mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
         download = self.method.encode(self.x, mask)
         records = {name: array_record(arrays) for name, arrays in download.records.items()}
+        request = None
+        if message_type == MessageType.TRAIN:
+            request = self.method.fisher_request(prof.key, server_round, self.x, mask)
+        if request is not None and request.arrays:
+            records[P.FISHER_AT] = array_record(request.arrays)
         round_config = ConfigRecord(
             {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
         )
-        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train)
+        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train, request is not None)
         k = int(mask.sum())
         info = ClientRound(
             node_id=node_id,
@@ -215,7 +228,12 @@ class SubmodelStrategy(Strategy):
             mask_bytes=download.mask_bytes,
             mask_kind=download.kind,
             capacity_source=prof.capacity_source,
+            fisher_asked=request is not None,
+            fisher_at_bytes=records[P.FISHER_AT].count_bytes() if P.FISHER_AT in records else 0,
         )
+        if message_type == MessageType.TRAIN:
+            info.mask_overlap = self.mask_history.observe(prof.key, mask)
+            info.layer_positions = self.layout.count_per_tensor(mask)
         content = RecordDict({**records, P.SUBMODEL_CONFIG: round_config})
         if config:
             content[P.CONFIG] = config
@@ -441,7 +459,43 @@ class SubmodelStrategy(Strategy):
                 "density": float(mask.mean()),
                 "source": source,
             }
-        return {"accuracy": full["accuracy"], "loss": full["loss"], "per_capacity": levels}
+        trained = self.evaluate_trained(server_round, full) if server_round > 0 else {}
+        return {
+            "accuracy": full["accuracy"],
+            "loss": full["loss"],
+            "per_capacity": levels,
+            "trained_per_capacity": trained,
+        }
+
+    def evaluate_trained(self, server_round: int, full: Mapping[str, float]) -> dict[str, dict[str, float]]:
+        """The round's model on each trained client's own mask, into its entry; the mean per capacity level.
+
+        Clients sent the same mask (a width slice, a held level) are evaluated once; a full mask is the full model.
+        """
+        assert self.evaluate_fn is not None
+        seen: dict[str, tuple[float, float]] = {}
+        for node_id, info in self.clients.items():
+            sent = self.sent.get(node_id)
+            if sent is None:
+                continue
+            if sent.digest not in seen:
+                if sent.mask.all():
+                    seen[sent.digest] = (float(full["accuracy"]), float(full["loss"]))
+                else:
+                    sub = self.evaluate_fn(
+                        server_round, self.to_arrays(np.where(sent.mask, self.x, 0).astype(np.float32))
+                    )
+                    if sub is None:
+                        continue
+                    seen[sent.digest] = (float(sub["accuracy"]), float(sub["loss"]))
+            info.submodel_accuracy, info.submodel_loss = seen[sent.digest]
+        return per_capacity_means(
+            [
+                (c.capacity, c.submodel_accuracy, c.submodel_loss)
+                for c in self.clients.values()
+                if c.submodel_accuracy is not None
+            ]
+        )
 
     def prior_influence(self) -> dict[str, float] | None:
         """Certified share of a prior-ranked mask one client could flip, per capacity level (method's own)."""
@@ -498,7 +552,7 @@ class SubmodelStrategy(Strategy):
         self.join_nodes(grid, timeout)
         self.x = self._flat(initial_arrays)
         warmup = None
-        if self.first_round == 1 and self.cfg.fisher_warmup:
+        if self.first_round == 1 and self.cfg.warms_up:
             warmup = self.fisher_warmup(grid, timeout)
             log(
                 INFO,

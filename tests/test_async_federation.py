@@ -22,6 +22,7 @@ def federation(tmp_path_factory):
         {
             "method": "fedgmr",
             "gmr-mode": "async",
+            "gmr-schedule": "linear",  # a fixed schedule, so the masks grow within these few updates
             "gmr-restore-rounds": 2,
             "gmr-capacity-kind": "memory",  # capacities are hard caps here, checked below
             "num-rounds": ROUNDS,

@@ -9,7 +9,16 @@ import math
 
 import pytest
 
-from server.tools.benchmark import LAST_ROUNDS, Partition, main, run_row, settings_differ, summarise
+from server.tools.benchmark import (
+    LAST_ROUNDS,
+    MethodSpec,
+    Partition,
+    default_methods,
+    main,
+    run_row,
+    settings_differ,
+    summarise,
+)
 
 
 def test_partition_specs():
@@ -190,3 +199,67 @@ def test_default_methods_leave_out_those_the_data_does_not_fit_and_named_ones_fa
     assert "lora left out on digits: method='lora' adapts a pretrained model" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="method='lora' adapts a pretrained model"):
         main([*plan_only, "--methods", "lora", "--out", str(tmp_path / "b")])
+
+
+def test_a_method_spec_carries_its_own_keys_and_refuses_what_a_flag_sets():
+    spec = MethodSpec.parse("fedfibos+fisher-every=1+fisher-estimator=received")
+    assert (spec.name, spec.overrides) == ("fedfibos", {"fisher-every": 1, "fisher-estimator": "received"})
+    assert spec.label == "fedfibos+fisher-every=1+fisher-estimator=received"
+    assert MethodSpec.parse("fedavg").overrides == {}
+    for bad in ("+lr=1", "fedfibos+lr", "fedfibos+seed=3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            MethodSpec.parse(bad)
+    methods = default_methods()
+    assert methods.index("fedgmr+gmr-capacity-kind=memory") == methods.index("fedgmr") + 1  # FedGMR both ways
+
+
+def test_a_variant_runs_as_a_row_of_its_own_with_its_keys(tmp_path, monkeypatch):
+    import server.tools.benchmark as bench
+
+    seen = []
+
+    def fake(capacities, folder, cfg, **kwargs):
+        seen.append(cfg)
+        raise RuntimeError("not run")
+
+    monkeypatch.setattr(bench, "run_local_federation", fake)
+    args = ["--methods", "fedfibos,fedfibos+fisher-every=1", "--datasets", "digits", "--partitions", "iid"]
+    main(args + ["--seeds", "0", "--out", str(tmp_path)])
+    assert [c.get("fisher-every") for c in seen] == [None, 1]
+    assert json.loads((tmp_path / "plan.json").read_text())[1].endswith("-fedfibos+fisher-every=1")
+
+
+def test_row_gives_trained_submodels_overlap_and_whether_clients_stayed_within_capacity():
+    run = {"method": "fedfibos", "dataset": "digits", "partitioner": "iid", "seed": 0, "upload_encoding": "ranked"}
+
+    def client(capacity, density, overlap):
+        return {"capacity": capacity, "density": density, "mask_overlap": overlap, "status": "ok"}
+
+    base = {"bytes_down": 1, "bytes_up": 1, "train_seconds": 0.1, "fisher_seconds": 0.0}
+    trained = {"1": {"accuracy": 0.9}, "0.25": {"accuracy": 0.6}}
+    rounds = [{"round": 0, "global": {"accuracy": 0.1}, "clients": [], "server_seconds": 0.0}]
+    rounds += [
+        {
+            "round": 1,
+            "global": {"accuracy": 0.5, "trained_per_capacity": {"1": {"accuracy": 0.5}}},
+            "clients": [base | client(1.0, 1.0, None), base | client(0.25, 0.25, None)],
+            "server_seconds": 0.0,
+        },
+        {
+            "round": 2,
+            "global": {"accuracy": 0.9, "per_capacity": {"0.25": {"accuracy": 0.4}}, "trained_per_capacity": trained},
+            "clients": [base | client(1.0, 1.0, 1.0), base | client(0.25, 0.26, 0.5)],
+            "server_seconds": 0.0,
+        },
+        {"round": 3, "global": {"accuracy": 0.8}, "clients": [base | client(0.25, 0.25, 1.0)], "server_seconds": 0.0},
+    ]
+    row = run_row({"run": run, "rounds": rounds}, 1.0, label="fedfibos+fisher-every=1")
+    assert row["method"] == "fedfibos+fisher-every=1"
+    assert row["trained_cap_0.25"] == 0.6  # the last round that evaluated the clients' submodels
+    assert row["overlap_cap_0.25"] == pytest.approx(0.75) and row["overlap_cap_1"] == 1.0
+    assert row["within_capacity"] is True
+    rounds[-1]["clients"].append(base | client(0.25, 1.0, None))  # a client grown to the full model
+    assert run_row({"run": run, "rounds": rounds}, 1.0)["within_capacity"] is False
+    table = summarise([row | {"local_acc": 0.5, "client_train_s": 0.1, "client_fisher_s": 0.0}])
+    assert "trained @0.25" in table and "overlap @0.25" in table and "@1 " not in table
+    assert "| yes |" in table

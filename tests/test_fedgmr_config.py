@@ -47,7 +47,13 @@ def test_clients_upload_fisher_only_when_a_rule_reads_it():
         ("gmr-restore-rounds", 0),
         ("gmr-restore-rounds", 2.5),
         ("gmr-step-factor", 1.0),
-        ("gmr-selection", "magnitude"),
+        ("gmr-selection", "topk"),
+        ("gmr-schedule", "early"),
+        ("gmr-patience", 0),
+        ("gmr-patience", 2.5),
+        ("gmr-restore-step", "double"),
+        ("gmr-min-density", -0.1),
+        ("gmr-min-density", 1.5),
         ("gmr-mode", "semi"),
         ("gmr-staleness-exponent", -0.5),
         ("gmr-max-staleness", -1),
@@ -96,7 +102,8 @@ def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
-    method = create_method(parse_run_config({"method": "fedgmr", "gmr-restore-rounds": 4}))
+    run = {"method": "fedgmr", "gmr-schedule": "linear", "gmr-selection": "random", "gmr-start": 0.25}
+    method = create_method(parse_run_config({**run, "gmr-restore-rounds": 4}))
     method.start_server(layout)
     method.node_joined("mem", {"capacity-kind": "memory"})
     method.node_joined("bw", {"capacity-kind": "bandwidth"})

@@ -23,7 +23,22 @@ def _brute_force(model, layout, params, mask, data, indices, present) -> np.ndar
     """Square of each example's gradient of the effective tensors, one backward pass each, averaged."""
     load_flat(model, layout, np.where(mask, params, 0).astype(np.float32))
     attach_masks(model, layout, mask)
-    model.eval() if any(isinstance(m, nn.BatchNorm2d) for m in model.modules()) else model.train()
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    if norms:
+        # A training step's batch statistics over the whole sample, then held fixed for each example.
+        seen = {}
+        hooks = [m.register_forward_pre_hook(lambda m, a: seen.__setitem__(m, a[0].detach())) for m in norms]
+        model.train()
+        with torch.no_grad():
+            model(torch.from_numpy(data.x[indices]).float() / 255.0)
+        for h in hooks:
+            h.remove()
+        for m in norms:
+            m.running_mean = seen[m].mean((0, 2, 3))
+            m.running_var = seen[m].var((0, 2, 3), unbiased=False)
+        model.eval()
+    else:
+        model.train()
     total = np.zeros(layout.size)
     for i in indices:
         xi = torch.from_numpy(data.x[i : i + 1]).float() / 255.0
@@ -81,6 +96,23 @@ def test_a_batch_norm_model_is_estimated_per_example_in_eval_mode(name, channels
     want = _brute_force(build_model(name, 10, channels, seed=0), layout, params, mask, data, indices, None)
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
     assert model.training  # the caller's mode is restored
+    assert all(m.running_mean is None for m in model.modules() if isinstance(m, nn.BatchNorm2d))  # static again
+
+
+def test_a_one_by_one_feature_map_does_not_need_a_batch_of_one():
+    """ResNet-18 on 8x8 inputs ends in 1x1 maps: an example normalised by its own statistics fails there."""
+    model = build_model("resnet18", 10, 1, seed=0)
+    layout = model_layout(model)
+    params = layout.flatten(trainable_arrays(model))
+    data = _data(4, 1, 8, 10, seed=2)
+    mask = np.ones(layout.size, dtype=bool)
+    got = per_example_fisher(model, layout, params, mask, data, np.arange(4), None, torch.device("cpu"))
+    assert np.isfinite(got).all() and got.max() > 0
+    # Each example's share depends on that example only (and the fixed statistics): one chunk or four agree.
+    again = per_example_fisher(
+        model, layout, params, mask, data, np.arange(4), None, torch.device("cpu"), 1, 512.0, True
+    )
+    np.testing.assert_allclose(got, again, rtol=1e-3, atol=1e-9)
 
 
 def test_a_transformer_is_estimated_one_example_at_a_time(tmp_path):
@@ -144,8 +176,8 @@ def test_round_zero_of_the_warm_up_takes_no_local_step():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"fisher-warmup": True, "fisher-estimator": "path"}, "fisher-estimator='received'"),
-        ({"fisher-warmup": True, "fisher-estimator": "received", "method": "fedavg"}, "does not rank by Fisher"),
+        ({"fisher-every": 0}, "fisher-every"),
+        ({"fisher-ema": 1.0}, "fisher-ema"),
         ({"fisher-estimator": "exact"}, "fisher-estimator"),
         ({"fisher-examples": -1}, "fisher-examples"),
     ],

@@ -65,7 +65,8 @@ def test_federation_of_a_pretrained_transformer(text_setup, method, tmp_path, mo
             small = min(rec["clients"], key=lambda c: c["capacity"])
             assert small["selected"] < layout.size  # a real submodel of the transformer
     if method == "fedfibos":
-        assert records[2]["clients"][0]["mask_source"] == "client"  # round 2 is ranked by the uploaded Fisher
+        # every round is ranked by the uploaded Fisher (``held``: the mask that same estimate gave before)
+        assert {c["mask_source"] for r in records[1:] for c in r["clients"] if c["capacity"] < 1} <= {"client", "held"}
     assert not np.array_equal(fed.strategy.x, fed.x0)
     assert np.all(np.isfinite(fed.strategy.x))
     assert sorted(result.evaluate_metrics_serverapp) == list(range(1, rounds + 1))

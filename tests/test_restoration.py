@@ -179,7 +179,14 @@ def test_sync_strategy_masks_grow_with_rounds(kind):
     from server.strategy import NodeProfile, SubmodelStrategy
 
     layout = _layout()
-    options = {"gmr-restore-rounds": 3, "gmr-start": 0.5, "gmr-capacity-kind": kind}
+    # the paper's text: a linear schedule and random restoration (the defaults are the published code's)
+    options = {
+        "gmr-schedule": "linear",
+        "gmr-selection": "random",
+        "gmr-restore-rounds": 3,
+        "gmr-start": 0.5,
+        "gmr-capacity-kind": kind,
+    }
     cfg = parse_run_config({"method": "fedgmr", **options})
     strategy = SubmodelStrategy(cfg, layout)
     strategy.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}

@@ -60,7 +60,9 @@ def test_run_finishes_and_learns(federation):
     assert all(r["replies"] == len(CAPACITIES) for r in rounds[1:])
     assert rounds[-1]["local"]["accuracy"] > 0.4
     assert set(rounds[-1]["global"]["per_capacity"]) == {f"{c:g}" for c in CAPACITIES}
-    assert sum("[round" in line for line in lines) == ROUNDS + 1  # one progress line per round
+    progress = [line for line in lines if "[round" in line and "global acc" in line]
+    assert len(progress) == ROUNDS + 1  # one progress line per round
+    assert any("[round 0/" in line and "Fisher warm-up" in line for line in lines)  # the default warm-up
 
 
 def test_download_bytes_follow_capacity_and_submodel_size(federation):

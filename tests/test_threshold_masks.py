@@ -1,10 +1,11 @@
-"""FIARSE's elements: threshold mask, surrogate gradient, in-round re-masking, non-zero-count aggregation."""
+"""FIARSE's elements: threshold mask, masked or surrogate gradient, in-round re-masking, non-zero-count aggregation."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -61,7 +62,7 @@ def test_gate_gradient_matches_closed_form(values, theta):
     """Autograd through ``w * 1[|w| >= theta]`` equals ``1[|w|>=theta] (1 + 2 theta |w| / (|w| + theta)^2)``."""
     w = torch.tensor(values, dtype=torch.float64, requires_grad=True)
     upstream = torch.linspace(-1, 1, w.numel(), dtype=torch.float64)
-    (ThresholdGate(theta)(w) * upstream).sum().backward()
+    (ThresholdGate(theta, surrogate=True)(w) * upstream).sum().backward()
     expected = upstream.numpy() * surrogate_factor(np.array(values), float(np.float32(theta)))
     np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-6, atol=1e-12)
 
@@ -70,6 +71,77 @@ def test_gate_without_surrogate_passes_the_effective_gradient_on_held_positions(
     w = torch.tensor([0.05, -0.2, 0.5], requires_grad=True)
     (ThresholdGate(0.1, surrogate=False)(w) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert w.grad.tolist() == [0.0, 2.0, 3.0]
+
+
+class _PublishedBern(torch.autograd.Function):
+    """FIARSE's ``model_utils.Bern`` as published: the forward returns a bool tensor; ``calls`` counts backwards."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, scores, threshold):
+        ctx.save_for_backward(scores, threshold)
+        return scores >= threshold
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        _PublishedBern.calls += 1
+        scores, threshold = ctx.saved_tensors
+        grad = torch.nan_to_num(2 * threshold / torch.pow(scores + threshold, 2), nan=0.0, posinf=0.0, neginf=0.0)
+        return grad_output * grad * (scores >= threshold), None
+
+
+def _published_masked_linear(x, weight, bias, threshold):
+    """FIARSE's ``MaskedLinear.forward`` with ``bern=True`` (the training path)."""
+    weight_mask = _PublishedBern.apply(torch.abs(weight), threshold)
+    bias_mask = _PublishedBern.apply(torch.abs(bias), threshold)
+    return F.linear(x, weight * weight_mask, bias * bias_mask)
+
+
+def test_default_gradient_is_the_published_codes_plain_masked_gradient():
+    """The published ``Bern`` is never differentiated; the default gate gives its gradient, ``1[|w| >= theta] g``."""
+    torch.manual_seed(0)
+    x, target = torch.randn(16, 6), torch.randn(16, 4)
+    w0, b0 = torch.randn(4, 6), torch.randn(4)
+    theta = torch.tensor(0.6)
+
+    w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+    _PublishedBern.calls = 0
+    F.mse_loss(_published_masked_linear(x, w, b, theta), target).backward()
+    assert _PublishedBern.calls == 0  # a bool output is not differentiable: autograd never calls backward
+    held_w, held_b = w0.abs() >= theta, b0.abs() >= theta
+    assert held_w.any() and (~held_w).any() and held_b.any() and (~held_b).any()
+
+    # The plain masked gradient: the gradient of the effective weight, on the held positions only.
+    eff_w, eff_b = (w0 * held_w).requires_grad_(), (b0 * held_b).requires_grad_()
+    F.mse_loss(F.linear(x, eff_w, eff_b), target).backward()
+    torch.testing.assert_close(w.grad, eff_w.grad * held_w, rtol=0, atol=0)
+    torch.testing.assert_close(b.grad, eff_b.grad * held_b, rtol=0, atol=0)
+
+    # This product's default (``fiarse-surrogate``), through the gates the client attaches.
+    surrogate = create_method(parse_run_config({"method": "fiarse"})).opts.surrogate
+    lin = nn.Linear(6, 4)
+    with torch.no_grad():
+        lin.weight.copy_(w0)
+        lin.bias.copy_(b0)
+    gates = attach_threshold_gates(lin, ["weight", "bias"], float(theta), surrogate)
+    F.mse_loss(lin(x), target).backward()
+    grads = (lin.parametrizations.weight.original.grad, lin.parametrizations.bias.original.grad)
+    detach_threshold_gates(gates)
+    torch.testing.assert_close(grads[0], w.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grads[1], b.grad, rtol=1e-6, atol=1e-7)
+
+    # The paper's surrogate (``fiarse-surrogate = true``) is what a float-valued indicator would give instead.
+    on = create_method(parse_run_config({"method": "fiarse", "fiarse-surrogate": True})).opts.surrogate
+    lin_s = nn.Linear(6, 4)
+    with torch.no_grad():
+        lin_s.weight.copy_(w0)
+        lin_s.bias.copy_(b0)
+    attach_threshold_gates(lin_s, ["weight", "bias"], float(theta), on)
+    F.mse_loss(lin_s(x), target).backward()
+    expected = eff_w.grad.numpy() * surrogate_factor(w0.numpy(), float(theta))
+    np.testing.assert_allclose(lin_s.parametrizations.weight.original.grad.numpy(), expected, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(lin_s.parametrizations.weight.original.grad, w.grad)
 
 
 def test_gated_names_skip_normalisation_layers():
@@ -116,7 +188,7 @@ def test_mask_changes_inside_the_round():
     lin = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         lin.weight.copy_(torch.tensor([[1.0, 0.3]]))
-    gates = attach_threshold_gates(lin, ["weight"], theta=0.25)
+    gates = attach_threshold_gates(lin, ["weight"], theta=0.25, surrogate=True)
     opt = torch.optim.SGD(lin.parameters(), lr=0.1)
     x = torch.tensor([[1.0, 1.0]])
     trace = []

@@ -25,7 +25,8 @@ from common.label_split import (
 )
 from common.layout import ParamLayout, TensorSpec
 from common.methods import create_method
-from common.methods.base import Received
+from common.methods.base import Accepted, Received
+from common.methods.fedrolex import count_weighted_positions
 from common.methods.heterofl import HeteroFL
 from common.models import (
     ScaledBatchNorm2d,
@@ -38,7 +39,8 @@ from common.models import (
 )
 from common.structured_models import build_structured_model
 from common.training import TrainConfig, round_train_config, train_masked
-from common.validation import ReplyError, SentSubmodel
+from common.update_means import update_count_mean_step
+from common.validation import ReplyError, SentSubmodel, TrainReply
 from common.width_masks import channel_graph, held_width, width_mask, width_ratio
 
 CPU = torch.device("cpu")
@@ -69,13 +71,43 @@ def test_scaled_batchnorm_is_norm_of_scaled_input(rate):
     assert torch.equal(bn.eval()(x), ref.eval()(x))
 
 
-@pytest.mark.parametrize("name,scalers", [("cnn-bn", 3), ("cnn", 3), ("resnet18", 20)])
-def test_every_hidden_layer_has_a_scaler(name, scalers):
+@pytest.mark.parametrize("name,convs,linear", [("cnn-bn", 2, 1), ("cnn", 2, 1), ("resnet18", 20, 0)])
+def test_every_convolution_has_a_scaler_and_the_hidden_linear_one_is_optional(name, convs, linear):
     model = build_model(name, 10, 3 if name == "resnet18" else 1, 0)
-    assert set_scaler_rate(model, 0.25) == scalers  # ResNet-18: one before each of its 20 norms
-    assert all(m.rate == 0.25 for m in model.modules() if isinstance(m, (Scaler, ScaledBatchNorm2d)))
+    scalers = [m for m in model.modules() if isinstance(m, (Scaler, ScaledBatchNorm2d))]
+    assert set_scaler_rate(model, 0.25) == convs  # ResNet-18: one before each of its 20 norms
+    assert sorted(m.rate for m in scalers) == [0.25] * convs + [1.0] * linear
+    assert set_scaler_rate(model, 0.25, hidden_linear=True) == convs + linear
+    assert all(m.rate == 0.25 for m in scalers)
     with pytest.raises(ValueError, match="rate"):
         set_scaler_rate(model, 0.0)
+
+
+@pytest.mark.parametrize("model_name", ["cnn-bn", "cnn"])
+def test_hidden_linear_output_is_not_divided_by_the_rate_unless_asked(model_name, monkeypatch):
+    """The published conv model scales its conv blocks only: by default ``fc1`` (no norm after it) is unscaled."""
+    import common.methods.heterofl as heterofl
+
+    real = heterofl.train_masked
+    models = []
+
+    def spy(model, *args, **kwargs):
+        models.append(model)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(heterofl, "train_masked", spy)
+    for scaler_linear, fc1_rate in ((False, 1.0), (True, 0.25)):
+        key = "heterofl-scaler-linear"
+        r = _round(parse_run_config({"method": "heterofl", "model": model_name, key: scaler_linear}), 1 / 16)
+        r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
+        model, seen = models.pop(), {}
+        for name in ("conv1", "scale1", "fc1"):
+            getattr(model, name).register_forward_hook(lambda m, i, o, name=name, seen=seen: seen.setdefault(name, o))
+        model.fc2.register_forward_pre_hook(lambda m, i, seen=seen: seen.setdefault("fc2-in", i[0]))
+        with torch.no_grad():
+            model.train()(torch.rand(8, 1, 8, 8))
+        assert torch.allclose(seen["scale1"], seen["conv1"] / 0.25)  # conv blocks: divided by the rate
+        assert torch.allclose(seen["fc2-in"], torch.relu(seen["fc1"] / fc1_rate))
 
 
 def test_scaler_leaves_an_unscaled_model_bit_identical():
@@ -123,7 +155,7 @@ def test_heterofl_client_trains_with_the_scaler_and_evaluates_without(monkeypatc
 
     monkeypatch.setattr(heterofl, "train_masked", spy)
     r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
-    assert seen == [[0.25]]
+    assert seen == [[0.25, 1.0]]  # the convolutions' scalers; the hidden linear layer's stays at 1
     evaluated = r.method.client_model(r.received, r.data)
     assert {m.rate for m in evaluated.modules() if isinstance(m, Scaler)} == {1.0}
 
@@ -268,6 +300,116 @@ def test_class_flags_are_checked():
             check_class_flags(bad, 3)
 
 
+# ------------------------------------------------------- FedRolex aggregation
+def _published_combine(layout, x, clients, tmp_counts):
+    """FedRolex's ``ResnetServerRoll.combine`` with ``--weighting avg``, restated over a flat layout.
+
+    ``clients``: ``(held, local)`` in the order the server adds them: the flat positions taken from the client
+    (classifier rows cut to its classes) and its trained parameters, full shape. ``tmp_counts``: the server's
+    per-tensor counts. Returns the new flat parameters and counts.
+    """
+    classifier, _ = output_layer(layout)
+    new = {k: v.astype(np.float64) for k, v in layout.unflatten(x).items()}
+    cpy = {k: v.copy() for k, v in tmp_counts.items()}  # tmp_counts_cpy = copy.deepcopy(self.tmp_counts)
+    counts = tmp_counts  # self.tmp_counts
+    for k, v in layout.unflatten(x).items():
+        tmp_v, count = np.zeros(v.shape), np.zeros(v.shape)
+        for held, local in clients:
+            h, lv = layout.unflatten(held)[k], layout.unflatten(local)[k].astype(np.float64)
+            K = np.ones(v.shape) if v.ndim > 1 and k != classifier else counts[k]  # avg: K = 1 on hidden weights
+            tmp_v[h] += K[h] * lv[h]
+            count[h] += K[h]
+            cpy[k][h] += 1
+        new[k][count > 0] = tmp_v[count > 0] / count[count > 0]
+        counts = cpy  # self.tmp_counts = tmp_counts_cpy, inside the loop over tensors
+    return layout.flatten(new), cpy
+
+
+def _rolex_round(rng, layout, x, clients=4):
+    """Random held positions (classifier rows cut to random classes) and trained parameters of a few clients."""
+    cls = class_of_position(layout)
+    out = []
+    for _ in range(clients):
+        held = rng.random(layout.size) < 0.6
+        classes = rng.random(num_outputs(layout)) < 0.6
+        held &= (cls < 0) | classes[np.maximum(cls, 0)]
+        out.append((held, (x + rng.normal(size=x.size)).astype(np.float32)))
+    return out
+
+
+TOY_LAYOUTS = {
+    "hidden-first": (
+        TensorSpec("h.weight", (3, 2)),
+        TensorSpec("h.bias", (3,)),
+        TensorSpec("n.weight", (3,)),
+        TensorSpec("out.weight", (4, 3)),
+        TensorSpec("out.bias", (4,)),
+    ),
+    "norm-first": (TensorSpec("n.weight", (2,)), TensorSpec("h.weight", (3, 2)), TensorSpec("out.weight", (4, 3))),
+}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("toy", sorted(TOY_LAYOUTS))
+def test_fedrolex_avg_weighting_matches_the_published_combine(toy, seed):
+    """Three rounds of :func:`update_count_mean_step` == the published loop, counts carried between rounds."""
+    rng = np.random.default_rng(seed)
+    layout = ParamLayout(TOY_LAYOUTS[toy])
+    counted, fixed = count_weighted_positions(layout)
+    classifier, _ = output_layer(layout)
+    expected_counted = np.concatenate(
+        [np.full(t.size, len(t.shape) == 1 or t.name == classifier) for t in layout.tensors]
+    )
+    assert np.array_equal(counted, np.flatnonzero(expected_counted))
+    x = rng.normal(size=layout.size).astype(np.float32)
+    pub_x, pub_counts = x, {t.name: np.ones(t.shape) for t in layout.tensors}
+    counts = np.ones(counted.size, dtype=np.int64)
+    for _ in range(3):
+        clients = _rolex_round(rng, layout, x)
+        updates = [MaskedUpdate(np.flatnonzero(h), (lv[h] - x[h]).astype(np.float32), 9.0) for h, lv in clients]
+        x, counts = update_count_mean_step(x, updates, counted, counts, fixed)
+        pub_x, pub_counts = _published_combine(layout, pub_x, clients, pub_counts)
+        np.testing.assert_allclose(x, pub_x, rtol=0, atol=1e-5)
+        assert np.array_equal(counts, layout.flatten(pub_counts)[counted].astype(np.int64))
+    # The count weights matter: the count-weighted positions differ from the holder mean.
+    holders = aggregate_masked(x, [MaskedUpdate(u.indices, u.delta, 1.0) for u in updates])
+    assert not np.allclose(update_count_mean_step(x, updates, counted, counts, fixed)[0][counted], holders[counted])
+
+
+def test_fedrolex_server_aggregates_as_published_and_keeps_its_counts():
+    """The method's default aggregation over two rounds == the published loop; the counts survive a checkpoint."""
+    rng = np.random.default_rng(5)
+    run = parse_run_config({"method": "fedrolex", "model": "cnn-bn"})
+    method = create_method(run)
+    model = build_model("cnn-bn", 10, 1, 0)
+    layout = model_layout(model)
+    method.start_server(layout)
+    x = layout.flatten(trainable_arrays(model))
+    pub_x, pub_counts = x, {t.name: np.ones(t.shape) for t in layout.tensors}
+    cls = class_of_position(layout)
+    for rnd in (1, 2):
+        clients, accepted = [], []
+        for i, gamma in enumerate((1.0, 1 / 4, 1 / 16)):
+            mask, _ = method.mask_for(str(i), rnd, gamma, x)
+            classes = rng.random(10) < 0.5
+            classes[i] = True
+            held = mask & ((cls < 0) | classes[np.maximum(cls, 0)])
+            local = (x + rng.normal(0, 0.1, x.size)).astype(np.float32)
+            clients.append((held, local))
+            update = MaskedUpdate(np.flatnonzero(held), (local[held] - x[held]).astype(np.float32), 1.0)
+            accepted.append(Accepted(i, str(i), TrainReply(update, None, {})))
+        x = method.aggregate(x, accepted, rnd)
+        pub_x, pub_counts = _published_combine(layout, pub_x, clients, pub_counts)
+        np.testing.assert_allclose(x, pub_x, rtol=0, atol=1e-5)
+    restored = create_method(run)
+    restored.start_server(layout)
+    restored.load_state(method.state_bytes())
+    assert np.array_equal(restored.counts, layout.flatten(pub_counts)[restored.counted].astype(np.int64))
+    assert restored.counts.max() > 1
+    uniform = create_method(parse_run_config({"method": "fedrolex", "fedrolex-weighting": "uniform"}))
+    assert uniform.state_bytes() == b""
+
+
 # ------------------------------------------------------ the method, end to end
 def _two_class_client(n: int = 64) -> ArrayDataset:
     data = load_dataset("digits", 0.2, 0).train
@@ -363,6 +505,13 @@ def test_width_keys_are_per_method_and_checked():
         1.0,
         "uniform",
     )
+    assert defaults.scaler_linear is False
+    rolex = parse_run_config({}).options("fedrolex")
+    assert (rolex.scaler, rolex.scaler_linear, rolex.weighting, rolex.roll) == (True, False, "avg", "down")
+    with pytest.raises(ConfigError, match="heterofl-weighting"):
+        parse_run_config({"heterofl-weighting": "avg"})  # the published HeteroFL counts every holder once
+    with pytest.raises(ConfigError, match="fedrolex-roll"):
+        parse_run_config({"fedrolex-roll": "left"})
     with pytest.raises(ConfigError, match="heterofl-weighting"):
         parse_run_config({"heterofl-weighting": "median"})
     with pytest.raises(ConfigError, match="fedrolex-label-split"):

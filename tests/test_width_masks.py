@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from common.config import ConfigError, parse_run_config
+from common.label_split import output_layer
 from common.layout import ParamLayout
+from common.methods import create_method
 from common.models import build_model, load_flat, model_layout, trainable_arrays
 from common.width_masks import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
 from server.strategy import NodeProfile, SubmodelStrategy
@@ -77,6 +79,39 @@ def test_fedrolex_window_rolls_and_covers_every_channel(cnn):
         rows_covered[np.unique(layout.row_ids[m])] = True
     assert rows_covered.all()  # every output unit of every layer is trained by small clients at some point
     assert not np.array_equal(width_mask(layout, GRAPH, 0.25, 1), width_mask(layout, GRAPH, 0.25, 2))
+
+
+def _published_window(c: int, k: int, t: int) -> set[int]:
+    """FedRolex's ``ResnetServerRoll.split_model`` (``overlap`` None), ``t`` its round counter (0 first)."""
+    roll = t % c
+    return set(torch.roll(torch.arange(c), roll, -1)[:k].tolist())
+
+
+@pytest.mark.parametrize("model_name", ["cnn", "resnet18"])
+@pytest.mark.parametrize("gamma", [1 / 4, 1 / 16])
+def test_fedrolex_window_is_the_published_roll(model_name, gamma):
+    """Server round ``n`` keeps the published window of round ``n - 1``: round 1 is HeteroFL's slice, then down."""
+    model = build_model(model_name, 10, 3 if model_name == "resnet18" else 1, 0)
+    layout = model_layout(model)
+    x = layout.flatten(trainable_arrays(model))
+    rolex = create_method(parse_run_config({"method": "fedrolex", "model": model_name}))
+    hetero = create_method(parse_run_config({"method": "heterofl", "model": model_name}))
+    up = create_method(parse_run_config({"method": "fedrolex", "model": model_name, "fedrolex-roll": "up"}))
+    for m in (rolex, hetero, up):
+        m.start_server(layout)
+    assert np.array_equal(rolex.mask_for("a", 1, gamma, x)[0], hetero.mask_for("a", 1, gamma, x)[0])
+    r = math.sqrt(gamma)
+    for server_round in [1, 2, 3, 7, 33, 70] if model_name == "cnn" else [1, 2, 65]:
+        named = _named(layout, rolex.mask_for("a", server_round, gamma, x)[0])
+        named_up = _named(layout, up.mask_for("a", server_round, gamma, x)[0])
+        for t in layout.tensors:
+            if len(t.shape) < 2 or t.name == output_layer(layout)[0]:
+                continue  # 1-D tensors follow their layer; the classifier keeps every class
+            c = t.shape[0]
+            rows = set(np.flatnonzero(named[t.name].reshape(c, -1).any(axis=1)).tolist())
+            assert rows == _published_window(c, math.ceil(r * c), server_round - 1), (t.name, server_round)
+            rows_up = set(np.flatnonzero(named_up[t.name].reshape(c, -1).any(axis=1)).tolist())
+            assert rows_up == set(kept_channels(c, r, server_round % c).tolist())  # the other reading
 
 
 def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):

@@ -67,6 +67,20 @@ class Download:
 
 
 @dataclass(frozen=True)
+class FisherRequest:
+    """Asks a node for its Fisher with this round's TRAIN message.
+
+    Parameters
+    ----------
+    arrays : dict[str, NDArray]
+        What the node needs besides its submodel to measure it (the ``fisher-at`` record: the global
+        values outside its mask); empty: it measures on what it received.
+    """
+
+    arrays: dict[str, NDArray]
+
+
+@dataclass(frozen=True)
 class Received:
     """A node's view of a :class:`Download`.
 
@@ -105,6 +119,8 @@ class LocalUpdate:
         Wall-clock seconds of local training, statistics included.
     fisher_seconds : float
         Seconds of the statistics (Fisher, curvature) accumulated inside training.
+    fisher_encoding : str or None
+        The Fisher encoding of ``arrays`` when it is not the run's (``none``: not asked this round).
     """
 
     arrays: dict[str, NDArray]
@@ -112,6 +128,7 @@ class LocalUpdate:
     loss: float
     train_seconds: float
     fisher_seconds: float
+    fisher_encoding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +261,26 @@ class Method:
     def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
         """The download for ``mask`` at global values ``x``."""
         raise NotImplementedError
+
+    def fisher_request(
+        self, key: str, server_round: int, x: NDArray[np.float32], mask: NDArray[np.bool_]
+    ) -> FisherRequest | None:
+        """Whether (and with what) a TRAIN message asks the node for its Fisher; ``None``: not this round.
+
+        Default: every round, on what the node received, when the method reads Fisher at all.
+
+        Parameters
+        ----------
+        key : str
+            The client's stable key.
+        server_round : int
+            The round of the TRAIN message (0: the Fisher warm-up).
+        x : NDArray[float32]
+            The current global model.
+        mask : NDArray[bool]
+            The mask the node is sent.
+        """
+        return FisherRequest({}) if self.run.upload_encoding != "none" else None
 
     def validate(
         self,

@@ -19,6 +19,7 @@ clients in every round (``docs/FISHER.md``).
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -27,6 +28,7 @@ from numpy.typing import NDArray
 from pydantic import Field
 
 from common.aggregation import MaskedUpdate, aggregate_masked
+from common.held_masks import HeldMasks, append_arrays
 from common.layout import ParamLayout
 from common.level_masks import LevelMasks
 from common.methods import register
@@ -75,9 +77,20 @@ class FedFIbOS(FisherRankedMethod):
         return aggregate_masked(x, updates, self.run.server_lr)
 
     def start_server(self, layout: ParamLayout) -> None:
-        """The Fisher state (see :class:`FisherRankedMethod`) and an empty cache of per-level masks."""
+        """The Fisher state (see :class:`FisherRankedMethod`), an empty cache of per-level masks, no held masks."""
         super().start_server(layout)
         self.level_masks = LevelMasks()
+        self.held = HeldMasks(layout.size)
+
+    def state_bytes(self) -> bytes:
+        """The Fisher state's npz with the held masks appended as ``held_*`` members (``fisher_state.npz``)."""
+        return append_arrays(self.fisher.to_bytes(), self.held.arrays())
+
+    def load_state(self, data: bytes) -> None:
+        """Restore :meth:`state_bytes` (a Fisher state without ``held_*`` members holds no masks)."""
+        super().load_state(data)
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            self.held = HeldMasks.from_arrays(z) if "held_d" in z.files else HeldMasks(self.fisher.d)
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
@@ -90,7 +103,14 @@ class FedFIbOS(FisherRankedMethod):
         """``client`` / ``prior`` Fisher ranking, or ``magnitude`` before any Fisher exists.
 
         A ``prior`` or ``magnitude`` mask comes from the per-level cache (read-only); a ``client`` one is new.
+        With the ``global`` estimator a client's mask is ``held`` until its estimate changes (a refresh).
         """
+        own = self.fisher.clients.get(key) if key is not None else None
+        hold = own is not None and self.run.fisher_estimator == "global"
+        if hold:
+            held = self.held.get(key, own.round, gamma)
+            if held is not None:
+                return held, "held"
         est, source = self.client_estimate(key, int(server_round))
         if est is None:
             source, rule = "magnitude", "magnitude"
@@ -98,10 +118,13 @@ class FedFIbOS(FisherRankedMethod):
             rule = "fisher"
 
         def select() -> NDArray[np.bool_]:
-            return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row)
+            return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row, self.run.keep_vectors)
 
         if source == "client":
-            return select(), source
+            mask = select()
+            if hold:
+                self.held.put(key, own.round, gamma, mask)
+            return mask, source
         # The Fisher state object and its version name the prior: a restored state is a new object.
         return self.level_masks.get(x, (self.fisher, self.fisher.version), gamma, select), source
 
@@ -116,5 +139,5 @@ class FedFIbOS(FisherRankedMethod):
             return None
         lo, hi = interval
         below = sorted((g for g in set(levels) if g < 1.0), reverse=True)
-        contested = contested_by_level(self.layout, x, below, lo, hi, self.run.min_per_row)
+        contested = contested_by_level(self.layout, x, below, lo, hi, self.run.min_per_row, self.run.keep_vectors)
         return {f"{gamma:g}": float(c.mean()) for gamma, c in zip(below, contested)}

@@ -1,13 +1,15 @@
 """FedGMR: submodels that grow over training toward ``gmr-ceiling``, optionally aggregated asynchronously.
 
-Each client starts from a fraction ``gmr-start`` of its capacity and restores positions on a schedule
-(:func:`common.restoration.restoration_budget`) until ``gmr-ceiling`` (the full model by default) when its
-capacity is a bandwidth limit, or until ``min(gmr-ceiling, capacity)`` when it is a memory limit
-(``capacity-kind`` in the node config, else ``gmr-capacity-kind``); every mask contains the client's previous
-one (:class:`common.restoration.RestorationMasks`). Positions are
-restored in a seeded random order per client, or by ``F^2 x^2`` with the client's Fisher
-(``gmr-selection``). ``gmr-mode = "async"`` applies each reply on arrival, weighted by staleness and
-mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
+Each client starts from a fraction ``gmr-start`` of its capacity (1: the capacity itself) and grows until
+``gmr-ceiling`` (the full model by default) when its capacity is a bandwidth limit, or until
+``min(gmr-ceiling, capacity)`` when it is a memory limit (``capacity-kind`` in the node config, else
+``gmr-capacity-kind``). By default the published code's rules: a client steps up once its training loss has
+not improved for ``gmr-patience`` rounds (``gmr-schedule = "patience"``, steps ``gmr-restore-step``), and
+holds a per-tensor magnitude core (``gmr-min-density``) plus the positions of largest ``|x|`` in one
+ranking shared by every client, so the submodels of a round nest (``gmr-selection = "magnitude"``,
+:mod:`common.restoration`). The paper's text (a fixed ``linear`` or ``step`` schedule, ``random``
+restoration) and a Fisher ranking are options. ``gmr-mode = "async"`` applies each reply on arrival,
+weighted by staleness and mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
 :mod:`server.async_strategy`). Details and measurements: ``docs/FEDGMR.md``.
 """
 
@@ -25,8 +27,9 @@ from common.aggregation import MaskedUpdate
 from common.async_aggregation import AsyncStep, apply_async_update
 from common.layout import ParamLayout
 from common.methods import register
+from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
-from common.restoration import CAPACITY_KINDS, RESTORE_RULES, SCHEDULES, RestorationMasks
+from common.restoration import CAPACITY_KINDS, RESTORE_RULES, RESTORE_STEPS, SCHEDULES, RestorationMasks
 from common.schema import Schema
 
 if TYPE_CHECKING:
@@ -39,10 +42,18 @@ class FedGMROptions(Schema):
     """FedGMR's own run-config keys (``gmr-*``)."""
 
     schedule: Literal[SCHEDULES] = Field(  # type: ignore[valid-type]
-        "linear", description="submodel growth: linear, or step (multiplied by `gmr-step-factor` at even intervals)"
+        "patience",
+        description="when submodels grow: patience (the published code: a client steps up by `gmr-restore-step` "
+        "once its training loss has not improved for `gmr-patience` rounds), or the paper's text: linear, or "
+        "step (multiplied by `gmr-step-factor` at even intervals), both reaching the ceiling after "
+        "`gmr-restore-rounds`",
     )
     start: float = Field(
-        0.25, gt=0, le=1, description="start density as a fraction of the node's capacity (at least 1 % of the model)"
+        1.0,
+        gt=0,
+        le=1,
+        description="start density as a fraction of the node's capacity (1: the capacity, as the published "
+        "code; at least 1 % of the model)",
     )
     ceiling: float = Field(
         1.0,
@@ -55,12 +66,37 @@ class FedGMROptions(Schema):
         description="what a node's capacity limits when its node config sets no `capacity-kind`: bandwidth "
         "(the paper's setting: restoration grows past it to `gmr-ceiling`) or memory (a hard cap)",
     )
+    patience: int = Field(
+        5,
+        ge=1,
+        le=1_000_000,
+        description="patience schedule: rounds (async: round equivalents) without improvement before a "
+        "client steps up; the round's mean loss raises a floor under every client the same way",
+    )
+    restore_step: Literal[RESTORE_STEPS] = Field(  # type: ignore[valid-type]
+        "ladder",
+        description="patience schedule: a step goes to the next larger start density among the clients, "
+        "else the full model (ladder, the published runs), or from d to d + min(d, 0.2) (capped-double)",
+    )
+    min_density: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="magnitude and delta selection: share of every weight tensor's largest magnitudes each "
+        "submodel holds (at least one weight); patience schedule: the floor's start",
+    )
     restore_rounds: int = Field(
-        10, ge=1, le=1_000_000, description="rounds (async: applied updates / nodes) until the ceiling is reached"
+        10,
+        ge=1,
+        le=1_000_000,
+        description="linear and step schedules: rounds (async: applied updates / nodes) until the ceiling",
     )
     step_factor: float = Field(2.0, gt=1, le=1000, description="growth factor per step of the step schedule")
     selection: Literal[RESTORE_RULES] = Field(  # type: ignore[valid-type]
-        "random", description="which positions are restored next: random (seeded per client), fisher (`F^2 x^2`)"
+        "magnitude",
+        description="which positions a submodel holds: magnitude (the published code: a per-tensor magnitude "
+        "core, then the largest `|x|` in one ranking shared by all clients), delta (the same ranked by "
+        "`|dx x|`), random (the paper's text: seeded per client) or fisher (`F^2 x^2`)",
     )
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync (rounds), or async (apply each reply on arrival, re-dispatch at once)"
@@ -82,9 +118,10 @@ class FedGMR(FisherRankedMethod):
     name = "fedgmr"
     summary = (
         "a submodel that grows over training from `gmr-start * gamma` toward `gmr-ceiling` (bandwidth-limited "
-        "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), random or Fisher-ranked "
-        "restoration, nested; `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask "
-        "overlap (FedGMR, `docs/FEDGMR.md`)"
+        "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), stepping up when its loss stops "
+        "improving; a per-tensor magnitude core plus the largest `|x|` of one ranking shared by all clients "
+        "(nested); `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask overlap "
+        "(FedGMR, `docs/FEDGMR.md`)"
     )
     options = FedGMROptions
     options_prefix = "gmr-"
@@ -95,8 +132,9 @@ class FedGMR(FisherRankedMethod):
         self.kinds: dict[str, str] = {}  # capacity kind by client key, as the nodes reported it
 
     def describe(self) -> str:
-        """Method, the Fisher settings and the default capacity kind."""
-        return f"{super().describe()} capacity-kind={self.opts.capacity_kind}"
+        """Method, the Fisher settings, the default capacity kind, the schedule and the selection rule."""
+        o = self.opts
+        return f"{super().describe()} capacity-kind={o.capacity_kind} schedule={o.schedule} selection={o.selection}"
 
     def node_joined(self, key: str, info: Mapping[str, Any]) -> None:
         """Record the node's ``capacity-kind`` (an unknown value is logged and the run's default used)."""
@@ -150,7 +188,21 @@ class FedGMR(FisherRankedMethod):
             o.selection,
             self.run.seed,
             self.run.min_per_row,
+            o.patience,
+            o.restore_step,
+            o.min_density,
         )
+
+    def observe(self, accepted: Accepted, fisher_round: int) -> None:
+        """Fisher (``fisher`` rule), and the reply's training loss for the ``patience`` schedule.
+
+        The score is ``-train-loss`` (the mean loss of the client's local training), weighted by the
+        reply's examples in the round's mean; round 0 (a Fisher warm-up) is not a training round.
+        """
+        super().observe(accepted, fisher_round)
+        if fisher_round >= 1:
+            r = accepted.reply
+            self.restoration.record(accepted.key, fisher_round, -r.metrics["train-loss"], r.update.weight)
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
@@ -161,10 +213,11 @@ class FedGMR(FisherRankedMethod):
     def mask_at(self, key: str | None, t: float, gamma: float, x: NDArray[np.float32]) -> tuple[NDArray[np.bool_], str]:
         """The client's restoration mask at time ``t`` (rounds since the start; fractional when asynchronous).
 
-        For a capacity level (``key=None``) the current mask of a client of that capacity (``held``), so
-        central evaluation measures a submodel some client trains; a fresh one if there is none.
+        For a capacity level (``key=None``) the current mask of a client of that capacity (``held``; shared
+        rankings: that client's density under the current ranking), so central evaluation measures a
+        submodel some client trains; a fresh one if there is none.
         """
-        if key is None:
+        if key is None and not self.restoration.shared:
             held = self.restoration.held_mask(gamma)
             if held is not None:
                 return held, "held"

@@ -1,4 +1,4 @@
-"""FIARSE: importance-aware submodels by one magnitude threshold, trained through a surrogate gradient.
+"""FIARSE: importance-aware submodels by one magnitude threshold, the mask following the weights in the round.
 
 As the published code does it (maths in :mod:`common.threshold_masks`):
 
@@ -7,9 +7,12 @@ As the published code does it (maths in :mod:`common.threshold_masks`):
    gated position with ``|x_j| >= theta`` and every normalisation parameter. No per-row guard
    (``min-per-row`` does not apply).
 2. **Client**: the threshold is recovered from the download (its smallest held gated magnitude); each
-   gated tensor is trained as ``w * 1[|w| >= theta]``, recomputed at every step, with the surrogate
-   gradient ``2 theta / (|w| + theta)^2`` of the indicator (``fiarse-surrogate``), so held weights that
-   shrink below ``theta`` drop out inside the round. The reply is the delta of the held positions.
+   gated tensor is trained as ``w * 1[|w| >= theta]``, recomputed at every step, so held weights that
+   shrink below ``theta`` drop out inside the round. The weights get the plain masked gradient
+   ``1[|w| >= theta] * g``, as the published code computes it (its ``Bern`` returns a bool tensor, so
+   autograd never calls the surrogate backward); ``fiarse-surrogate = true`` trains through the
+   surrogate gradient ``2 theta / (|w| + theta)^2`` of the indicator instead (the paper's text). The
+   reply is the delta of the held positions.
 3. **Server aggregation** (``fiarse-aggregation``): ``nonzero`` (published) moves each position by
    ``server-lr * sum delta / count(delta != 0)``, unweighted; ``holders`` is the example-weighted mean over
    the clients that held it (the rule the other element-wise methods use).
@@ -57,9 +60,10 @@ class FIARSEOptions(Schema):
     """FIARSE's own run-config keys (``fiarse-*``)."""
 
     surrogate: bool = Field(
-        True,
+        False,
         description="train through the threshold with the surrogate gradient `2 theta / (|w| + theta)^2` "
-        "(false: the indicator is a constant)",
+        "(the paper's text); false: the plain masked gradient `1[|w| >= theta] g` (the published code, whose "
+        "bool-valued `Bern` autograd never differentiates)",
     )
     aggregation: Literal["nonzero", "holders"] = Field(
         "nonzero",
@@ -69,13 +73,12 @@ class FIARSEOptions(Schema):
 
 @register
 class FIARSE(MaskedMethod):
-    """Threshold submodels, in-round re-masking with a surrogate gradient, non-zero-count aggregation."""
+    """Threshold submodels, in-round re-masking, non-zero-count aggregation."""
 
     name = "fiarse"
     summary = (
         "every weight with `|x_j| >= theta`, `theta` the `floor(gamma n)`-th largest magnitude; the mask follows "
-        "the weights inside the round, trained through the surrogate gradient `2 theta / (|w| + theta)^2` "
-        "(FIARSE's threshold rule)"
+        "the weights inside the round (FIARSE's threshold rule)"
     )
     options = FIARSEOptions
     options_prefix = "fiarse-"

@@ -6,9 +6,11 @@ slice, the published code (diaoenmao/HeteroFL, ``src/config.yml`` with ``norm: b
 ``mask: 1``) has the elements below, each a key here with the published default (``heterofl-*``;
 FedRolex has the same keys under ``fedrolex-*``):
 
-* ``scaler``: in local training every hidden layer's output is divided by the submodel's width rate
+* ``scaler``: in local training every convolution's output is divided by the submodel's width rate
   (:class:`common.models.Scaler`); the client reads the rate off the mask it was sent
-  (:func:`common.width_masks.held_width`). Evaluation is unscaled.
+  (:func:`common.width_masks.held_width`). Evaluation is unscaled. The published convolutional model
+  scales its conv blocks only (conv -> scaler -> norm); the CNNs' hidden linear layer, which has no
+  norm after it and no published counterpart, is scaled only with ``scaler-linear``.
 * ``label-mask``: masked cross-entropy, the logits of classes absent from the client's data set to 0.
 * ``clip-grad``: local training clips each step's gradient to L2 norm 1 (``clip_grad_norm_``).
 * ``label-split``: the client reports which classes it holds (``classes`` in the reply) and the
@@ -58,8 +60,13 @@ class WidthOptions(Schema):
 
     scaler: bool = Field(
         True,
-        description="in local training divide each hidden layer's output by the submodel's width rate "
+        description="in local training divide each convolution's output by the submodel's width rate "
         "(published `scale: 1`); identity in evaluation",
+    )
+    scaler_linear: bool = Field(
+        False,
+        description="with the scaler, also divide the hidden linear layer's output (`fc1` of the CNNs, no norm "
+        "after it) by the width rate; the published convolutional model scales its conv blocks only",
     )
     label_mask: bool = Field(
         True,
@@ -104,7 +111,8 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         """Method and the published elements switched on."""
         o = self.opts
         return (
-            f"method={self.name} scaler={o.scaler} label-mask={o.label_mask or self.run.label_mask} "
+            f"method={self.name} scaler={o.scaler} scaler-linear={o.scaler_linear} "
+            f"label-mask={o.label_mask or self.run.label_mask} "
             f"label-split={o.label_split} clip-grad={o.clip_grad:g} weighting={o.weighting}"
         )
 
@@ -146,7 +154,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         update = reply.update
         if flags is not None:
             update = restrict_to_classes(update, self.position_class, flags)
-        if self.opts.weighting == "uniform":
+        if self.opts.weighting != "examples":
             update = replace(update, weight=1.0)
         return replace(reply, update=update)
 
@@ -158,7 +166,8 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
         if self.opts.scaler:
-            set_scaler_rate(model, held_width(layout, channel_graph(self.run.model, layout), mask))
+            rate = held_width(layout, channel_graph(self.run.model, layout), mask)
+            set_scaler_rate(model, rate, hidden_linear=self.opts.scaler_linear)
         cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask, clip_grad_norm=self.opts.clip_grad)
         encoding = self.run.upload_encoding
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")

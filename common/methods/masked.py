@@ -33,7 +33,7 @@ from common.fisher_codec import encode_fisher
 from common.fisher_estimation import example_indices, per_example_fisher
 from common.fisher_state import FisherState, fisher_capacity
 from common.layout import ParamLayout
-from common.methods.base import Accepted, Download, LocalUpdate, Method, Received
+from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
 from common.models import build_run_model, load_flat, model_layout
 from common.protocol import decode_submodel, encode_submodel
 from common.training import TrainConfig, local_classes, train_masked
@@ -48,6 +48,25 @@ def decode_received(received: Received, layout: ParamLayout) -> tuple[NDArray[np
         raise ValueError(f"server model has d={received.d} but this node builds d={layout.size}: run configs differ")
     arrays = received.records[P.SUBMODEL]
     return decode_submodel(arrays[P.VALUES], received.kind, arrays[P.MASK], layout.size)
+
+
+def fill_outside(
+    params: NDArray[np.float32], mask: NDArray[np.bool_], record: Mapping[str, NDArray]
+) -> NDArray[np.float32]:
+    """The full global model: the received submodel with the ``fisher-at`` values outside its mask.
+
+    Raises ``ValueError`` when the record does not hold exactly one float32 value per position outside the mask.
+    """
+    values = np.asarray(record.get(P.VALUES, np.zeros(0, dtype=np.float32)))
+    outside = int(mask.size - np.count_nonzero(mask))
+    if values.dtype != np.float32 or values.shape != (outside,):
+        raise ValueError(
+            f"{P.FISHER_AT!r} must hold float32[{outside}] (the positions outside the mask), got "
+            f"{values.dtype}{list(values.shape)}: server and node disagree on the model"
+        )
+    full = params.copy()
+    full[~mask] = values
+    return full
 
 
 class MaskedMethod(Method):
@@ -72,9 +91,10 @@ class MaskedMethod(Method):
         sent: SentSubmodel,
         x: NDArray[np.float32],
     ) -> TrainReply:
-        """Delta of exactly the positions sent, the Fisher payload of the run's encoding, sane metrics."""
+        """Delta of exactly the positions sent, the Fisher payload of the run's encoding (if asked), sane metrics."""
         assert self.layout is not None, "start_server() first"
-        return validate_train_reply(arrays, metrics, meta, sent, self.layout, self.run.upload_encoding)
+        encoding = self.run.upload_encoding if sent.fisher else "none"
+        return validate_train_reply(arrays, metrics, meta, sent, self.layout, encoding)
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
         """Apply :meth:`mean_step` to the accepted updates, then fold each reply into the method's state."""
@@ -103,26 +123,40 @@ class MaskedMethod(Method):
     def client_train(
         self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
     ) -> LocalUpdate:
-        """Train the held positions; reply with their delta and, if the server reads it, the Fisher payload."""
+        """Train the held positions; reply with their delta and, when asked, the Fisher payload.
+
+        With ``fisher-estimator = "global"`` the node is asked on a refresh round only: the message then
+        carries the global values outside its mask, and the Fisher is measured at the full global model
+        before training. With ``received`` it is measured every round at the received submodel, with
+        ``path`` along local training.
+        """
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
-        encoding = self.run.upload_encoding
-        at_received = encoding != "none" and self.run.fisher_estimator == "received"
+        encoding, estimator = self.run.upload_encoding, self.run.fisher_estimator
+        point = None  # the weights the per-example Fisher is measured at
+        if encoding != "none" and estimator == "global":
+            if P.FISHER_AT in received.records:
+                point = fill_outside(params, mask, received.records[P.FISHER_AT])
+            else:
+                encoding = "none"  # not a refresh round: no Fisher in the reply
+        elif encoding != "none" and estimator == "received":
+            point = np.where(mask, params, 0).astype(np.float32)
         fisher, fisher_seconds = None, 0.0
-        if at_received:
+        if point is not None:
             t0 = time.perf_counter()
             present = local_classes(torch.from_numpy(train.y), train.num_classes, cfg.label_mask)
             indices = example_indices(len(train), self.run.fisher_examples, cfg.seed)
-            fisher = per_example_fisher(model, layout, params, mask, train, indices, present, device)
+            whole = np.ones(layout.size, dtype=bool)
+            fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device)
             fisher_seconds = time.perf_counter() - t0
-        measure_path = encoding != "none" and not at_received
+        measure_path = encoding != "none" and estimator == "path"
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=measure_path)
-        if fisher is None:
+        if measure_path:
             fisher, fisher_seconds = result.fisher, result.fisher_seconds
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
         arrays.update(encode_fisher(fisher, mask, layout, encoding))
-        seconds = result.train_seconds + (fisher_seconds if at_received else 0.0)
-        return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds)
+        seconds = result.train_seconds + (fisher_seconds if point is not None else 0.0)
+        return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds, encoding)
 
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The architecture holding the received values (zero outside the mask)."""
@@ -171,6 +205,23 @@ class FisherRankedMethod(MaskedMethod):
                 fisher_round,
                 accepted.node_id,
             )
+
+    def fisher_due(self, key: str, server_round: int) -> bool:
+        """``global`` estimator: whether ``key`` has no estimate, or one at least ``fisher-every`` rounds old."""
+        own = self.fisher.clients.get(key)
+        return own is None or server_round - own.round >= self.run.fisher_every
+
+    def fisher_request(
+        self, key: str, server_round: int, x: NDArray[np.float32], mask: NDArray[np.bool_]
+    ) -> FisherRequest | None:
+        """``global``: a refresh when due, carrying the global values outside the mask; otherwise every round."""
+        if self.run.upload_encoding == "none":
+            return None
+        if self.run.fisher_estimator != "global":
+            return FisherRequest({})
+        if not self.fisher_due(key, server_round):
+            return None
+        return FisherRequest({P.VALUES: np.ascontiguousarray(x[~mask], dtype=np.float32)})
 
     def client_estimate(self, key: str | None, server_round: int) -> tuple[NDArray | None, str]:
         """The Fisher a mask for ``key`` is ranked by: its own (staleness-blended) estimate, else the prior."""

@@ -14,6 +14,19 @@ published code assumes) and ``clip-grad-norm = 1`` (their published gradient cli
 method) unless ``-c`` says otherwise; the model without normalisation that earlier results used is
 ``-c model=cnn``, and ``-c clip-grad-norm=0`` turns clipping off.
 
+A method may carry run-config keys of its own after ``+``: ``fedfibos+fisher-every=1`` is a row of
+its own beside ``fedfibos``, which is how one command compares a method's variants (the Fisher
+ablation) or runs FedGMR twice: capacity-limited (``fedgmr+gmr-capacity-kind=memory``) and as
+published (``fedgmr``, whose ``bandwidth`` clients grow to the full model). By default every
+method runs, FedGMR both ways.
+
+Every table gives, per capacity level ``g``: ``trained @g``, the mean over the round's clients of
+capacity ``g`` of the submodel each of them trains, on the server's test set (the same meaning
+for every method); ``extract @g``, the submodel the server would hand a new device of capacity
+``g``; ``overlap @g``, the mean Jaccard overlap of a client's mask with its own previous one.
+The ``<= capacity`` column says whether every client stayed within its capacity (FedAvg and
+bandwidth-kind FedGMR do not: compare them with each other, not with the capacity-limited rows).
+
 Writes ``results.csv`` (one row per run), ``summary.md`` (mean +- std over
 seeds), ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``,
 and prints the summary table.
@@ -41,6 +54,11 @@ from server.launcher import parse_capacities, run_local_federation
 
 HIGHLIGHT = RunConfig.model_fields["method"].default  # the product's method: drawn thicker in the plots
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
+# Variants the default matrix runs beside a method: FedGMR capacity-limited, beside its published bandwidth kind.
+DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {"fedgmr": ("fedgmr+gmr-capacity-kind=memory",)}
+# A client "stays within its capacity" while its submodel's density is at most this much above it (rounding of
+# channel counts and the always-kept tensors add a little).
+CAPACITY_SLACK = 1.25
 # Every method on the BatchNorm CNN with the width methods' published gradient clipping, so no method is
 # handicapped by the recipe of another (FedAvg on cnn-bn diverges at lr 0.1 without clipping).
 BENCH_DEFAULTS: dict[str, Any] = {"model": "cnn-bn", "clip-grad-norm": 1.0}
@@ -87,16 +105,47 @@ class Partition:
         return {"partitioner": "iid"}
 
 
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method and the run-config keys of this row: ``name`` or ``name+key=value+key=value``."""
+
+    name: str
+    overrides: dict[str, Any]
+    label: str
+
+    @classmethod
+    def parse(cls, text: str) -> MethodSpec:
+        from server.launcher import parse_overrides
+
+        name, *pairs = text.split("+")
+        if not name or any("=" not in p for p in pairs):
+            raise argparse.ArgumentTypeError(f"method {text!r}: use <method> or <method>+<key>=<value>[+...]")
+        overrides = parse_overrides(pairs)
+        for key in overrides:
+            if key in FLAG_KEYS:
+                raise argparse.ArgumentTypeError(f"method {text!r}: {key} comes from {FLAG_KEYS[key]}")
+        return cls(name, overrides, text)
+
+
+def default_methods() -> list[str]:
+    """Every registered method, each followed by its :data:`DEFAULT_VARIANTS`."""
+    return [spec for name in registry() for spec in (name, *DEFAULT_VARIANTS.get(name, ()))]
+
+
 #: Rounds averaged in ``global_acc_last``: with a sample of the clients per round the final round's accuracy
 #: swings by several points from round to round, so the table also gives the mean over the last rounds.
 LAST_ROUNDS = 5
 
 
-def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> dict[str, Any]:
+def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label: str | None = None) -> dict[str, Any]:
     """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to ``target_acc``).
 
     ``global_acc`` is the full model after the last round; ``global_acc_last`` its mean over the last
-    :data:`LAST_ROUNDS` rounds (fewer in a shorter run).
+    :data:`LAST_ROUNDS` rounds (fewer in a shorter run). ``label`` names the row's method (a
+    :class:`MethodSpec` label; default the run's method). Per capacity level: ``trained_cap_*`` (the
+    clients' own submodels, last evaluated round), ``acc_cap_*`` (the server's extraction),
+    ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known);
+    ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity.
     """
     run = metrics["run"]
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
@@ -111,7 +160,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
         return statistics.fmean(vals) if vals else float("nan")
 
     row = {
-        "method": run["method"],
+        "method": label or run["method"],
         "dataset": run["dataset"],
         "partition": run["partitioner"]
         + (f":{run['dirichlet_alpha']:g}" if run["partitioner"] == "dirichlet" else "")
@@ -135,6 +184,21 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8) -> di
     }
     for level, v in last.get("per_capacity", {}).items():
         row[f"acc_cap_{level}"] = v["accuracy"]
+    trained = next(
+        (r["global"]["trained_per_capacity"] for r in reversed(rounds) if r["global"].get("trained_per_capacity")), {}
+    )
+    for level, v in trained.items():
+        row[f"trained_cap_{level}"] = v["accuracy"]
+    for level in {c["capacity"] for c in clients if c.get("capacity") is not None}:
+        overlaps = [
+            c["mask_overlap"] for c in clients if c.get("capacity") == level and c.get("mask_overlap") is not None
+        ]
+        if overlaps:
+            row[f"overlap_cap_{level:g}"] = statistics.fmean(overlaps)
+    sized = [c for c in clients if c.get("capacity") is not None and c.get("density") is not None]
+    row["within_capacity"] = (
+        all(c["density"] <= CAPACITY_SLACK * c["capacity"] for c in sized) if sized else float("nan")
+    )
     # traffic and step time per capacity level: what a device of that size pays (CSV only, not the summary)
     for level in sorted({c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True):
         row[f"kib_down_cap_{level:g}"] = mean("bytes_down", [c for c in clients if c.get("capacity") == level]) / 1024
@@ -161,11 +225,20 @@ def curves(metrics: dict[str, Any]) -> tuple[list[int], list[float], list[float]
 
 
 def summarise(rows: list[dict[str, Any]]) -> str:
-    """Markdown table: mean +- std over seeds per (dataset, partition, method, encoding)."""
+    """Markdown table: mean +- std over seeds per (dataset, partition, method, encoding).
+
+    Per capacity level below 1 (level 1 is the full model, ``global acc``): the clients' trained submodels,
+    the server's extraction and the mask overlap, each where some run reports it.
+    """
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["dataset"], row["partition"], row["method"], row["fisher_encoding"]), []).append(row)
-    levels = sorted({k[8:] for row in rows for k in row if k.startswith("acc_cap_")}, key=float, reverse=True)
+
+    def levels(prefix: str) -> list[str]:
+        found = {k[len(prefix) :] for row in rows for k in row if k.startswith(prefix)}
+        return sorted((lv for lv in found if float(lv) < 1), key=float, reverse=True)
+
+    trained, extracted, overlap = levels("trained_cap_"), levels("acc_cap_"), levels("overlap_cap_")
 
     def ms(vals: list[float], scale: float = 1.0, digits: int = 3) -> str:
         vals = [v * scale for v in vals if v == v]
@@ -174,8 +247,15 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
         return f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}"
 
-    head = ["dataset", "partition", "method", "Fisher enc.", "seeds", "global acc", f"last {LAST_ROUNDS} rounds"]
-    head += [f"acc @{lv}" for lv in levels]
+    def within(group: list[dict[str, Any]]) -> str:
+        flags = [g.get("within_capacity") for g in group]
+        flags = [f if isinstance(f, bool) else str(f) == "True" for f in flags if f is not None and f == f and f != ""]
+        return "-" if not flags else ("yes" if all(flags) else "no")
+
+    head = ["dataset", "partition", "method", "Fisher enc.", "≤ capacity", "seeds", "global acc"]
+    head += [f"last {LAST_ROUNDS} rounds"]
+    head += [f"trained @{lv}" for lv in trained] + [f"extract @{lv}" for lv in extracted]
+    head += [f"overlap @{lv}" for lv in overlap]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
     # runs made before clients reported their peak memory have none; the column appears once one does
     with_peak = any(math.isfinite(row.get("client_peak_mib", float("nan"))) for row in rows)
@@ -183,9 +263,11 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         head.append("client peak MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dataset, partition, method, enc), group in sorted(groups.items()):
-        cells = [dataset, partition, method, enc, str(len(group)), ms([g["global_acc"] for g in group])]
+        cells = [dataset, partition, method, enc, within(group), str(len(group)), ms([g["global_acc"] for g in group])]
         cells.append(ms([g.get("global_acc_last", float("nan")) for g in group]))
-        cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in levels]
+        cells += [ms([g.get(f"trained_cap_{lv}", float("nan")) for g in group]) for lv in trained]
+        cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in extracted]
+        cells += [ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2) for lv in overlap]
         cells += [
             ms([g["local_acc"] for g in group]),
             ms([g["kib_down_per_client_round"] for g in group], digits=1),
@@ -255,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--methods",
         default=None,
-        help="comma-separated methods (default: every method the model and dataset allow, e.g. no `lora` on images)",
+        help="comma-separated methods, each optionally with keys of its own: `fedfibos+fisher-every=1` (default: "
+        "every method the model and dataset allow, e.g. no `lora` on images, and FedGMR also capacity-limited)",
     )
     ap.add_argument("--datasets", default="digits,mnist5k", help="comma-separated datasets")
     ap.add_argument("--partitions", default="dirichlet:0.1,dirichlet:0.5,pathological:2", help="e.g. iid,dirichlet:0.1")
@@ -282,7 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from server.launcher import parse_overrides
 
     chosen = args.methods is not None  # a method the user names must run; a default one may not fit the data
-    methods = [m for m in (args.methods if chosen else ",".join(registry())).split(",") if m]
+    try:
+        methods = [MethodSpec.parse(m) for m in (args.methods.split(",") if chosen else default_methods()) if m]
+    except argparse.ArgumentTypeError as err:
+        ap.error(str(err))
     encodings = [e for e in args.fisher_encodings.split(",") if e]
     partitions = [Partition.parse(p) for p in args.partitions.split(",") if p]
     seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -298,19 +384,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for method in methods:
                     # fail early, naming the bad key
                     try:
-                        probe = parse_run_config({**BENCH_DEFAULTS, **extra, "method": method, "dataset": dataset})
+                        probe = parse_run_config(
+                            {**BENCH_DEFAULTS, **extra, **method.overrides, "method": method.name, "dataset": dataset}
+                        )
                     except ConfigError as err:
                         if chosen:
                             raise
                         if part is partitions[0] and seed == seeds[0]:
-                            print(f"{method} left out on {dataset}: {err}", flush=True)
+                            print(f"{method.label} left out on {dataset}: {err}", flush=True)
                         continue
                     uploads = probe.upload_encoding != "none"
                     for enc in encodings if uploads else encodings[:1]:
                         cfg = {
                             **BENCH_DEFAULTS,
                             **extra,
-                            "method": method,
+                            **method.overrides,
+                            "method": method.name,
                             "dataset": dataset,
                             "seed": seed,
                             "num-rounds": args.rounds,
@@ -318,22 +407,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                             **part.run_config(),
                         }
                         parse_run_config(cfg)  # fail before the first run, naming the bad key
-                        name = f"{dataset}-{part.label.replace(':', '')}-s{seed}-{method}" + (
+                        name = f"{dataset}-{part.label.replace(':', '')}-s{seed}-{method.label}" + (
                             f"-{enc}" if uploads and len(encodings) > 1 else ""
                         )
-                        plan.append((name, cfg))
+                        plan.append((name, cfg, method.label))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "plan.json").write_text(json.dumps([n for n, _ in plan], indent=1))
+    (args.out / "plan.json").write_text(json.dumps([n for n, _, _ in plan], indent=1))
     runs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     failed: list[str] = []
     started = time.monotonic()
-    for i, (name, cfg) in enumerate(plan, 1):
+    for i, (name, cfg, label) in enumerate(plan, 1):
         folder = args.out / "runs" / name
         if args.reuse and (folder / "model.pt").exists():
             metrics = json.loads((folder / "metrics.json").read_text())
             differs = settings_differ(cfg, metrics["run"])
             if not differs:
-                runs.append((run_row(metrics, float("nan")), metrics))
+                runs.append((run_row(metrics, float("nan"), label=label), metrics))
                 print(f"[run {i}/{len(plan)}] {name}: reused", flush=True)
                 continue
             print(f"[run {i}/{len(plan)}] {name}: stored run has other settings ({differs}), not reused", flush=True)
@@ -355,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed.append(name)
             print(f"[run {i}/{len(plan)}] {name}: FAILED ({err}); going on with the next run", flush=True)
             continue
-        row = run_row(metrics, time.monotonic() - t0)
+        row = run_row(metrics, time.monotonic() - t0, label=label)
         runs.append((row, metrics))
         write_results(
             args.out,
