@@ -16,8 +16,10 @@ def test_cost_rows_relate_estimate_and_encoding_to_training(tmp_path, capsys):
     with open(out / "fisher_cost.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["estimator"], float(r["capacity"])) for r in rows] == [
+        ("global", 0.25),
         ("received", 0.25),
         ("path", 0.25),
+        ("global", 0.0625),
         ("received", 0.0625),
         ("path", 0.0625),
     ]

@@ -58,7 +58,10 @@ class FedFIbOS(FisherRankedMethod):
     """Fisher-ranked element-wise submodels (this product's method)."""
 
     name = "fedfibos"
-    summary = "top-`ceil(gamma d)` of `F_j^2 x_j^2` from the client's Fisher (this product's method)"
+    summary = (
+        "top-`ceil(gamma d)` of `F_j^2 x_j^2`, `F` the client's Fisher measured at the current global model "
+        "(refreshed every `fisher-every` rounds, the mask held in between; this product's method)"
+    )
     options = FedFIbOSOptions
     options_prefix = "fedfibos-"
 

@@ -6,9 +6,10 @@ the real client code, for each model x estimator x capacity:
 
 * ``train s``: ``train_masked`` over the client's examples for ``--local-epochs`` epochs
   (what a round trains; no Fisher measured);
-* ``estimate s``: ``received``: :func:`common.fisher_estimation.per_example_fisher` on
-  ``--fisher-examples`` examples at the received weights; ``path``: the extra time of
-  the same training with the Fisher accumulated along it;
+* ``estimate s``: ``global``: :func:`common.fisher_estimation.per_example_fisher` on
+  ``--fisher-examples`` examples at the full global model (a refresh round's cost, paid every
+  ``fisher-every`` rounds); ``received``: the same at the received submodel (every round);
+  ``path``: the extra time of the same training with the Fisher accumulated along it;
 * ``encode s``: :func:`common.fisher_codec.encode_fisher` in ``--encoding``;
 * ``overhead``: ``(estimate + encode) / train``.
 
@@ -37,6 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import torch
 
 from common.array_dataset import ArrayDataset
@@ -103,7 +105,7 @@ def measure_costs(
     capacities : Sequence[float]
         Capacities (share of the model's weights) to measure at.
     estimators : Sequence[str]
-        ``received`` and/or ``path``.
+        Any of ``global``, ``received`` and ``path``.
     encoding : str
         Upload encoding whose encoder is timed.
     local_epochs : int
@@ -125,8 +127,13 @@ def measure_costs(
     for gamma in capacities:
         mask = select_mask(layout, x, gamma, "magnitude")
         train, _ = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat)
+        whole = np.ones(layout.size, dtype=bool)
         for est in estimators:
-            if est == "received":
+            if est == "global":
+                estimate, fisher = _median_seconds(
+                    partial(per_example_fisher, model, layout, x, whole, data, idx, None, device), repeat
+                )
+            elif est == "received":
                 estimate, fisher = _median_seconds(
                     partial(per_example_fisher, model, layout, x, mask, data, idx, None, device), repeat
                 )
@@ -198,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dataset", default="mnist5k", help="offline image dataset")
     ap.add_argument("--models", default="cnn,cnn-bn,resnet18", help="comma-separated: cnn, cnn-bn, resnet18")
     ap.add_argument("--capacities", default="1/4,1/16,1/64")
-    ap.add_argument("--estimators", default="received,path", help="received and/or path")
+    ap.add_argument("--estimators", default="global,received,path", help="any of global, received, path")
     ap.add_argument("--encoding", default="ranked", help=f"one of {', '.join(FISHER_ENCODINGS)}")
     ap.add_argument("--local-epochs", type=int, default=3, help="epochs of local training (the run default)")
     ap.add_argument("--fisher-examples", type=int, default=32, help="examples of the received estimate")
@@ -212,8 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     estimators = [e for e in args.estimators.split(",") if e]
     for e in estimators:
-        if e not in ("received", "path"):
-            ap.error(f"--estimators: {e!r} is neither 'received' nor 'path'")
+        if e not in ("global", "received", "path"):
+            ap.error(f"--estimators: {e!r} is not one of global, received, path")
     if args.encoding not in FISHER_ENCODINGS:
         ap.error(f"--encoding: {args.encoding!r} is not one of {', '.join(FISHER_ENCODINGS)}")
     for key in ("local_epochs", "fisher_examples", "repeat", "threads"):
