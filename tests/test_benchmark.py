@@ -120,6 +120,10 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     assert float(fibos["client_fisher_s"]) > 0 and float(hetero["client_fisher_s"]) == 0  # only fedfibos estimates
     assert float(fibos["kib_up_per_client_round"]) > float(hetero["kib_up_per_client_round"])  # Fisher upload
     assert (out / "summary.md").read_text().count("| digits |") == 2
+    layers = list(csv.DictReader(open(out / "mask_layers.csv")))  # where the submodels sit, per capacity
+    assert {(r["method"], r["capacity"]) for r in layers} >= {("fedfibos", "0.015625"), ("heterofl", "0.25")}
+    for r in layers:
+        assert 0 < float(r["fc2.weight"]) <= 1280
     for png in ("accuracy_vs_round.png", "accuracy_vs_bytes.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     # Re-tabulating finished runs starts no federation and gives the same rows.

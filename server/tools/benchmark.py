@@ -27,9 +27,9 @@ for every method); ``extract @g``, the submodel the server would hand a new devi
 The ``<= capacity`` column says whether every client stayed within its capacity (FedAvg and
 bandwidth-kind FedGMR do not: compare them with each other, not with the capacity-limited rows).
 
-Writes ``results.csv`` (one row per run), ``summary.md`` (mean +- std over
-seeds), ``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``,
-and prints the summary table.
+Writes ``results.csv`` (one row per run), ``mask_layers.csv`` (positions per tensor of the
+submodels at each capacity, last round), ``summary.md`` (mean +- std over seeds),
+``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``, and prints the summary table.
 """
 
 from __future__ import annotations
@@ -478,16 +478,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def mask_layer_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Where each method's submodels sit: mean positions per tensor at each capacity, in the last round.
+
+    One row per run and capacity level below 1 (runs whose clients report no ``layer_positions`` give none).
+    """
+    out = []
+    for row, metrics in runs:
+        last = next((r for r in reversed(metrics["rounds"]) if r["round"] > 0), None)
+        if last is None:
+            continue
+        by_level: dict[float, list[dict[str, int]]] = {}
+        for c in last["clients"]:
+            if c.get("layer_positions") and c.get("capacity") is not None and c["capacity"] < 1:
+                by_level.setdefault(c["capacity"], []).append(c["layer_positions"])
+        for gamma, counts in sorted(by_level.items(), reverse=True):
+            entry = {k: row[k] for k in ("dataset", "partition", "method", "seed")} | {"capacity": f"{gamma:g}"}
+            entry |= {name: statistics.fmean(c[name] for c in counts) for name in counts[0]}
+            out.append(entry)
+    return out
+
+
 def write_results(
     out: Path, runs: list[tuple[dict[str, Any], dict[str, Any]]], argv: Sequence[str] | None, seeds: int, setup: str
 ) -> str:
-    """Write results.csv and summary.md for the runs so far; returns the summary table."""
+    """Write results.csv, mask_layers.csv and summary.md for the runs so far; returns the summary table."""
     rows = [row for row, _ in runs]
     fields = sorted({k for r in rows for k in r}, key=lambda k: (k.startswith("acc_cap_"), k))
     with open(out / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
+    layers = mask_layer_rows(runs)
+    if layers:
+        with open(out / "mask_layers.csv", "w", newline="") as f:
+            names = list(dict.fromkeys(k for r in layers for k in r))
+            writer = csv.DictWriter(f, fieldnames=names)
+            writer.writeheader()
+            writer.writerows(layers)
     table = summarise(rows)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     (out / "summary.md").write_text(
