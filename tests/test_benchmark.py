@@ -261,9 +261,11 @@ def test_row_gives_trained_submodels_overlap_and_whether_clients_stayed_within_c
     assert row["method"] == "fedfibos+fisher-every=1"
     assert row["trained_cap_0.25"] == 0.6  # the last round that evaluated the clients' submodels
     assert row["overlap_cap_0.25"] == pytest.approx(0.75) and row["overlap_cap_1"] == 1.0
+    assert row["overlap_min_cap_0.25"] == 0.5  # round 2's; round 3's is 1
     assert row["within_capacity"] is True
     rounds[-1]["clients"].append(base | client(0.25, 1.0, None))  # a client grown to the full model
     assert run_row({"run": run, "rounds": rounds}, 1.0)["within_capacity"] is False
     table = summarise([row | {"local_acc": 0.5, "client_train_s": 0.1, "client_fisher_s": 0.0}])
-    assert "trained @0.25" in table and "overlap @0.25" in table and "@1 " not in table
+    assert "trained @0.25" in table and "overlap @0.25" in table and "min overlap @0.25" in table
+    assert "@1 " not in table
     assert "| yes |" in table

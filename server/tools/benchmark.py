@@ -144,7 +144,8 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     :data:`LAST_ROUNDS` rounds (fewer in a shorter run). ``label`` names the row's method (a
     :class:`MethodSpec` label; default the run's method). Per capacity level: ``trained_cap_*`` (the
     clients' own submodels, last evaluated round), ``acc_cap_*`` (the server's extraction),
-    ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known);
+    ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known),
+    ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved the masks);
     ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity.
     """
     run = metrics["run"]
@@ -190,11 +191,20 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     for level, v in trained.items():
         row[f"trained_cap_{level}"] = v["accuracy"]
     for level in {c["capacity"] for c in clients if c.get("capacity") is not None}:
-        overlaps = [
-            c["mask_overlap"] for c in clients if c.get("capacity") == level and c.get("mask_overlap") is not None
+        per_round = [
+            [
+                c["mask_overlap"]
+                for c in r["clients"]
+                if c.get("capacity") == level and c.get("mask_overlap") is not None
+            ]
+            for r in rounds
         ]
+        overlaps = [v for vals in per_round for v in vals]
         if overlaps:
             row[f"overlap_cap_{level:g}"] = statistics.fmean(overlaps)
+        later = [statistics.fmean(vals) for r, vals in zip(rounds, per_round) if vals and r["round"] > 1]
+        if later:  # round 1 compares with the warm-up's (magnitude-ranked) mask
+            row[f"overlap_min_cap_{level:g}"] = min(later)
     sized = [c for c in clients if c.get("capacity") is not None and c.get("density") is not None]
     row["within_capacity"] = (
         all(c["density"] <= CAPACITY_SLACK * c["capacity"] for c in sized) if sized else float("nan")
@@ -238,7 +248,8 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         found = {k[len(prefix) :] for row in rows for k in row if k.startswith(prefix)}
         return sorted((lv for lv in found if float(lv) < 1), key=float, reverse=True)
 
-    trained, extracted, overlap = levels("trained_cap_"), levels("acc_cap_"), levels("overlap_cap_")
+    trained, extracted = levels("trained_cap_"), levels("acc_cap_")
+    overlap, lowest = levels("overlap_cap_"), levels("overlap_min_cap_")
 
     def ms(vals: list[float], scale: float = 1.0, digits: int = 3) -> str:
         vals = [v * scale for v in vals if v == v]
@@ -255,7 +266,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "partition", "method", "Fisher enc.", "≤ capacity", "seeds", "global acc"]
     head += [f"last {LAST_ROUNDS} rounds"]
     head += [f"trained @{lv}" for lv in trained] + [f"extract @{lv}" for lv in extracted]
-    head += [f"overlap @{lv}" for lv in overlap]
+    head += [f"overlap @{lv}" for lv in overlap] + [f"min overlap @{lv}" for lv in lowest]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
     # runs made before clients reported their peak memory have none; the column appears once one does
     with_peak = any(math.isfinite(row.get("client_peak_mib", float("nan"))) for row in rows)
@@ -268,6 +279,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         cells += [ms([g.get(f"trained_cap_{lv}", float("nan")) for g in group]) for lv in trained]
         cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in extracted]
         cells += [ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2) for lv in overlap]
+        cells += [ms([g.get(f"overlap_min_cap_{lv}", float("nan")) for g in group], digits=2) for lv in lowest]
         cells += [
             ms([g["local_acc"] for g in group]),
             ms([g["kib_down_per_client_round"] for g in group], digits=1),
