@@ -186,7 +186,11 @@ class RunConfig(Schema):
     )
     fisher_batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
     fisher_ema: float = Field(
-        0.0, ge=0, le=0.99, description="weight of a client's previous Fisher when it reports again"
+        0.5,
+        ge=0,
+        le=0.99,
+        description="weight of a client's previous Fisher when it reports again (0 = the new estimate alone; "
+        "0.5 steadies a small client's mask across refreshes and raised its submodels, docs/FISHER.md)",
     )
     fisher_staleness_decay: float = Field(
         0.7, ge=0, le=1, description="per-round trust in an aging client estimate (rest from the prior)"
@@ -209,12 +213,17 @@ class RunConfig(Schema):
         description="budget for per-client Fisher; beyond it the stalest clients are evicted and use the prior",
     )
     min_per_row: int = Field(
-        1, ge=0, le=1_000_000, description="guard of Fisher-ranked masks: weights kept per output unit (0 = none)"
+        0,
+        ge=0,
+        le=1_000_000,
+        description="guard of Fisher-ranked masks: weights kept per output unit (0 = none, the definition's "
+        "top-k; 1 moved nothing beyond the spread between seeds, docs/FISHER.md)",
     )
     keep_vectors: bool = Field(
-        True,
-        description="guard of Fisher-ranked masks: every 1-D tensor that can learn (biases, norm scales) is kept; "
-        "`false` ranks them like any weight. Biases that feed a BatchNorm cannot learn and take no budget",
+        False,
+        description="guard of Fisher-ranked masks: every 1-D tensor that can learn (biases, norm scales) is kept "
+        "and counted in the budget; `false` (the definition) ranks them like any weight. Biases that feed a "
+        "BatchNorm cannot learn and are never selected below capacity 1",
     )
     eval_every: int = Field(
         5, ge=0, le=100_000, description="federated evaluation every N rounds (and the last); 0 = never"
