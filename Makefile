@@ -52,7 +52,7 @@ system-deps:
 	else echo "note: the compose topology test needs root, iproute2, nginx and wget"; fi
 
 test: lint system-deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 # Docker end to end (root): installs the engine and Compose v2 where missing, starts the engine
 # (stopped again after), builds stand-ins for the public images, then builds the app image and runs

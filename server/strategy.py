@@ -440,8 +440,12 @@ class SubmodelStrategy(Strategy):
         return metrics
 
     # ----------------------------------------------------------- central eval
-    def central_evaluation(self, server_round: int) -> dict[str, Any]:
-        """Full model and the submodel at every capacity level present, with ``evaluate_fn``."""
+    def central_evaluation(self, server_round: int, trained: bool = False) -> dict[str, Any]:
+        """Full model and the submodel at every capacity level present, with ``evaluate_fn``.
+
+        ``trained``: also evaluate the submodel each client of the round trained (``trained_per_capacity``;
+        one evaluation per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+        """
         if self.evaluate_fn is None:
             return {}
         full = self.evaluate_fn(server_round, self.to_arrays(self.x))
@@ -459,13 +463,10 @@ class SubmodelStrategy(Strategy):
                 "density": float(mask.mean()),
                 "source": source,
             }
-        trained = self.evaluate_trained(server_round, full) if server_round > 0 else {}
-        return {
-            "accuracy": full["accuracy"],
-            "loss": full["loss"],
-            "per_capacity": levels,
-            "trained_per_capacity": trained,
-        }
+        out = {"accuracy": full["accuracy"], "loss": full["loss"], "per_capacity": levels}
+        if trained and server_round > 0:
+            out["trained_per_capacity"] = self.evaluate_trained(server_round, full)
+        return out
 
     def evaluate_trained(self, server_round: int, full: Mapping[str, float]) -> dict[str, dict[str, float]]:
         """The round's model on each trained client's own mask, into its entry; the mean per capacity level.
@@ -584,14 +585,15 @@ class SubmodelStrategy(Strategy):
             if train_metrics is not None:
                 result.train_metrics_clientapp[rnd] = train_metrics
             influence = self.prior_influence()  # before the evaluation: its sort also caches the prior
-            central = self.central_evaluation(rnd)
+            evaluation_round = rnd == num_rounds or bool(self.cfg.eval_every and rnd % self.cfg.eval_every == 0)
+            central = self.central_evaluation(rnd, trained=evaluation_round)
             server_seconds += time.perf_counter() - t0
             if central:
                 result.evaluate_metrics_serverapp[rnd] = MetricRecord(
                     {"accuracy": central["accuracy"], "loss": central["loss"]}
                 )
             local = None
-            if self.cfg.eval_every and (rnd % self.cfg.eval_every == 0 or rnd == num_rounds):
+            if self.cfg.eval_every and evaluation_round:
                 eval_msgs = list(self.configure_evaluate(rnd, arrays, evaluate_config, grid))
                 local_metrics = self.aggregate_evaluate(rnd, exchange(grid, eval_msgs, timeout, self.cfg.poll_interval))
                 if local_metrics is not None:

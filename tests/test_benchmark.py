@@ -110,7 +110,8 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     out = tmp_path / "bench"
     args = ["--methods", "fedfibos,heterofl", "--datasets", "digits", "--partitions", "dirichlet:0.5"]
     args += ["--seeds", "0", "--rounds", "2", "--clients-per-capacity", "1", "--out", str(out)]
-    assert main(args + ["-c", "local-epochs=1"]) == 0
+    # a Fisher refresh every round, so that fedfibos measures (and uploads) in both rounds
+    assert main(args + ["-c", "local-epochs=1", "-c", "fisher-every=1"]) == 0
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [r["method"] for r in rows] == ["fedfibos", "heterofl"]
     for r in rows:
@@ -128,7 +129,7 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     # Re-tabulating finished runs starts no federation and gives the same rows.
     (out / "results.csv").unlink()
-    assert main(args + ["-c", "local-epochs=1", "--reuse", "--existing-only"]) == 0
+    assert main(args + ["-c", "local-epochs=1", "-c", "fisher-every=1", "--reuse", "--existing-only"]) == 0
     again = list(csv.DictReader(open(out / "results.csv")))
     assert [r["global_acc"] for r in again] == [r["global_acc"] for r in rows]
 

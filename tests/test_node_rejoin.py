@@ -31,5 +31,6 @@ def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
     assert later, "the restarted node never trained again"
     rejoined = later[-1]
     assert rejoined["node_id"] != first_id  # a new node id ...
-    assert rejoined["mask_source"] == "client"  # ... but its own Fisher estimate ranks its submodel
+    # ... but its own Fisher estimate ranks its submodel (``held``: the mask that estimate gave before)
+    assert rejoined["mask_source"] in ("client", "held")
     assert all(r["global"]["accuracy"] > 0 for r in rounds)

@@ -121,5 +121,6 @@ def test_prior_influence_is_recorded_and_recomputable(federation):
     lo, hi = state.prior_interval()
     last = metrics["rounds"][-1]["prior_influence"]
     for gamma in (0.25, 0.0625):
-        share = float(contested_positions(layout, layout.flatten(model), gamma, lo, hi).mean())
+        guards = (metrics["run"]["min_per_row"], metrics["run"]["keep_vectors"])
+        share = float(contested_positions(layout, layout.flatten(model), gamma, lo, hi, *guards).mean())
         assert share == pytest.approx(last[f"{gamma:g}"], abs=1e-12)
