@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.layout import ParamLayout
-from common.selection import budget
+from common.selection import budget, kept_vectors
 
 
 def trim_count(trim: float, n: int) -> int:
@@ -191,7 +191,7 @@ def contested_by_level(
     if np.any(s_lo > s_hi):
         raise ValueError("lo must not exceed hi")
     # Inert positions are in no mask below capacity 1 and take no budget (common.selection.select_mask).
-    forced = layout.always_kept & ~layout.inert_mask if keep_vectors else np.zeros(layout.size, dtype=bool)
+    forced = kept_vectors(layout, keep_vectors)
     eligible = ~forced & ~layout.inert_mask
     n_eligible = int(np.count_nonzero(eligible))
     # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.

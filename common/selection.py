@@ -195,6 +195,13 @@ def row_guard(scores: NDArray, layout: ParamLayout, min_per_row: int) -> NDArray
     return keep
 
 
+def kept_vectors(layout: ParamLayout, keep_vectors: bool) -> NDArray[np.bool_]:
+    """The 1-D positions the ``keep_vectors`` guard forces into every mask: those that can learn, or none."""
+    if not keep_vectors:
+        return np.zeros(layout.size, dtype=bool)
+    return layout.always_kept & ~layout.inert_mask
+
+
 def select_mask(
     layout: ParamLayout,
     x: NDArray,
@@ -247,9 +254,7 @@ def select_mask(
         return np.ones(layout.size, dtype=bool)
     # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
     scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
-    forced = row_guard(scores, layout, min_per_row)
-    if keep_vectors:
-        forced |= layout.always_kept
+    forced = row_guard(scores, layout, min_per_row) | kept_vectors(layout, keep_vectors)
     inert = layout.inert_mask
     if not inert.any():
         return topk_mask(scores, k, forced)
