@@ -169,6 +169,9 @@ class Method:
     options_prefix: ClassVar[str] = ""
     #: File in the results folder that receives :meth:`state_bytes` at the end of a run (when not empty).
     state_file: ClassVar[str] = "method_state.npz"
+    #: Settings ``fibos bench`` also runs this method with by default, each a row of its own (``key=value``
+    #: joined by ``+``; e.g. FedGMR capacity-limited beside its published bandwidth kind).
+    bench_variants: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, run: RunConfig) -> None:
         self.run = run

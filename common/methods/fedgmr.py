@@ -116,6 +116,7 @@ class FedGMR(FisherRankedMethod):
     """Gradual model restoration (synchronous rounds, or asynchronous with :mod:`server.async_strategy`)."""
 
     name = "fedgmr"
+    bench_variants = ("gmr-capacity-kind=memory",)  # capacity-limited, beside the published bandwidth kind
     summary = (
         "a submodel that grows over training from `gmr-start * gamma` toward `gmr-ceiling` (bandwidth-limited "
         "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), stepping up when its loss stops "

@@ -54,8 +54,6 @@ from server.launcher import parse_capacities, run_local_federation
 
 HIGHLIGHT = RunConfig.model_fields["method"].default  # the product's method: drawn thicker in the plots
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
-# Variants the default matrix runs beside a method: FedGMR capacity-limited, beside its published bandwidth kind.
-DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {"fedgmr": ("fedgmr+gmr-capacity-kind=memory",)}
 # A client "stays within its capacity" while its submodel's density is at most this much above it (rounding of
 # channel counts and the always-kept tensors add a little).
 CAPACITY_SLACK = 1.25
@@ -128,8 +126,8 @@ class MethodSpec:
 
 
 def default_methods() -> list[str]:
-    """Every registered method, each followed by its :data:`DEFAULT_VARIANTS`."""
-    return [spec for name in registry() for spec in (name, *DEFAULT_VARIANTS.get(name, ()))]
+    """Every registered method, each followed by its own ``bench_variants``."""
+    return [spec for name, cls in registry().items() for spec in (name, *(f"{name}+{v}" for v in cls.bench_variants))]
 
 
 #: Rounds averaged in ``global_acc_last``: with a sample of the clients per round the final round's accuracy
