@@ -8,7 +8,8 @@
    restart presents the same identity);
 2. registers the public key with the SuperLink's Control API (``flwr supernode
    register``), unless ``--no-register`` (then the operator registers the
-   printed ``.pub`` file);
+   printed ``.pub`` file); a SuperLink that is not up yet is waited for, up to
+   ``--wait`` seconds;
 3. replaces itself with ``flower-supernode`` dialling ``--superlink`` over TLS,
    authenticated by the key, with the node config built from the options. The
    SuperNode keeps retrying until the SuperLink answers.
@@ -82,6 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--capacity", default="auto", help="share of the model in (0, 1], or auto (measure the device)")
     ap.add_argument("--device", default="auto", choices=DEVICES, help="training device (auto: cuda, mps, cpu)")
     ap.add_argument("--keys", type=Path, default=Path.home() / ".fibos-fl" / "keys", help="folder for key pairs")
+    ap.add_argument(
+        "--wait", type=float, default=300.0, help="seconds to wait for the SuperLink's Control API to answer"
+    )
     ap.add_argument("--runtime-port", type=int, default=9094, help="the SuperNode's local ClientApp port")
     ap.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
     args = ap.parse_args(argv)
@@ -119,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.control_api,
             "--root-certificates",
             str(args.root_certificates),
+            "--wait",
+            repr(args.wait),
             str(pub),
         ]
         if args.dry_run:

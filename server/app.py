@@ -18,6 +18,7 @@ from common.methods import create_method
 from common.models import build_run_model, model_layout, trainable_arrays
 from server.async_strategy import AsyncSubmodelStrategy
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
+from server.resume_check import check_resume
 from server.strategy import EvaluateFn, SubmodelStrategy
 
 app = ServerApp()
@@ -40,6 +41,10 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     results = Path(cfg.results_dir).expanduser().resolve()
     results.mkdir(parents=True, exist_ok=True)
+    if cfg.resume:
+        # A missing or damaged checkpoint or metrics.json is refused, naming the file, before anything is built;
+        # starting over instead would overwrite the earlier rounds' metrics.json.
+        check_resume(results, cfg)
     split = load_run_dataset(cfg)
     method = create_method(cfg)
     model = method.federated_model(build_run_model(cfg, split.train.num_classes, split.train.in_channels))
@@ -55,15 +60,13 @@ def main(grid: Grid, context: Context) -> None:
     strategy = strategy_class(cfg, layout, method)
     checkpoint = results / CHECKPOINT
     done = None
-    if cfg.resume and checkpoint.exists():
+    if cfg.resume:
         done, x0, state = load_checkpoint(checkpoint)
         if x0.shape != (layout.size,):
             raise ValueError(f"{checkpoint} holds a model of {x0.size} parameters, this run builds {layout.size}")
         method.load_state(state)
         strategy.first_round = done + 1
         log(INFO, "resuming after round %d from %s", done, checkpoint)
-    elif cfg.resume:
-        log(INFO, "resume=true but %s does not exist: starting from round 1", checkpoint)
     metrics = MetricsLog(
         results / "metrics.json",
         {**cfg.flat(), "upload_encoding": cfg.upload_encoding, "d": layout.size, "results_dir": str(results)},

@@ -8,9 +8,11 @@ only place that lists them; modules are imported only when their subcommand runs
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from importlib import import_module
 
+import click
 import typer
 
 #: subcommand -> (module whose ``main(argv)`` runs it, one-line help)
@@ -35,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Which optimiser and step size fine-tune a pretrained text model (central training, per recipe)",
     ),
     "class-coverage": ("server.tools.class_coverage", "Per-class recall and dead units of finished runs"),
+    "ranking-rules": (
+        "server.tools.ranking_rules",
+        "Submodels of a finished run's global model under each ranking rule (Fisher, magnitude, ...)",
+    ),
     "docs": (
         "server.tools.docs_reference",
         "Check (or --write) the docs generated from the code: config, methods, layout",
@@ -51,9 +57,33 @@ app = typer.Typer(
 )
 
 
+@contextmanager
+def subcommand_argv(name: str, args: Sequence[str]) -> Iterator[list[str]]:
+    """Within the block, ``sys.argv`` reads as the subcommand line typed: ``["fibos <name>", *args]``.
+
+    argparse names the program after ``sys.argv[0]`` (``usage: fibos local ...``, not ``usage: fibos``), and
+    the run-folder lock records ``sys.argv`` as the command holding the folder.
+
+    Parameters
+    ----------
+    name : str
+        The subcommand.
+    args : Sequence[str]
+        Its arguments; the block gets them as a list, to hand to the module's ``main``.
+    """
+    saved = sys.argv
+    sys.argv = [f"fibos {name}", *args]
+    try:
+        yield list(args)
+    finally:
+        sys.argv = saved
+
+
 def _register(name: str, module: str, help_text: str) -> None:
     def command(ctx: typer.Context) -> None:
-        code = import_module(module).main(list(ctx.args))
+        run = import_module(module).main
+        with subcommand_argv(name, ctx.args) as args:
+            code = run(args)
         raise typer.Exit(int(code or 0))
 
     # Options go to the module's own parser, --help included.
@@ -72,8 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = app(args=list(sys.argv[1:] if argv is None else argv), prog_name="fibos", standalone_mode=False)
     except typer.Exit as done:
         return int(done.exit_code)
-    except SystemExit as done:  # argparse's --help and usage errors
-        return int(done.code or 0) if not isinstance(done.code, str) else 2
+    except click.ClickException as err:  # an unknown subcommand, or none: click's message or the help
+        err.show()
+        return err.exit_code
+    except SystemExit as done:  # argparse's --help and usage errors (printed already), or sys.exit("message")
+        if isinstance(done.code, str):  # Python prints such a message and exits 1; so must this entry point
+            print(done.code, file=sys.stderr)
+            return 1
+        return int(done.code or 0)
     return int(code or 0)
 
 

@@ -8,14 +8,17 @@ reimplements Flower's protocol.
 
 Usage::
 
-    python -m server.control register --superlink superlink:8000 --root-certificates ca.crt node1.pub node2.pub
-    python -m server.control submit --superlink superlink:8000 --root-certificates ca.crt --app . \\
+    fibos control register --superlink superlink:8000 --root-certificates ca.crt node1.pub node2.pub
+    fibos control submit --superlink superlink:8000 --root-certificates ca.crt --app . \\
         --run-config "num-rounds=10 min-nodes=4"
+
+Both wait up to ``--wait`` seconds for the SuperLink to answer (it may still be starting).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -41,7 +44,7 @@ def control_env(args: argparse.Namespace, home: Path) -> dict[str, str]:
     config.toml is never rewritten), holding the connection to ``args.superlink``."""
     certs = None if args.insecure else args.root_certificates
     if certs is None and not args.insecure:
-        raise SystemExit("give --root-certificates CA.crt (TLS), or --insecure for a SuperLink without TLS")
+        raise SystemExit("error: give --root-certificates CA.crt (TLS), or --insecure for a SuperLink without TLS")
     (home / "config.toml").write_text(connection_toml(args.connection, args.superlink, certs))
     return flower_env(home)
 
@@ -50,16 +53,57 @@ def _flwr(env: dict[str, str], *argv: str, timeout: float = 120.0) -> subprocess
     return subprocess.run(["flwr", *argv], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def wait_for_control_api(env: dict[str, str], connection: str, timeout: float) -> None:
-    """Retry ``flwr supernode list`` until the SuperLink's Control API answers."""
+def unanswered(done: subprocess.CompletedProcess) -> str:
+    """Why ``flwr supernode list --format json`` got no answer from the SuperLink ("" when it got one).
+
+    The exit status alone does not tell: an unreachable SuperLink gives status 0 with ``{"success": false}``.
+    """
+    text = " ".join((done.stdout + done.stderr).split())
+    if done.returncode != 0:
+        return text or f"flwr exited with status {done.returncode}"
+    try:
+        reply = json.loads(done.stdout)
+    except ValueError:
+        return f"an unreadable reply: {text[:300]}"
+    if isinstance(reply, dict) and reply.get("success") is True:
+        return ""
+    return " ".join(str(reply.get("error-message", text) if isinstance(reply, dict) else text).split())
+
+
+def wait_for_control_api(env: dict[str, str], connection: str, timeout: float, superlink: str = "") -> None:
+    """Retry ``flwr supernode list`` until the SuperLink's Control API answers; exit after ``timeout`` s.
+
+    Parameters
+    ----------
+    env : dict
+        Flower environment whose ``config.toml`` holds ``connection``.
+    connection : str
+        The connection name to ask through.
+    timeout : float
+        Seconds to keep trying (0: one try).
+    superlink : str
+        The SuperLink's address, for the messages.
+    """
     deadline = time.monotonic() + timeout
+    where = f" at {superlink}" if superlink else ""
+    said = False
     while True:
-        done = _flwr(env, "supernode", "list", connection, "--format", "json")
-        if done.returncode == 0:
+        # A try is bounded by the wait too (a black-holed address could hold one for minutes); starting flwr
+        # takes a few seconds, so the last try gets at least 10.
+        budget = max(10.0, deadline - time.monotonic())
+        try:
+            why = unanswered(_flwr(env, "supernode", "list", connection, "--format", "json", timeout=budget))
+        except subprocess.TimeoutExpired:
+            why = "no reply"
+        if not why:
             return
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the SuperLink's Control API did not answer within {timeout:.0f} s: {done.stdout}")
-        time.sleep(2.0)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SystemExit(f"error: the SuperLink's Control API{where} did not answer within {timeout:.0f} s: {why}")
+        if not said:
+            print(f"waiting up to {timeout:.0f} s for the SuperLink's Control API{where}: {why}", file=sys.stderr)
+            said = True
+        time.sleep(min(2.0, left))
 
 
 def register(args: argparse.Namespace) -> int:
@@ -69,7 +113,7 @@ def register(args: argparse.Namespace) -> int:
 
 
 def _register(args: argparse.Namespace, env: dict[str, str]) -> int:
-    wait_for_control_api(env, args.connection, args.wait)
+    wait_for_control_api(env, args.connection, args.wait, args.superlink)
     for pub in args.public_keys:
         name = pub.stem if pub.suffix == ".pub" else pub.name
         done = _flwr(env, "supernode", "register", str(pub), args.connection, "--name", name)
@@ -98,7 +142,7 @@ def submit(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
-    wait_for_control_api(env, args.connection, args.wait)
+    wait_for_control_api(env, args.connection, args.wait, args.superlink)
     cmd = ["flwr", "run", str(args.app), args.connection, "--stream"]
     if overrides:
         cmd += ["-c", toml_overrides(overrides)]
@@ -124,7 +168,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--root-certificates", type=Path, help="CA certificate the SuperLink's certificate chains to")
         p.add_argument("--insecure", action="store_true", help="the SuperLink runs without TLS")
         p.add_argument("--connection", default="fibos", help="connection name written to $FLWR_HOME/config.toml")
-        p.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the Control API to answer")
+        p.add_argument(
+            "--wait",
+            type=float,
+            default=300.0,
+            help="seconds to wait for the SuperLink's Control API to answer (default: 300)",
+        )
     reg = sub.choices["register"]
     reg.add_argument("public_keys", type=Path, nargs="+", help="OpenSSH public keys (name = file name without .pub)")
     sm = sub.choices["submit"]

@@ -8,7 +8,7 @@ Ctrl-C or SIGTERM).
 
 Usage::
 
-    python -m server.launcher --capacities 1,0.5,0.25,0.25,0.125,0.0625 --rounds 12
+    fibos local --capacities 1,0.5,0.25,0.25,0.125,0.0625 --rounds 12
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing, nullcontext
 from pathlib import Path
 from types import FrameType
 
 from common.config import ConfigError, RunConfig, parse_capacity_list, parse_run_config
 from common.hf_models import resolve_model_path
+from server.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
+from server.resume_check import check_resume
 from server.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.tools.report import summary_table, write_accuracy_plot
 
@@ -81,112 +83,6 @@ def _bin(name: str) -> str:
     """A console script of the running interpreter's environment (works without an activated venv)."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
-
-
-def pids_with_env(match: Callable[[list[bytes]], bool]) -> list[int]:
-    """PIDs of live processes (other than this one) whose environment entries satisfy ``match`` (Linux ``/proc``).
-
-    Every process the launcher starts carries marker entries in its environment, and so does everything
-    Flower spawns from it, even in sessions of its own; this finds them all. Elsewhere than Linux: none.
-    """
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        return []
-    found = []
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if match([e for e in (entry / "environ").read_bytes().split(b"\0") if e]):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def stop_pids(find: Callable[[], list[int]], grace: float, reap: Callable[[], None] = lambda: None) -> None:
-    """SIGTERM every PID ``find()`` returns, SIGKILL what is still found after ``grace`` s."""
-    for pid in find():
-        _signal_pid(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        reap()
-        if not find():
-            return
-        time.sleep(0.2)
-    for pid in find():
-        _signal_pid(pid, signal.SIGKILL)
-
-
-class ProcessGroup:
-    """Processes started in their own sessions, stopped together with every descendant.
-
-    Flower's daemons start ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp``
-    in sessions of their own, which a process-group signal misses. Every process
-    the launcher starts carries ``marker`` (the launch's private FLWR_HOME) in its
-    environment, and so does everything they spawn: stopping signals all of them,
-    and nothing else (another launch has another FLWR_HOME).
-
-    Parameters
-    ----------
-    marker : str
-        An ``KEY=value`` environment entry unique to this federation.
-    """
-
-    def __init__(self, marker: str) -> None:
-        if "=" not in marker or marker.endswith("="):
-            raise ValueError(f"the marker must be a KEY=value environment entry, got {marker!r}")
-        self.marker = marker.encode()
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, args: Sequence[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-        """Start ``args`` with stdout and stderr in ``log_path``."""
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log_file:
-            proc = subprocess.Popen(
-                list(args), stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        self.procs.append(proc)
-        return proc
-
-    def members(self) -> list[int]:
-        """PIDs of live processes that carry the marker (Linux ``/proc``; elsewhere the direct children)."""
-        if not Path("/proc").is_dir():
-            return [p.pid for p in self.procs if p.poll() is None]
-        return pids_with_env(lambda entries: self.marker in entries)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM everything (newest first), then SIGKILL what is left after ``grace`` s."""
-        for proc in reversed(self.procs):
-            _signal_group(proc, signal.SIGTERM)
-
-        def reap() -> None:  # our direct children must not linger as zombies
-            for proc in self.procs:
-                proc.poll()
-
-        stop_pids(self.members, grace, reap)
-        for proc in self.procs:
-            _signal_group(proc, signal.SIGKILL)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.procs.clear()
-
-
-def _signal_pid(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -258,7 +154,8 @@ class LocalFederation:
 
     Use as a context manager: entering locks ``home`` (:mod:`server.run_folder`; a second launch on it
     is refused) and starts the daemons; leaving stops every process they started, and nothing else,
-    also on errors, Ctrl-C and SIGTERM. Each launch has its own Flower state (FLWR_HOME and SuperLink
+    also on errors, Ctrl-C and SIGTERM; should this process be killed outright, the group's guard stops
+    them (:mod:`server.process_group`, log ``guard.log``). Each launch has its own Flower state (FLWR_HOME and SuperLink
     database under ``home/.flwr/<launch>``, removed at the end) and its own log folder
     (``home/logs/<launch>``, linked as ``home/logs/latest``).
 
@@ -336,7 +233,8 @@ class LocalFederation:
             self.flwr_home = self.home / ".flwr" / self.launch
             self.flwr_home.mkdir(parents=True)
             self.env = flower_env(self.flwr_home)
-            self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")
+            # Should this process die without stopping them, the group's guard stops them and says so here.
+            self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}", guard_log=self.logs / "guard.log")
         except BaseException:
             self.lock.release()
             raise
@@ -494,7 +392,7 @@ class LocalFederation:
         """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too."""
         with self._nodes_lock:
             proc = self.nodes.pop(i)
-        _signal_group(proc, signal.SIGKILL)
+        signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
         self._stop_node_processes(i, grace=0.0)
 
@@ -535,7 +433,8 @@ class LocalFederation:
 
         Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
         ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
-        config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist).
+        config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist;
+        with ``resume=true``, that the checkpoint and metrics.json can be resumed from: :func:`check_resume`).
         Starts nothing.
         """
         flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
@@ -548,6 +447,8 @@ class LocalFederation:
             )
         overrides = merge_flag_settings(run_config, flags)
         cfg = check_run_config(overrides, app_dir)
+        if cfg.resume:  # a missing or damaged checkpoint would otherwise surface after the federation is up
+            check_resume(results_dir.resolve(), cfg)
         # Every node of a local federation reads data-path on this machine.
         if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
             raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
@@ -635,15 +536,44 @@ def toml_overrides(values: dict[str, object]) -> str:
     return " ".join(parts)
 
 
+class Deadline(threading.Timer):
+    """A timer that stops a process (SIGTERM to its group, SIGKILL ``grace`` s later) when it fires.
+
+    Parameters
+    ----------
+    proc : subprocess.Popen
+        The process, leader of its own process group.
+    timeout : float
+        Seconds from now until it is stopped.
+    grace : float
+        Seconds it has to exit after SIGTERM.
+    """
+
+    def __init__(self, proc: subprocess.Popen, timeout: float, grace: float = 10.0) -> None:
+        super().__init__(timeout, self._stop)
+        self.daemon = True
+        self.proc = proc
+        self.grace = grace
+        self.fired = threading.Event()
+
+    def _stop(self) -> None:
+        self.fired.set()
+        signal_group(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            signal_group(self.proc, signal.SIGKILL)
+
+
 def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, echo) -> None:
     """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
 
     Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
     ServerApp raised): the message carries the last error line of the log (the exception that ended the
-    ServerApp), so the operator sees why without opening the log.
+    ServerApp), so the operator sees why without opening the log. Raises ``TimeoutError`` once it has run
+    ``timeout`` s (it is stopped then, whether or not it prints anything).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + timeout
     last_exception = last_error = ""
     box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
     with open(log_path, "w") as log_file:
@@ -656,6 +586,9 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
             start_new_session=True,
         )
         failed = False
+        # The clock, not the output, ends an overdue run: a run waiting for a node that never comes prints nothing.
+        expired = Deadline(proc, timeout)
+        expired.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -677,13 +610,14 @@ def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, 
                     last_exception = line.strip()
                 elif "ERROR" in line:
                     last_error = line.strip()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the run exceeded {timeout:.0f} s; see {log_path}")
             proc.wait()
         finally:
+            expired.cancel()
             if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
+                signal_group(proc, signal.SIGTERM)
                 proc.wait(timeout=10)
+    if expired.fired.is_set():
+        raise TimeoutError(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}")
     if proc.returncode != 0 or failed:
         if box:
             last_exception = " ".join(box)
@@ -761,6 +695,7 @@ def parse_overrides(text: str | Sequence[str]) -> dict[str, object]:
     """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values).
 
     A sequence is the values of a repeated ``-c`` flag, merged in order (a later key wins), as ``flwr run -c`` does.
+    A pair without ``=`` exits (``SystemExit``) with a message naming it.
     """
     import tomllib
 
@@ -768,7 +703,7 @@ def parse_overrides(text: str | Sequence[str]) -> dict[str, object]:
     for pair in (p for item in ([text] if isinstance(text, str) else text) for p in shlex.split(item)):
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"run-config override {pair!r} is not key=value")
+            raise SystemExit(f"error: run-config override {pair!r} is not key=value (e.g. -c lr=0.1)")
         try:
             out[key] = tomllib.loads(f"v = {value}")["v"]
         except tomllib.TOMLDecodeError:

@@ -21,12 +21,15 @@ import io
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    import torch
 
 
 def atomic_write(path: Path, data: bytes | memoryview, sync_dir: bool = True) -> None:
@@ -146,18 +149,58 @@ def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fishe
     return written
 
 
+#: What reading a damaged ``.npz`` raises: a truncated or garbled zip, an empty file, an unexpected member.
+UNREADABLE_NPZ = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
+
+
+def check_checkpoint(path: Path) -> tuple[int, int]:
+    """``(round, parameters)`` of the checkpoint at ``path``, once it is known to be whole enough to load.
+
+    Cheap next to a resumed run: reads the round, the global vector (its CRC is checked on reading) and the
+    list of chunks, and checks that every chunk is there with the bytes the checkpoint says, without reading
+    the chunks (:func:`load_checkpoint` checks their hashes).
+
+    Raises ``ValueError`` naming the file and what is wrong with it.
+    """
+    try:
+        with np.load(path) as z:
+            server_round, x = int(z["round"]), z["x"]
+            if "fisher_state" in z.files:  # the earlier single-file layout: reading it checks its CRC
+                _ = z["fisher_state"]
+                names, size = [], None
+            else:
+                names, size = [n.decode() for n in z["chunks"].tolist()], int(z["state_size"])
+    except UNREADABLE_NPZ as err:
+        raise ValueError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
+    if server_round < 1 or x.ndim != 1 or not np.issubdtype(x.dtype, np.floating):
+        raise ValueError(f"{path} is not a checkpoint of this app (round {server_round}, x {x.dtype} {x.shape})")
+    store = chunk_store(path)
+    stored = 0
+    for name in names:
+        try:
+            stored += (store / name).stat().st_size
+        except FileNotFoundError:
+            raise ValueError(f"{path}: its state chunk {name} is missing from {store}") from None
+    if size is not None and stored != size:
+        raise ValueError(f"{path}: its state chunks in {store} hold {stored} bytes, the checkpoint says {size}")
+    return server_round, int(x.size)
+
+
 def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
     """``(round, x, fisher_state_bytes)`` from :func:`save_checkpoint`.
 
-    Raises ``ValueError`` naming the chunk when one is missing or does not match its hash.
-    Reads the earlier single-file layout (the state inside ``checkpoint.npz``) too.
+    Raises ``ValueError`` naming the file when it is unreadable, or the chunk when one is missing or does
+    not match its hash. Reads the earlier single-file layout (the state inside ``checkpoint.npz``) too.
     """
-    with np.load(path) as z:
-        server_round, x = int(z["round"]), z["x"].astype(np.float32)
-        if "fisher_state" in z.files:
-            return server_round, x, z["fisher_state"].tobytes()
-        names = [n.decode() for n in z["chunks"].tolist()]
-        size = int(z["state_size"])
+    try:
+        with np.load(path) as z:
+            server_round, x = int(z["round"]), z["x"].astype(np.float32)
+            if "fisher_state" in z.files:
+                return server_round, x, z["fisher_state"].tobytes()
+            names = [n.decode() for n in z["chunks"].tolist()]
+            size = int(z["state_size"])
+    except UNREADABLE_NPZ as err:
+        raise ValueError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
     store = chunk_store(path)
     parts = []
     for name in names:
@@ -176,6 +219,8 @@ def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
 
 def save_model(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
     """Save a ``state_dict`` atomically (``torch.load(path)`` reads it back)."""
+    import torch  # here, not above: the launcher checks a checkpoint (check_checkpoint) without loading torch
+
     buf = io.BytesIO()
     torch.save(state_dict, buf)
     atomic_write(path, buf.getvalue())

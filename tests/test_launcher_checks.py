@@ -152,6 +152,18 @@ def test_a_failed_run_names_its_last_error_line(tmp_path):
         launcher.run_federation_command([sys.executable, "-c", boxed], dict(os.environ), log, 60, echoed.append)
 
 
+def test_the_timeout_is_kept_by_the_clock_while_the_run_prints_nothing(tmp_path):
+    """A run waiting for a node that never comes prints nothing; ``--timeout`` must end it all the same."""
+    script = "import time; print('INFO : waiting for nodes', flush=True); time.sleep(60)"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="exceeded 1 s and was stopped"):
+        launcher.run_federation_command(
+            [sys.executable, "-c", script], dict(os.environ), tmp_path / "serverapp.log", 1.0, lambda line: None
+        )
+    assert time.monotonic() - started < 15  # it used to wait for the next line: here, 60 s
+    assert "waiting for nodes" in (tmp_path / "serverapp.log").read_text()
+
+
 def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(capsys, monkeypatch):
     from server import control
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from server.launcher import LocalFederation
+from server.persistence import CHECKPOINT, check_checkpoint
 from tests.federation_progress import wait_for_round
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,13 @@ def _wait_until(condition, timeout: float) -> bool:
             return True
         time.sleep(0.2)
     return condition()
+
+
+def _checkpointed_round(results: Path) -> int:
+    try:
+        return check_checkpoint(results / CHECKPOINT)[0]
+    except (OSError, ValueError):
+        return 0
 
 
 def test_misconfigured_node_says_why_and_a_killed_node_leaves_no_children(tmp_path):
@@ -102,6 +110,8 @@ def test_superlink_crash_then_resume_keeps_every_launchs_logs(tmp_path):
         thread = threading.Thread(target=attempt)
         thread.start()
         wait_for_round(tmp_path, 1)
+        # A resume refuses a folder without a checkpoint: kill once round 1's (written after metrics.json) is there.
+        assert _wait_until(lambda: _checkpointed_round(tmp_path) >= 1, 60)
         os.kill(fed.group.procs[0].pid, signal.SIGKILL)
         thread.join(timeout=120)
         assert not thread.is_alive() and failure, "the run must fail with its SuperLink"
