@@ -17,3 +17,15 @@ def text_setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("text")
     return str(tiny_bert(root / "bert")), str(news_dataset(root / "news"))
+
+
+@pytest.fixture
+def no_process(monkeypatch):
+    """Fail the test if the launcher (or a subcommand through it) starts any process."""
+    from server import launcher
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launcher.subprocess, "run", refuse)

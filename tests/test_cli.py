@@ -10,17 +10,6 @@ import pytest
 from server import cli, control, launcher  # noqa: F401 (imported here: torch's import runs ldconfig, a process)
 
 
-@pytest.fixture
-def no_process(monkeypatch):
-    """Fail the test if a subcommand starts any process."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
-
-    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
-    monkeypatch.setattr(launcher.subprocess, "run", refuse)
-
-
 def test_an_override_without_a_value_is_named_on_stderr(tmp_path: Path, capsys, no_process) -> None:
     code = cli.main(["local", "--capacities", "1,1/4", "--results", str(tmp_path / "run"), "-c", "lr"])
     assert code != 0

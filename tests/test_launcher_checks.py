@@ -33,17 +33,6 @@ BAD_SETTINGS = [
 ]
 
 
-@pytest.fixture
-def no_process(monkeypatch):
-    """Fail the test if the launcher starts any process."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
-
-    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
-    monkeypatch.setattr(launcher.subprocess, "run", refuse)
-
-
 @pytest.mark.parametrize(("argv", "named"), BAD_SETTINGS)
 def test_each_bad_setting_is_refused_before_any_process_starts(argv, named, tmp_path, capsys, no_process):
     results = tmp_path / "run"

@@ -20,17 +20,6 @@ DONE = 2  # the round the checkpoint holds
 
 
 @pytest.fixture
-def no_process(monkeypatch):
-    """Fail the test if the launcher starts any process."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a process was started: {args[0] if args else kwargs}")
-
-    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
-    monkeypatch.setattr(launcher.subprocess, "run", refuse)
-
-
-@pytest.fixture
 def folder(tmp_path: Path) -> Path:
     """A results folder as a launch interrupted after round 2 of 3 leaves it (checkpoint, metrics.json)."""
     cfg = launcher.check_run_config({"results-dir": str(tmp_path), "num-rounds": 3})

@@ -212,14 +212,13 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
 
     by_rule: dict[tuple[str, Fraction], float] = {}
     for rule in rules:
+        if rule == "client-fisher":
+            per_client = [rule_scores(rule, x, f) for f in estimates]
+        else:
+            per_client = [rule_scores(rule, x, None if rule == "magnitude" else pooled)]
         for gamma in capacities:
-            if rule == "client-fisher":
-                scores = [rule_scores(rule, x, f) for f in estimates]
-                accs = [submodel_accuracy(model, layout, x, s, gamma, test, device) for s in scores]
-                by_rule[rule, gamma] = float(np.mean(accs))
-            else:
-                scores = rule_scores(rule, x, None if rule == "magnitude" else pooled)
-                by_rule[rule, gamma] = submodel_accuracy(model, layout, x, scores, gamma, test, device)
+            accs = [submodel_accuracy(model, layout, x, s, gamma, test, device) for s in per_client]
+            by_rule[rule, gamma] = float(np.mean(accs))
     load_flat(model, layout, x)
     return RunRankings(run.method, float(full_accuracy), by_rule)
 
