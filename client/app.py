@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from logging import ERROR
+from logging import ERROR, INFO, WARNING
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -40,15 +40,19 @@ def received(msg: Message) -> Received:
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Report capacity, device and local example counts (or the configuration error)."""
+    key: dict[str, str] = {}  # the node's client key, once its node config is known: the server records who left
     try:
-        run, node, data = _setup(context)
+        run = parse_run_config(context.run_config)
+        node = parse_node_config(context.node_config, run.capacity_mix)
+        key["client-key"] = node.key
+        data = load_local_data(run, node)
         device = pick_device(node.device)
         probe = cached_probe(device, cache_dir()) if node.capacity is None else None
     except Exception as err:  # a misconfigured node reports why instead of failing silently
         reason = f"{type(err).__name__}: {err}"
         # In the node's own log too: the server leaves this node out, and it would otherwise sit idle silently.
         log(ERROR, "this node cannot take part in the run, the server will leave it out: %s", reason)
-        return Message(RecordDict({P.PROFILE: ConfigRecord({"error": reason})}), reply_to=msg)
+        return Message(RecordDict({P.PROFILE: ConfigRecord({"error": reason, **key})}), reply_to=msg)
     metrics = MetricRecord(
         {
             "capacity": probe.capacity if probe else node.capacity,
@@ -60,6 +64,11 @@ def query(msg: Message, context: Context) -> Message:
     info = {"device": str(device), "client-key": node.key, "capacity-source": "auto" if probe else "node-config"}
     if node.capacity_kind is not None:
         info["capacity-kind"] = node.capacity_kind
+    if data.report is not None:  # the node's own data: what was read, and what was skipped and why
+        info["data"] = data.report.summary()
+        metrics["skipped-examples"] = sum(data.report.skipped.values())
+        level = WARNING if data.report.skipped or data.report.notes else INFO
+        log(level, "own data at %s: %s", node.data_path, data.report.summary())
     return Message(RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)}), reply_to=msg)
 
 

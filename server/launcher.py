@@ -31,10 +31,12 @@ from pathlib import Path
 from types import FrameType
 
 from common.config import ConfigError, RunConfig, parse_capacity_list, parse_run_config
+from common.datasets import NODE_DATASET
 from common.hf_models import resolve_model_path
 from server.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
 from server.resume_check import check_resume
 from server.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
+from server.tensorboard_log import check_tensorboard
 from server.tools.report import summary_table, write_accuracy_plot
 
 DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
@@ -181,6 +183,9 @@ class LocalFederation:
     delays : Sequence[float]
         Test/benchmark knob: extra seconds per local epoch for SuperNode ``i``
         (``bench-delay-s``), to emulate slower devices; empty = none.
+    data_paths : Sequence[str]
+        With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its node
+        config's ``data-path``, client id ``node-<i>``) instead of a partition; empty = partitions.
     """
 
     def __init__(
@@ -192,6 +197,7 @@ class LocalFederation:
         secure: bool = False,
         unregistered: Sequence[int] = (),
         delays: Sequence[float] = (),
+        data_paths: Sequence[str] = (),
     ) -> None:
         if secure and simulation:
             raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
@@ -200,6 +206,9 @@ class LocalFederation:
         if delays and (simulation or len(delays) != len(capacities)):
             raise ValueError("delays need one entry per SuperNode process (not available in simulation)")
         self.delays = list(delays)
+        if data_paths and (simulation or len(data_paths) != len(capacities)):
+            raise ValueError("data paths need one entry per SuperNode process (not available in simulation)")
+        self.data_paths = [str(Path(p).expanduser().resolve()) for p in data_paths]
         self.capacities = list(capacities)
         self.home = home.resolve()
         self.simulation = simulation
@@ -331,8 +340,14 @@ class LocalFederation:
         self.echo(f"registered node-{i}")
 
     def node_config(self, i: int) -> str:
-        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)``, capacity ``capacities[i]``."""
-        config = f"partition-id={i} num-partitions={len(self.capacities)} capacity={self.capacities[i]!r}"
+        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)`` (or its own folder in
+        ``data_paths``), capacity ``capacities[i]``."""
+        where = (
+            f'data-path={json.dumps(self.data_paths[i])} client-id="node-{i}"'
+            if self.data_paths
+            else f"partition-id={i} num-partitions={len(self.capacities)}"
+        )
+        config = f"{where} capacity={self.capacities[i]!r}"
         if self.delays and self.delays[i]:
             config += f" bench-delay-s={float(self.delays[i])!r}"
         return config
@@ -434,7 +449,8 @@ class LocalFederation:
         Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
         ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
         config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist;
-        with ``resume=true``, that the checkpoint and metrics.json can be resumed from: :func:`check_resume`).
+        with ``resume=true``, that the checkpoint and metrics.json can be resumed from: :func:`check_resume`;
+        with ``tensorboard=true``, that the tensorboard package is installed: :func:`check_tensorboard`).
         Starts nothing.
         """
         flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
@@ -447,11 +463,26 @@ class LocalFederation:
             )
         overrides = merge_flag_settings(run_config, flags)
         cfg = check_run_config(overrides, app_dir)
+        check_tensorboard(cfg)  # the ServerApp runs here: refuse tensorboard=true without its package now
         if cfg.resume:  # a missing or damaged checkpoint would otherwise surface after the federation is up
             check_resume(results_dir.resolve(), cfg)
         # Every node of a local federation reads data-path on this machine.
         if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
             raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
+        if cfg.dataset == NODE_DATASET and not self.data_paths:
+            raise ConfigError(
+                'dataset="node": each SuperNode reads its own data; give one folder per SuperNode with --data-paths'
+            )
+        if self.data_paths and cfg.dataset != NODE_DATASET:
+            raise ConfigError(
+                f'--data-paths gives each SuperNode its own data, but dataset={cfg.dataset!r}: add -c dataset="node" '
+                "and -c classes=... (the run's class names, or their count)"
+            )
+        for i, path in enumerate(self.data_paths):
+            if not Path(path).exists():
+                raise ConfigError(f"--data-paths item {i + 1} {path!r}: no such file or folder")
+        if cfg.test_data_path and not Path(cfg.test_data_path).expanduser().exists():
+            raise ConfigError(f"test-data-path={cfg.test_data_path!r}: no such file or folder")
         if cfg.model_path:  # a local model folder must exist here too (a hub id is fetched by each process)
             resolve_model_path(cfg.model_path)
         return overrides
@@ -510,6 +541,7 @@ def run_local_federation(
     echo=print,
     simulation: bool = False,
     delays: Sequence[float] = (),
+    data_paths: Sequence[str] = (),
 ) -> dict:
     """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
 
@@ -517,7 +549,7 @@ def run_local_federation(
     ``delays`` (test/benchmark knob): extra seconds per local epoch per SuperNode.
     Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
     """
-    federation = LocalFederation(capacities, results_dir, simulation, echo, delays=delays)
+    federation = LocalFederation(capacities, results_dir, simulation, echo, delays=delays, data_paths=data_paths)
     federation.run_overrides(run_config, results_dir, app_dir)
     with federation:
         return federation.run(run_config, results_dir, app_dir, timeout)
@@ -659,16 +691,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="",
         help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
     )
+    parser.add_argument(
+        "--data-paths",
+        default="",
+        help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as that node\'s own '
+        "data (an image folder, a save_to_disk folder, Parquet/CSV files, or label<TAB>text lines)",
+    )
     args = parser.parse_args(argv)
     delays = [float(v) for v in args.delays.split(",") if v.strip()]
     if delays and len(delays) != len(args.capacities):
         parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
+    data_paths = [v.strip() for v in args.data_paths.split(",") if v.strip()]
+    if data_paths and len(data_paths) != len(args.capacities):
+        parser.error(f"--data-paths has {len(data_paths)} entries for {len(args.capacities)} capacities")
     started = time.monotonic()
     try:
         # Everything is checked before any process starts: a bad setting costs no SuperLink start-up.
         flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
         overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
-        federation = LocalFederation(args.capacities, args.results, delays=delays)
+        federation = LocalFederation(args.capacities, args.results, delays=delays, data_paths=data_paths)
         federation.run_overrides(overrides, args.results)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

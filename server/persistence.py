@@ -46,10 +46,10 @@ def atomic_write(path: Path, data: bytes | memoryview, sync_dir: bool = True) ->
         Path(tmp).unlink(missing_ok=True)
         raise
     if sync_dir:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make renames and deletions in ``folder`` durable (a no-op where folders cannot be opened, e.g. Windows)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -132,7 +132,7 @@ def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fishe
         if not (store / name).exists():
             atomic_write(store / name, chunk, sync_dir=False)
             written += len(chunk)
-    _fsync_dir(store)  # every new chunk durable under its name before the checkpoint refers to it
+    fsync_dir(store)  # every new chunk durable under its name before the checkpoint refers to it
     buf = io.BytesIO()
     np.savez(
         buf,

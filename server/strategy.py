@@ -30,6 +30,7 @@ from common.methods import create_method
 from common.methods.base import Accepted, Method
 from common.participation import sample_clients
 from common.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
+from server.federated_evaluation import NodeEvaluation, federated_figures
 from server.grid_io import exchange, wait_for_nodes
 from server.replies import ReplyParts, expected_sent, reply_parts
 
@@ -117,6 +118,9 @@ class SubmodelStrategy(Strategy):
         self.excluded: set[int] = set()  # left out at discovery (misconfigured, or Flower answered for them)
         # Nodes excluded at discovery or departed since the last round record, with why (``nodes_out``).
         self.nodes_out: list[dict[str, Any]] = []
+        # Nodes discovered since the last round record, with what they reported of their own data (``nodes_in``).
+        self.nodes_in: list[dict[str, Any]] = []
+        self.federated: dict[str, Any] | None = None  # the last evaluation round's node-measured figures
         self.sent: dict[int, SentSubmodel] = {}
         self.sent_eval: dict[int, SentSubmodel] = {}
         self.clients: dict[int, ClientRound] = {}
@@ -282,6 +286,13 @@ class SubmodelStrategy(Strategy):
             source = "auto" if parts.extras.get("capacity-source") == "auto" else "node-config"
             self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key, source)
             self.method.node_joined(key, parts.extras)
+            data = str(parts.extras["data"]) if "data" in parts.extras else None
+            self.nodes_in.append(
+                {"node_id": parts.node_id, "client_key": key, "capacity": capacity, "num_train": n_train}
+                | ({"data": data} if data else {})
+            )
+            if data:
+                log(INFO, "node %d (%s) reads its own data: %s", parts.node_id, key, data)
             probe = ""
             if source == "auto" and parts.metrics is not None:
                 gib = float(parts.metrics.get("probe-memory-gib", float("nan")))
@@ -307,6 +318,16 @@ class SubmodelStrategy(Strategy):
     def take_nodes_out(self) -> list[dict[str, Any]]:
         """The nodes left out or departed since the last call (a round record's ``nodes_out``)."""
         out, self.nodes_out = self.nodes_out, []
+        return out
+
+    def take_nodes_in(self) -> list[dict[str, Any]]:
+        """The nodes discovered since the last call (a round record's ``nodes_in``)."""
+        out, self.nodes_in = self.nodes_in, []
+        return out
+
+    def take_federated(self) -> dict[str, Any] | None:
+        """The node-measured figures of the evaluation since the last call (a round record's ``federated``)."""
+        out, self.federated = self.federated, None
         return out
 
     # ------------------------------------------------------------------- train
@@ -433,6 +454,18 @@ class SubmodelStrategy(Strategy):
                 log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
         if not seen:
             return None
+        self.federated = federated_figures(
+            [
+                NodeEvaluation(
+                    self.nodes[nid].capacity,
+                    bool(self.sent_eval[nid].mask.all()),
+                    int(m["num-examples"]),
+                    m["eval-loss"],
+                    m["eval-acc"],
+                )
+                for nid, m in seen.items()
+            ]
+        )
         records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in seen.values()]
         metrics = aggregate_metricrecords(records, "num-examples")
         metrics["num-examples"] = sum(m["num-examples"] for m in seen.values())
@@ -566,9 +599,16 @@ class SubmodelStrategy(Strategy):
         if start_eval:
             log(INFO, "[round 0/%d] global acc %.4f", num_rounds, start_eval["accuracy"])
             if self.on_round:
-                record = {"round": 0, "global": start_eval, "clients": [], "nodes_out": self.take_nodes_out()}
+                record = {
+                    "round": 0,
+                    "global": start_eval,
+                    "clients": [],
+                    "nodes_in": self.take_nodes_in(),
+                    "nodes_out": self.take_nodes_out(),
+                }
                 self.on_round({**record, "fisher_warmup": warmup} if warmup else record)
         arrays = initial_arrays
+        seconds: list[float] = []  # the rounds' round_seconds so far, for progress_line's time left
         for rnd in range(self.first_round, num_rounds + 1):
             t_round = time.perf_counter()
             if rnd > self.first_round:
@@ -603,32 +643,57 @@ class SubmodelStrategy(Strategy):
                 "round": rnd,
                 "global": central,
                 "local": local,
+                "federated": self.take_federated(),
                 "replies": sum(c.status == "ok" for c in self.clients.values()),
                 "sent": len(self.clients),
                 "eligible": len(self.participants()),
                 "clients": [asdict(c) for c in self.clients.values()],
+                "nodes_in": self.take_nodes_in(),
                 "nodes_out": self.take_nodes_out(),
                 "server_seconds": server_seconds,
                 "round_seconds": time.perf_counter() - t_round,
                 "prior_influence": influence,
             }
-            log(INFO, "%s", progress_line(record, num_rounds))
+            log(INFO, "%s", progress_line(record, num_rounds, seconds))
+            seconds.append(record["round_seconds"])
             if self.on_round:
                 self.on_round(record)
         return result
 
 
-def progress_line(record: dict[str, Any], num_rounds: int) -> str:
-    """One human-readable line per round."""
+def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iterable[float] = ()) -> str:
+    """One human-readable line per round, ending with an estimate of the time left.
+
+    Parameters
+    ----------
+    record : dict
+        The round's record (what ``on_round`` receives).
+    num_rounds : int
+        The last round of the run.
+    earlier_seconds : Iterable[float]
+        ``round_seconds`` of the rounds this process ran before this one. The time left is the mean over
+        them and this round, times the rounds still to run (``~N s left``; left out after the last round,
+        and while no round time has been measured).
+    """
     g = record.get("global") or {}
+    federated = None if g else record.get("federated")
+    if federated:  # no server test set: the figures the nodes measured on their own test splits
+        g = {
+            **(federated["full_model"] or {}),
+            "per_capacity": {k: v for k, v in federated["per_capacity"].items() if v},
+        }
     levels = " ".join(f"{k}:{v['accuracy']:.3f}" for k, v in (g.get("per_capacity") or {}).items())
     local = record.get("local")
     down = sum(c["bytes_down"] for c in record["clients"]) / 1024
     up = sum(c["bytes_up"] for c in record["clients"]) / 1024
+    seconds = [*earlier_seconds, record["round_seconds"]]
+    mean, remaining = sum(seconds) / len(seconds), num_rounds - record["round"]
     return (
-        f"[round {record['round']}/{num_rounds}] global acc {g.get('accuracy', float('nan')):.4f} "
+        f"[round {record['round']}/{num_rounds}] {'on nodes: ' if federated else ''}"
+        f"global acc {g.get('accuracy', float('nan')):.4f} "
         f"loss {g.get('loss', float('nan')):.4f} | per capacity {levels or '-'}"
         + (f" | local acc {local['accuracy']:.4f}" if local else "")
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
         f" | {record['round_seconds']:.1f} s"
+        + (f" | ~{mean * remaining:.0f} s left" if remaining > 0 and mean > 0 else "")
     )

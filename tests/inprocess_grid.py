@@ -114,37 +114,34 @@ class InProcessFederation:
     strategy: SubmodelStrategy
     records: list[dict[str, Any]]
     x0: NDArray[np.float32]
-    evaluate_fn: EvaluateFn
+    evaluate_fn: EvaluateFn | None
 
 
-def inprocess_federation(run_config: Mapping[str, Any], capacities: Mapping[int, float]) -> InProcessFederation:
+def inprocess_federation(
+    run_config: Mapping[str, Any],
+    capacities: Mapping[int, float],
+    node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+) -> InProcessFederation:
     """Nodes ``{node id: capacity}`` (partition ``i`` of ``len(capacities)``), the run's strategy and evaluator.
 
-    Every round's record is appended to ``records``; ``x0`` is the run's initial flat model.
+    ``node_configs``: each node's own ``--node-config`` instead (e.g. a ``data-path``; ``capacities`` then only
+    names the node ids). Every round's record is appended to ``records``; ``x0`` is the run's initial flat model;
+    ``evaluate_fn`` is ``None`` when the server holds no test set. The set-up is the ServerApp's own
+    (:func:`server.app.global_model`).
     """
     from common.config import parse_run_config
-    from common.datasets import load_run_dataset
-    from common.evaluation import CentralEvaluator
     from common.methods import create_method
-    from common.models import build_run_model, model_layout, trainable_arrays
-    from server.app import central_evaluate_fn
+    from server.app import global_model
     from server.strategy import SubmodelStrategy
 
     cfg = parse_run_config(dict(run_config))
-    nodes = {
+    nodes = node_configs or {
         nid: {"partition-id": i, "num-partitions": len(capacities), "capacity": g}
         for i, (nid, g) in enumerate(capacities.items())
     }
     grid = InProcessGrid(nodes, run_config)
-    split = load_run_dataset(cfg)
-    classes, channels = split.train.num_classes, split.train.in_channels
     method = create_method(cfg)
-    model = method.federated_model(build_run_model(cfg, classes, channels))
-    layout = model_layout(model)
-    evaluator = CentralEvaluator(
-        method.federated_model(build_run_model(cfg, classes, channels)), layout, split.test, "cpu"
-    )
+    x0, layout, evaluate_fn = global_model(cfg, method, "cpu")
     records: list[dict] = []
     strategy = SubmodelStrategy(cfg, layout, method, on_round=records.append)
-    x0 = layout.flatten(trainable_arrays(model))
-    return InProcessFederation(cfg, grid, strategy, records, x0, central_evaluate_fn(evaluator))
+    return InProcessFederation(cfg, grid, strategy, records, x0, evaluate_fn)

@@ -10,18 +10,42 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def global_figures(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A round's global figures: on the server's test set, or else pooled over the nodes' own test splits.
+
+    Returns ``{"accuracy", "loss", "per_capacity": {level: {"accuracy", ...}}, "source"}`` (``accuracy`` and
+    ``loss`` ``None`` when no node evaluated the whole model), or ``None`` for a round without any.
+    """
+    if record.get("global"):
+        return {**record["global"], "source": "server test set"}
+    federated = record.get("federated")
+    if not federated:
+        return None
+    full = federated.get("full_model") or {}
+    return {
+        "accuracy": full.get("accuracy"),
+        "loss": full.get("loss"),
+        "per_capacity": {k: v for k, v in federated["per_capacity"].items() if v},
+        "source": "nodes' test splits",
+    }
+
+
 def summary_table(metrics: dict[str, Any]) -> str:
     """Final accuracies and per-client averages over all rounds, as a Markdown table."""
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
     if not rounds:
         return "no completed rounds"
-    last = rounds[-1]
-    g = last["global"]
-    lines = [
-        f"final global accuracy (full model): {g['accuracy']:.4f}   loss {g['loss']:.4f}",
-    ]
-    for level, v in g.get("per_capacity", {}).items():
-        lines.append(f"  submodel at capacity {level:>7}: accuracy {v['accuracy']:.4f} (density {v['density']:.4f})")
+    g = next((f for f in map(global_figures, reversed(rounds)) if f), None)
+    lines = []
+    if g is None:
+        lines.append("no global figures: no server test set and no evaluation round (eval-every)")
+    elif g["accuracy"] is None:
+        lines.append(f"final global accuracy (full model): not measured (no node holds all of it; {g['source']})")
+    else:
+        lines.append(f"final global accuracy (full model, {g['source']}): {g['accuracy']:.4f}   loss {g['loss']:.4f}")
+    for level, v in (g or {}).get("per_capacity", {}).items():
+        density = f" (density {v['density']:.4f})" if "density" in v else f" ({v['nodes']} nodes)"
+        lines.append(f"  submodel at capacity {level:>7}: accuracy {v['accuracy']:.4f}{density}")
     local = next((r["local"] for r in reversed(rounds) if r.get("local")), None)
     if local:
         lines.append(f"local accuracy (clients' own submodels on their test splits): {local['accuracy']:.4f}")
@@ -56,28 +80,21 @@ def write_accuracy_plot(metrics: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rounds = [r for r in metrics["rounds"] if r.get("global")]
+    figures = [(r["round"], f, r) for r in metrics["rounds"] if (f := global_figures(r))]
+    source = figures[-1][1]["source"] if figures else "server test set"
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    xs = [r["round"] for r in rounds]
+    full = [(rnd, f["accuracy"]) for rnd, f, _ in figures if f["accuracy"] is not None]
     ax.plot(
-        xs,
-        [r["global"]["accuracy"] for r in rounds],
+        [p[0] for p in full],
+        [p[1] for p in full],
         "k-o",
         lw=2,
         ms=4,
-        label="global (full model)",
+        label=f"global (full model, {source})",
     )
-    levels = sorted(
-        {lv for r in rounds for lv in r["global"].get("per_capacity", {})},
-        key=float,
-        reverse=True,
-    )
+    levels = sorted({lv for _, f, _ in figures for lv in f.get("per_capacity", {})}, key=float, reverse=True)
     for level in levels:
-        pts = [
-            (r["round"], r["global"]["per_capacity"][level]["accuracy"])
-            for r in rounds
-            if level in r["global"].get("per_capacity", {})
-        ]
+        pts = [(rnd, f["per_capacity"][level]["accuracy"]) for rnd, f, _ in figures if level in f["per_capacity"]]
         ax.plot(
             [p[0] for p in pts],
             [p[1] for p in pts],
@@ -85,7 +102,7 @@ def write_accuracy_plot(metrics: dict[str, Any], path: Path) -> Path:
             lw=1,
             label=f"submodel, capacity {level}",
         )
-    local = [(r["round"], r["local"]["accuracy"]) for r in rounds if r.get("local")]
+    local = [(r["round"], r["local"]["accuracy"]) for r in metrics["rounds"] if r.get("local")]
     if local:
         ax.plot(
             [p[0] for p in local],

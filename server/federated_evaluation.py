@@ -1,0 +1,65 @@
+"""The round's figures measured on the nodes: each node's evaluation on its local test split, pooled by examples.
+
+With the nodes' own data the server usually holds no test set, so these are the run's global figures: the
+full global model on the nodes that were sent all of it (capacity 1), and each capacity level's submodels on
+the nodes of that level. With a server test set they are reported beside the central figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeEvaluation:
+    """One node's evaluation reply.
+
+    Parameters
+    ----------
+    capacity : float
+        The node's capacity level.
+    full_model : bool
+        The node evaluated the whole global model (its submodel was all of it).
+    num_examples : int
+        Examples in the node's local test split.
+    loss : float
+        Mean loss over those examples.
+    accuracy : float
+        Share of those examples classified correctly.
+    """
+
+    capacity: float
+    full_model: bool
+    num_examples: int
+    loss: float
+    accuracy: float
+
+
+def pooled(evals: Sequence[NodeEvaluation]) -> dict[str, Any] | None:
+    """Example-weighted accuracy and loss over ``evals``, with their examples and nodes; ``None`` if empty."""
+    n = sum(e.num_examples for e in evals)
+    if not evals or n == 0:
+        return None
+    return {
+        "accuracy": sum(e.accuracy * e.num_examples for e in evals) / n,
+        "loss": sum(e.loss * e.num_examples for e in evals) / n,
+        "num_examples": n,
+        "nodes": len(evals),
+    }
+
+
+def federated_figures(evals: Sequence[NodeEvaluation]) -> dict[str, Any]:
+    """The round's node-measured figures.
+
+    Returns ``{"full_model": pooled over the nodes that evaluated the whole model (or None), "per_capacity":
+    {level: pooled over that level's nodes}, "all": pooled over every node}``; levels are written ``f"{γ:g}"``,
+    largest first, as the central figures' ``per_capacity``.
+    """
+    levels = sorted({e.capacity for e in evals}, reverse=True)
+    return {
+        "full_model": pooled([e for e in evals if e.full_model]),
+        "per_capacity": {f"{g:g}": pooled([e for e in evals if e.capacity == g]) for g in levels},
+        "all": pooled(evals),
+    }
