@@ -4,6 +4,8 @@
         --root-certificates ca.crt --control-api 127.0.0.1:9093 \\
         --partition-id 4 --num-partitions 5 --capacity auto
 
+(or ``--data-path /srv/images`` instead of the partition, for a run on the nodes' own data)
+
 1. makes the node's ECDSA key pair in ``--keys/<name>`` (kept if it exists, so a
    restart presents the same identity);
 2. registers the public key with the SuperLink's Control API (``flwr supernode
@@ -24,6 +26,7 @@ fibos-fl/app:cpu -m client.join ...``; README, "Adding a real client").
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -36,21 +39,31 @@ from common.config import DEVICES, ConfigError, parse_node_config
 
 
 def node_config(args: argparse.Namespace) -> str:
-    """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp does."""
+    """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp does.
+
+    With ``--data-path`` the node trains on that folder of its own (``dataset = "node"`` runs) and has no
+    partition; otherwise on partition ``--partition-id`` of ``--num-partitions`` of the run's shared dataset.
+    """
     capacity = '"auto"' if args.capacity == "auto" else args.capacity
-    text = (
-        f"partition-id={args.partition_id} num-partitions={args.num_partitions} capacity={capacity} "
-        f'client-id="{args.name}" device="{args.device}"'
-    )
-    raw = {
-        "partition-id": args.partition_id,
-        "num-partitions": args.num_partitions,
+    raw: dict[str, object] = {
         "capacity": args.capacity if args.capacity == "auto" else float(args.capacity),
         "client-id": args.name,
         "device": args.device,
     }
+    if args.data_path:
+        if args.partition_id is not None or args.num_partitions is not None:
+            raise ConfigError("--data-path gives the node its own data: leave out --partition-id and --num-partitions")
+        where = f"data-path={json.dumps(args.data_path)}"
+        raw["data-path"] = args.data_path
+    else:
+        where = f"partition-id={args.partition_id} num-partitions={args.num_partitions}"
+        raw |= {
+            k: v
+            for k, v in (("partition-id", args.partition_id), ("num-partitions", args.num_partitions))
+            if v is not None
+        }
     parse_node_config(raw)  # fail here, before registering anything, on a bad value
-    return text
+    return f'{where} capacity={capacity} client-id="{args.name}" device="{args.device}"'
 
 
 def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:
@@ -78,8 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--root-certificates", type=Path, required=True, help="the federation's CA certificate (ca.crt)")
     ap.add_argument("--control-api", help="HOST:PORT of the SuperLink's Control API, to register the key")
     ap.add_argument("--no-register", action="store_true", help="the operator registers the key; just start")
-    ap.add_argument("--partition-id", type=int, required=True, help="this node's data partition")
-    ap.add_argument("--num-partitions", type=int, required=True, help="partitions the data is split into")
+    ap.add_argument("--partition-id", type=int, help="this node's partition of the run's shared dataset")
+    ap.add_argument("--num-partitions", type=int, help="partitions the shared dataset is split into")
+    ap.add_argument(
+        "--data-path",
+        help='this node\'s own data, for dataset = "node" runs (instead of a partition): an image folder, a '
+        "save_to_disk folder, Parquet/CSV files or label<TAB>text lines, on this machine",
+    )
     ap.add_argument("--capacity", default="auto", help="share of the model in (0, 1], or auto (measure the device)")
     ap.add_argument("--device", default="auto", choices=DEVICES, help="training device (auto: cuda, mps, cpu)")
     ap.add_argument("--keys", type=Path, default=Path.home() / ".fibos-fl" / "keys", help="folder for key pairs")
