@@ -41,8 +41,8 @@ from common.config import DEVICES, ConfigError, parse_node_config
 def node_config(args: argparse.Namespace) -> str:
     """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp does.
 
-    With ``--data-path`` the node trains on that folder of its own (``dataset = "node"`` runs) and has no
-    partition; otherwise on partition ``--partition-id`` of ``--num-partitions`` of the run's shared dataset.
+    With ``--data-path`` the node trains on that folder of its own in ``dataset = "node"`` runs; with
+    ``--partition-id`` / ``--num-partitions`` on that partition of a run's shared dataset (a node may have both).
     """
     capacity = '"auto"' if args.capacity == "auto" else args.capacity
     raw: dict[str, object] = {
@@ -50,20 +50,16 @@ def node_config(args: argparse.Namespace) -> str:
         "client-id": args.name,
         "device": args.device,
     }
+    where = []
+    for key, value in (("partition-id", args.partition_id), ("num-partitions", args.num_partitions)):
+        if value is not None:
+            raw[key] = value
+            where.append(f"{key}={value}")
     if args.data_path:
-        if args.partition_id is not None or args.num_partitions is not None:
-            raise ConfigError("--data-path gives the node its own data: leave out --partition-id and --num-partitions")
-        where = f"data-path={json.dumps(args.data_path)}"
         raw["data-path"] = args.data_path
-    else:
-        where = f"partition-id={args.partition_id} num-partitions={args.num_partitions}"
-        raw |= {
-            k: v
-            for k, v in (("partition-id", args.partition_id), ("num-partitions", args.num_partitions))
-            if v is not None
-        }
+        where.append(f"data-path={json.dumps(args.data_path)}")
     parse_node_config(raw)  # fail here, before registering anything, on a bad value
-    return f'{where} capacity={capacity} client-id="{args.name}" device="{args.device}"'
+    return f'{" ".join(where)} capacity={capacity} client-id="{args.name}" device="{args.device}"'
 
 
 def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:

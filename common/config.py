@@ -523,8 +523,9 @@ class NodeConfig:
         the submodel past it, to the full model) or ``memory`` (a hard cap). ``None``: the run's
         default (``gmr-capacity-kind``).
     data_path : str
-        The node's own data (``data-path``, for ``dataset = "node"``): a folder or file on this machine
-        (:mod:`common.node_data`). A node with its own data has no partition (``partition_id`` ``None``).
+        The node's own data (``data-path``, read in ``dataset = "node"`` runs): a folder or file on this
+        machine (:mod:`common.node_data`). Such a node needs no partition (``partition_id`` ``None``) unless
+        it also takes part in runs on a shared dataset.
     label_column, input_column : str
         Tables only (``label-column``, ``input-column``): the label column (default ``label``) and the
         image or text column (default: found by its usual names).
@@ -568,12 +569,15 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     data_path = raw.get("data-path", "")
     if "data-path" in raw and (not isinstance(data_path, str) or not data_path.strip()):
         raise ConfigError(f"data-path={data_path!r}: expected the path of this node's data folder or file")
+    # A node with its own data may also hold a partition (for runs on a shared dataset); without data-path it must.
+    partitioned = not data_path or "partition-id" in raw or "num-partitions" in raw
     if data_path:
-        required: tuple[str, ...] = ("capacity",)
         example = "--node-config 'data-path=\"/data\" capacity=0.25'"
     else:
-        required = ("partition-id", "num-partitions") + (() if mix else ("capacity",))
         example = "--node-config 'partition-id=0 num-partitions=6 capacity=0.25'"
+    required = (("partition-id", "num-partitions") if partitioned else ()) + (
+        () if mix and partitioned else ("capacity",)
+    )
     for key in required:
         if key not in raw:
             raise ConfigError(f"node-config is missing {key!r} (e.g. {example})")
@@ -582,7 +586,7 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
             raise ConfigError(f"{key}={raw[key]!r}: expected a column name, with data-path set")
     partition_id: int | None = None
     num_partitions: int | None = None
-    if not data_path:
+    if partitioned:
         num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
         partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
     capacity: float | None

@@ -41,11 +41,15 @@ class LocalData:
 
 def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     """Deterministically derive this node's splits: its partition of the shared pool, or its own data."""
-    if run.dataset == NODE_DATASET or node.data_path:
+    if run.dataset == NODE_DATASET:
         return node_local_data(run, node)
     from sklearn.model_selection import train_test_split
 
-    assert node.partition_id is not None and node.num_partitions is not None  # parse_node_config's rule
+    if node.partition_id is None or node.num_partitions is None:
+        raise NodeDataError(
+            f"the run's dataset={run.dataset!r} is shared by the nodes: this node's node-config needs partition-id "
+            f'and num-partitions (its data-path={node.data_path!r} is read in dataset = "node" runs)'
+        )
     pool = load_run_dataset(run).train
     idx = partition_indices(
         pool.y,
@@ -70,9 +74,8 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
 def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     """The node's own data (``data-path``), split into train and test unless it names its own test part.
 
-    Raises :class:`~common.node_data.NodeDataError` (the node cannot take part) for a node without data-path in
-    a node-data run, a data-path in a shared-dataset run, unreadable data, or fewer training examples than
-    one batch.
+    Raises :class:`~common.node_data.NodeDataError` (the node cannot take part) for a node without data-path,
+    unreadable data, or fewer training examples than one batch.
     """
     from sklearn.model_selection import train_test_split
 
@@ -80,11 +83,6 @@ def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         raise NodeDataError(
             'dataset = "node": this node\'s node-config has no data-path (the folder of its own data), e.g. '
             "--node-config 'data-path=\"/data\" capacity=0.25'"
-        )
-    if run.dataset != NODE_DATASET:
-        raise NodeDataError(
-            f"node-config data-path={node.data_path!r} is set, but the run's dataset={run.dataset!r} is shared by "
-            'every node (a node\'s own data-path is for dataset = "node")'
         )
     data = read_node_data(node.data_path, run.class_names, node_input_spec(run), node.label_column, node.input_column)
     train, test = data.train, data.test

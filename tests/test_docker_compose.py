@@ -21,7 +21,11 @@ deployment):
 * ``metrics.json`` copied out with ``docker compose cp``: accuracy above a
   floor, one reply per node per round (but the killed one's);
 * ``docker compose down`` then ``up``: the CA and the keys are kept, the keys
-  are still registered, and a new run completes;
+  are still registered, and a new run completes: a run on the nodes' own data
+  (``dataset = "node"``), where ``supernode-1`` reads a folder of PNG images the
+  test writes on the host and the compose file mounts read-only
+  (``FIBOS_DATA_1``), and the three nodes without a data folder are left out with
+  the reason; its figures come from the node, with no server test set;
 * opt-in (``FIBOS_DOCKER_ARM64=1``, ``make test-docker-arm64``): an arm64
   SuperNode and ClientApp executor (``docker/compose.arm64.yml``, emulated on
   an x86 host) take part in a round with the four amd64 nodes.
@@ -224,6 +228,16 @@ def _edge_probe(compose: Compose, image: str, urls: list[str]) -> dict[str, str]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _node_image_folder(root: Path) -> Path:
+    """supernode-1's own data: digits as ``<digit>/<i>.png``, readable by the executor's unprivileged user."""
+    from tests.image_folders import write_image_folder
+
+    write_image_folder(root, {d: 60 for d in range(10)})
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
     """The test's compose project: built, then removed with its volumes at the end (images kept)."""
@@ -235,6 +249,7 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
         FIBOS_FLEET_PORT=str(_free_port()),
         FIBOS_CONTROL_PORT=str(_free_port()),
     )
+    env["FIBOS_DATA_1"] = str(_node_image_folder(tmp_path_factory.mktemp("node-data") / "supernode-1"))
     project = Compose(env, tmp_path_factory.mktemp("docker-logs"))
     project.run("down", "-v", "--remove-orphans", timeout=180, check=False)  # leftovers of an interrupted run
     _docker("rm", "-f", f"{PROJECT}-rogue", check=False)
@@ -369,7 +384,12 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
     compose.run("down", timeout=300)  # containers and networks go; the named volumes stay
     assert _docker("volume", "inspect", f"{PROJECT}_credentials", f"{PROJECT}_superlink-state").returncode == 0
 
-    compose.env.update(FIBOS_RUN_NAME="second", FIBOS_NUM_ROUNDS="1", FIBOS_RUN_CONFIG="eval-every=1")
+    # The second run trains on the nodes' own data: supernode-1's mounted image folder (FIBOS_DATA_1).
+    compose.env.update(
+        FIBOS_RUN_NAME="second",
+        FIBOS_NUM_ROUNDS="1",
+        FIBOS_RUN_CONFIG='eval-every=1 dataset="node" classes=10 image-size=8',
+    )
     compose.run("up", "-d", timeout=600)
     assert compose.wait_exit("credentials", timeout=120) == 0
     assert "keeping /credentials/server.pem" in compose.logs("credentials")
@@ -386,8 +406,19 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
     key_after = compose.copy_out("credentials", "/credentials/supernode-1.pub", tmp_path / "k1-after.pub").read_bytes()
     assert after == before and key_after == key_before
     second = _metrics(compose, "second", tmp_path)
-    assert [r["round"] for r in second["rounds"]] == [0, 1]
-    assert second["rounds"][1]["replies"] == 4, second["rounds"][1]
+    assert [r["round"] for r in second["rounds"]] == [1]  # no server test set: no central round 0
+    record = second["rounds"][0]
+    assert record["global"] == {} and record["replies"] == 1, record
+    assert [c["client_key"] for c in record["clients"]] == ["supernode-1"], record["clients"]
+    assert (
+        "image-folder: 600 examples of 10 classes"
+        in {n["client_key"]: n.get("data") for n in record["nodes_in"]}["supernode-1"]
+    )
+    out = {n["client_key"]: n["reason"] for n in record["nodes_out"]}
+    assert set(out) == {"supernode-2", "supernode-3", "supernode-4"}, record["nodes_out"]
+    assert all("holds no supported layout" in reason for reason in out.values()), out
+    full = record["federated"]["full_model"]
+    assert full["nodes"] == 1 and full["num_examples"] == 120 and full["accuracy"] > 0.5, record["federated"]
     first = _metrics(compose, "default", tmp_path)  # the first run's results survived on the volume
     assert len(first["rounds"]) == ROUNDS + 1
 

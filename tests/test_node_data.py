@@ -214,6 +214,11 @@ def test_a_node_with_its_own_data_needs_no_partition_but_a_capacity():
     assert parse_node_config({"data-path": "/d", "capacity": 1, "client-id": "cam-7"}).key == "cam-7"
     with pytest.raises(ConfigError, match="missing 'capacity'"):
         parse_node_config({"data-path": "/data"}, capacity_mix="1,1/4")
+    with pytest.raises(ConfigError, match="missing 'num-partitions'"):
+        parse_node_config({"data-path": "/data", "partition-id": 0, "capacity": 1})
+    assert parse_node_config({"data-path": "/d", "partition-id": 2, "num-partitions": 4, "capacity": 1}).key == (
+        "partition-2"
+    )
     with pytest.raises(ConfigError, match="missing 'partition-id'"):
         parse_node_config({"capacity": 1})
     with pytest.raises(ConfigError, match="label-column"):
@@ -230,8 +235,12 @@ def test_local_data_splits_the_nodes_folder_and_refuses_less_than_one_batch(tmp_
         derive_local_data(run, parse_node_config({"data-path": str(small), "capacity": 1}))
     with pytest.raises(NodeDataError, match="has no data-path"):
         derive_local_data(run, parse_node_config({"partition-id": 0, "num-partitions": 1, "capacity": 1}))
-    with pytest.raises(NodeDataError, match="the run's dataset='digits' is shared"):
+    with pytest.raises(NodeDataError, match="dataset='digits' is shared by the nodes: .* needs partition-id"):
         derive_local_data(parse_run_config({}), parse_node_config({"data-path": str(root), "capacity": 1}))
+    # A node with both takes part in either kind of run: its partition here, its folder in a node-data run.
+    both = parse_node_config({"data-path": str(root), "partition-id": 1, "num-partitions": 4, "capacity": 1})
+    assert derive_local_data(parse_run_config({}), both).report is None
+    assert derive_local_data(run, both).report is not None
 
 
 # ------------------------------------------------------------------ a federation on the nodes' own folders

@@ -112,9 +112,8 @@ def test_join_with_its_own_data_folder_has_no_partition(tmp_path: Path, capsys) 
     args = [a for a in _join(tmp_path) if a not in ("--partition-id", "4", "--num-partitions", "5")]
     assert join_main([*args, "--data-path", "/srv/cam images", "--capacity", "0.25", "--no-register", "--dry-run"]) == 0
     assert 'data-path="/srv/cam images" capacity=0.25 client-id="edge-7"' in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        join_main(_join(tmp_path, "--data-path", "/srv/x", "--no-register"))
-    assert "leave out --partition-id" in capsys.readouterr().err
+    assert join_main(_join(tmp_path, "--data-path", "/srv/x", "--no-register", "--capacity", "1", "--dry-run")) == 0
+    assert 'partition-id=4 num-partitions=5 data-path="/srv/x" capacity=1' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         join_main([*args, "--no-register"])
     assert "missing 'partition-id'" in capsys.readouterr().err
