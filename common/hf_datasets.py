@@ -128,6 +128,33 @@ def _convert(name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.in
     return ArrayDataset(x, labels, spec.num_classes, groups)
 
 
+def _pool_rows(
+    labels: NDArray[np.int64], test_fraction: float, seed: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Rows of a ``train`` split without a ``test`` split: the training pool's and the held-out test set's.
+
+    ``test_fraction`` of the rows is held out, stratified by label when every label present has two rows.
+    """
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(labels.shape[0])
+    counts = np.bincount(labels)
+    stratify = labels if counts[counts > 0].min() >= 2 else None
+    tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
+    return np.sort(tr), np.sort(te)
+
+
+def _splits(name: str, path: str | None) -> dict[str, Any]:
+    if name not in HUB_DATASETS:
+        raise ValueError(f"unknown hub dataset {name!r}; expected one of {sorted(HUB_DATASETS)}")
+    splits = _read(name, path)
+    for split, ds in splits.items():
+        _check_columns(name, split, list(ds.column_names))
+    if "train" not in splits:
+        raise ValueError(f"dataset {name!r} has no 'train' split (found {sorted(splits)})")
+    return splits
+
+
 def load_hub_dataset(
     name: str,
     test_fraction: float,
@@ -141,20 +168,40 @@ def load_hub_dataset(
     otherwise ``test_fraction`` of the examples is held out (stratified, seeded).
     ``encode`` turns a text dataset's texts into token ids (``None``: hashed words).
     """
-    if name not in HUB_DATASETS:
-        raise ValueError(f"unknown hub dataset {name!r}; expected one of {sorted(HUB_DATASETS)}")
-    splits = _read(name, path)
-    for split, ds in splits.items():
-        _check_columns(name, split, list(ds.column_names))
-    if "train" not in splits:
-        raise ValueError(f"dataset {name!r} has no 'train' split (found {sorted(splits)})")
+    splits = _splits(name, path)
     train = _convert(name, splits["train"], encode)
     if "test" in splits:
         return SplitDataset(train, _convert(name, splits["test"], encode))
-    from sklearn.model_selection import train_test_split
+    tr, te = _pool_rows(train.y, test_fraction, seed)
+    return SplitDataset(train.subset(tr), train.subset(te))
 
-    idx = np.arange(len(train))
-    counts = np.bincount(train.y)
-    stratify = train.y if counts[counts > 0].min() >= 2 else None
-    tr, te = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=stratify)
-    return SplitDataset(train.subset(np.sort(tr)), train.subset(np.sort(te)))
+
+def load_hub_partition(
+    name: str,
+    test_fraction: float,
+    seed: int,
+    select: Callable[[NDArray[np.int64], NDArray[np.int64] | None], NDArray[np.int64]],
+    path: str | None = None,
+    encode: Callable[[Sequence[str]], NDArray[np.int64]] | None = None,
+) -> ArrayDataset:
+    """One node's part of a hub dataset's training pool, decoding only that part's images or texts.
+
+    The pool is the one :func:`load_hub_dataset` returns (``train`` less the held-out test rows); ``select``
+    gets the pool's labels (and natural groups, if the dataset has them) and returns the positions in the pool
+    this node holds. The result equals ``load_hub_dataset(...).train.subset(positions)``, but only the label
+    (and group) column is read for the whole pool: a node pays for its own partition, not for everyone's.
+    """
+    splits = _splits(name, path)
+    spec = HUB_DATASETS[name]
+    raw = splits["train"]
+    labels = np.asarray(raw[spec.label_column], dtype=np.int64)
+    pool = np.arange(labels.shape[0]) if "test" in splits else _pool_rows(labels, test_fraction, seed)[0]
+    groups = None
+    if spec.group_column:
+        all_groups = np.unique(np.asarray(raw[spec.group_column]).astype(str), return_inverse=True)[1]
+        groups = all_groups.astype(np.int64)[pool]
+    positions = np.asarray(select(labels[pool], groups), dtype=np.int64)
+    part = _convert(name, raw.select(pool[positions].tolist()), encode)
+    if groups is not None:  # group ids of the whole pool, as load_hub_dataset numbers them
+        part = ArrayDataset(part.x, part.y, part.num_classes, groups[positions])
+    return part

@@ -10,9 +10,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import NDArray
 
 from common.array_dataset import ArrayDataset
-from common.datasets import NODE_DATASET, load_run_dataset, node_input_spec
+from common.datasets import (
+    HUB_DATASET_NAMES,
+    NODE_DATASET,
+    TEXT_DATASETS,
+    load_run_dataset,
+    node_input_spec,
+    text_encoder,
+)
+from common.hf_datasets import load_hub_partition
 from common.node_data import NodeDataError, NodeDataReport, read_node_data
 from common.partitioning import partition_indices
 
@@ -50,25 +59,34 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
             f"the run's dataset={run.dataset!r} is shared by the nodes: this node's node-config needs partition-id "
             f'and num-partitions (its data-path={node.data_path!r} is read in dataset = "node" runs)'
         )
-    pool = load_run_dataset(run).train
-    idx = partition_indices(
-        pool.y,
-        run.partitioner,
-        node.num_partitions,
-        node.partition_id,
-        run.seed,
-        run.dirichlet_alpha,
-        run.classes_per_client,
-        groups=pool.groups,
-    )
-    if idx.size < 2:
-        raise ValueError(f"partition {node.partition_id} holds {idx.size} examples; at least 2 are needed")
-    train_idx, test_idx = train_test_split(
-        idx,
+    num_partitions, partition_id = node.num_partitions, node.partition_id
+
+    def select(labels: NDArray[np.int64], groups: NDArray[np.int64] | None) -> NDArray[np.int64]:
+        return partition_indices(
+            labels,
+            run.partitioner,
+            num_partitions,
+            partition_id,
+            run.seed,
+            run.dirichlet_alpha,
+            run.classes_per_client,
+            groups=groups,
+        )
+
+    if run.dataset in HUB_DATASET_NAMES:  # only this node's partition is decoded, not the whole pool
+        encode = text_encoder(run) if run.dataset in TEXT_DATASETS else None
+        part = load_hub_partition(run.dataset, run.test_fraction, run.seed, select, run.data_path, encode)
+    else:
+        pool = load_run_dataset(run).train
+        part = pool.subset(select(pool.y, pool.groups))
+    if len(part) < 2:
+        raise ValueError(f"partition {partition_id} holds {len(part)} examples; at least 2 are needed")
+    train_pos, test_pos = train_test_split(
+        np.arange(len(part)),
         test_size=run.local_test_fraction,
-        random_state=run.seed + node.partition_id,
+        random_state=run.seed + partition_id,
     )
-    return LocalData(pool.subset(np.sort(train_idx)), pool.subset(np.sort(test_idx)))
+    return LocalData(part.subset(np.sort(train_pos)), part.subset(np.sort(test_pos)))
 
 
 def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:

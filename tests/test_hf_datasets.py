@@ -159,3 +159,30 @@ def test_text_and_natural_partition_config_guards():
         parse_run_config({"dataset": "digits", "partitioner": "natural"})
     ids = hash_tokens(["Stocks fall", "stocks FALL again"])
     assert ids[0, 0] == ids[1, 0] and ids[0, 1] == ids[1, 1] and ids[0, 2] == 0 and ids[1, 2] > 0
+
+
+@pytest.mark.parametrize("name", ["cifar10", "femnist", "ag_news"])
+def test_a_node_decodes_only_its_own_partition_and_gets_what_the_whole_pool_gave(fixtures, name, monkeypatch):
+    import common.hf_datasets as hf
+    from common.partitioning import partition_indices
+
+    disk, _, _ = fixtures[name]
+    partitioner = "natural" if name == "femnist" else "dirichlet"
+    model = {"model": "fasttext"} if name == "ag_news" else {}
+    run = parse_run_config({"dataset": name, "data-path": str(disk), "partitioner": partitioner, "seed": 3, **model})
+    pool = load_dataset(name, run.test_fraction, run.seed, str(disk)).train
+    parts = len(np.unique(pool.groups)) if name == "femnist" else 3
+    decoded = []
+    convert = hf._convert
+    monkeypatch.setattr(hf, "_convert", lambda n, ds, encode=None: decoded.append(len(ds)) or convert(n, ds, encode))
+    for pid in range(parts):
+        decoded.clear()
+        data = derive_local_data(run, NodeConfig(pid, parts, 1.0))
+        idx = partition_indices(pool.y, partitioner, parts, pid, run.seed, run.dirichlet_alpha, groups=pool.groups)
+        assert decoded == [idx.size]  # the partition's rows only, not the pool's
+        got = np.concatenate([data.train.y, data.test.y])
+        assert sorted(got.tolist()) == sorted(pool.y[idx].tolist())
+        whole = pool.subset(idx)
+        for split in (data.train, data.test):  # each example is the pool's, bit for bit
+            rows = {whole.x[i].tobytes() for i in range(len(whole))}
+            assert all(split.x[i].tobytes() in rows for i in range(len(split)))
