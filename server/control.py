@@ -131,6 +131,9 @@ def _register(args: argparse.Namespace, env: dict[str, str]) -> int:
 def submit(args: argparse.Namespace) -> int:
     """``flwr run APP --stream`` with the given run-config overrides; fails if the run fails.
 
+    The run's outcome is the SuperLink's record of it, not the end of the log stream: a stream that breaks
+    while the run goes on is followed again, and a run that ended failed or stopped exits 1.
+
     The run config is validated first, with the schema the ServerApp uses: a bad value is refused with
     the message that names the key, before anything is sent. The full log stays in a fresh
     ``fibos-control-*`` folder (printed at the end).
@@ -149,7 +152,9 @@ def submit(args: argparse.Namespace) -> int:
     print("$ " + " ".join(cmd), flush=True)
     log = Path(env["FLWR_HOME"]) / "run.log"
     try:
-        run_federation_command(cmd, env, log, args.timeout, lambda line: print(line, flush=True))
+        run_federation_command(
+            cmd, env, log, args.timeout, lambda line: print(line, flush=True), connection=args.connection
+        )
     except (RuntimeError, TimeoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         print(log.read_text()[-4000:], file=sys.stderr)

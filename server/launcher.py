@@ -25,10 +25,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing, nullcontext
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 from common.config import ConfigError, RunConfig, parse_capacity_list, parse_run_config
 from common.datasets import NODE_DATASET
@@ -36,6 +37,7 @@ from common.hf_models import resolve_model_path
 from server.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
 from server.resume_check import check_resume
 from server.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
+from server.run_status import RUN_STARTED, run_status
 from server.tensorboard_log import check_tensorboard
 from server.tools.report import summary_table, write_accuracy_plot
 
@@ -518,7 +520,7 @@ class LocalFederation:
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
         with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
             try:
-                run_federation_command(cmd, self.env, log, timeout, self.echo)
+                run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
             except RuntimeError:
                 # The run can fail before the watcher's next look; the operator must still learn why.
                 time.sleep(0.2)
@@ -597,63 +599,108 @@ class Deadline(threading.Timer):
             signal_group(self.proc, signal.SIGKILL)
 
 
-def run_federation_command(cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, echo) -> None:
-    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
+class _RunLog:
+    """The lines of one run's log streams: kept in the log file, round lines and problems echoed, failures noted."""
 
-    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
-    ServerApp raised): the message carries the last error line of the log (the exception that ended the
-    ServerApp), so the operator sees why without opening the log. Raises ``TimeoutError`` once it has run
-    ``timeout`` s (it is stopped then, whether or not it prints anything).
-    """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    last_exception = last_error = ""
-    box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
-    with open(log_path, "w") as log_file:
+    def __init__(self, log_file: TextIO, echo: Callable[[str], None]) -> None:
+        self.log_file, self.echo = log_file, echo
+        self.last_exception = self.last_error = ""
+        self.box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
+        self.failed = False
+        self.run_id: int | None = None
+
+    def line(self, line: str) -> None:
+        self.log_file.write(line)
+        self.log_file.flush()
+        started = RUN_STARTED.search(line)
+        if started and self.run_id is None:
+            self.run_id = int(started.group(1))
+        match = ROUND_LINE.search(line)
+        if match:
+            self.echo(match.group(0))
+        elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
+            self.echo(line.rstrip())
+            self.failed = self.failed or "Traceback" in line
+        if "\u256d\u2500 Error" in line:
+            self.box = []
+        elif self.box is not None and line.lstrip().startswith("\u2502"):
+            self.box.append(line.strip().strip("\u2502").strip())
+        elif self.box is not None:
+            self.last_exception, self.box = " ".join(self.box), None
+        if EXCEPTION_LINE.match(line):
+            self.last_exception = line.strip()
+        elif "ERROR" in line:
+            self.last_error = line.strip()
+
+    def follow(self, cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, bool]:
+        """Run ``cmd``, reading its output line by line for at most ``timeout`` s: ``(exit status, expired)``."""
         proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-            text=True,
-            start_new_session=True,
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True
         )
-        failed = False
         # The clock, not the output, ends an overdue run: a run waiting for a node that never comes prints nothing.
-        expired = Deadline(proc, timeout)
+        expired = Deadline(proc, max(timeout, 0.0))
         expired.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
-                log_file.write(line)
-                log_file.flush()
-                match = ROUND_LINE.search(line)
-                if match:
-                    echo(match.group(0))
-                elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
-                    echo(line.rstrip())
-                    failed = failed or "Traceback" in line
-                if "\u256d\u2500 Error" in line:
-                    box = []
-                elif box is not None and line.lstrip().startswith("\u2502"):
-                    box.append(line.strip().strip("\u2502").strip())
-                elif box is not None:
-                    last_exception, box = " ".join(box), None
-                if EXCEPTION_LINE.match(line):
-                    last_exception = line.strip()
-                elif "ERROR" in line:
-                    last_error = line.strip()
+                self.line(line)
             proc.wait()
         finally:
             expired.cancel()
             if proc.poll() is None:
                 signal_group(proc, signal.SIGTERM)
                 proc.wait(timeout=10)
-    if expired.fired.is_set():
+        return proc.returncode, expired.fired.is_set()
+
+
+def run_federation_command(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeout: float,
+    echo: Callable[[str], None],
+    connection: str | None = None,
+) -> None:
+    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
+
+    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
+    ServerApp raised): the message carries the last error line of the log (the exception that ended the
+    ServerApp), so the operator sees why without opening the log. Raises ``TimeoutError`` once it has run
+    ``timeout`` s (it is stopped then, whether or not it prints anything).
+
+    ``connection``: the SuperLink connection the run was submitted to. Then the end of the log stream is not
+    taken for the end of the run: the run's status is read from the SuperLink (:mod:`server.run_status`); a run
+    still going is followed again (``flwr log --stream``), and one that ended ``finished:failed`` or
+    ``finished:stopped`` raises ``RuntimeError`` ("the run failed (finished:stopped): ..."), however the
+    stream ended.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    with open(log_path, "w") as log_file:
+        log = _RunLog(log_file, echo)
+        returncode, expired = log.follow(cmd, env, timeout)
+        status = None
+        while connection is not None and log.run_id is not None and not expired:
+            status = run_status(env, connection, log.run_id)
+            if not status.unfinished:
+                break
+            echo(f"the run's log stream ended while run {log.run_id} is {status.status}; following it again")
+            _, expired = log.follow(
+                ["flwr", "log", str(log.run_id), connection, "--stream"], env, deadline - time.monotonic()
+            )
+            if not expired:
+                time.sleep(2.0)  # a stream that ends at once must not turn into a busy loop
+    if expired:
         raise TimeoutError(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}")
-    if proc.returncode != 0 or failed:
-        if box:
-            last_exception = " ".join(box)
-        why = last_exception or last_error or f"flwr run exited with status {proc.returncode}"
+    if status is not None and status.finished and not status.succeeded:
+        why = log.last_exception or status.details or log.last_error
+        raise RuntimeError(f"the run failed ({status.status}): {why}\n(full log: {log_path})")
+    if status is not None and status.status == "unknown":
+        echo(f"warning: the run's final status could not be read ({status.details}); judged by its log")
+    if returncode != 0 or log.failed:
+        if log.box:
+            log.last_exception = " ".join(log.box)
+        why = log.last_exception or log.last_error or f"flwr run exited with status {returncode}"
         raise RuntimeError(f"the run failed: {why}\n(full log: {log_path})")
 
 
