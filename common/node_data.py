@@ -279,12 +279,13 @@ def read_node_data(
         layout, splits = "hf-saved", _read_saved(root, space, spec, label_column, input_column)
     elif (root.is_file() and root.suffix in TABLE_SUFFIXES) or (root.is_dir() and _files(root, TABLE_SUFFIXES)):
         layout, splits = "table", _read_tables(root, space, spec, label_column, input_column)
+    elif spec.kind == "image" and root.is_dir() and any(p.is_dir() for p in root.iterdir()):
+        # Class folders first: a README.txt beside them is not a text dataset.
+        layout, splits = "image-folder", _read_image_folder(root, space, spec)
     elif (root.is_file() and root.suffix in TEXT_SUFFIXES) or (root.is_dir() and _files(root, TEXT_SUFFIXES)):
         layout, splits = "text-lines", _read_text_lines(root, space, spec)
     elif root.is_dir() and any(p.is_dir() for p in root.iterdir()):
-        if spec.kind != "image":
-            raise NodeDataError(f"data-path {str(root)!r} is an image folder, but the run's model takes text")
-        layout, splits = "image-folder", _read_image_folder(root, space, spec)
+        raise NodeDataError(f"data-path {str(root)!r} is an image folder, but the run's model takes text")
     else:
         raise NodeDataError(
             f"data-path {str(root)!r} holds no supported layout: an image folder (one sub-folder per class), a "

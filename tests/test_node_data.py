@@ -78,6 +78,16 @@ def test_an_image_folder_is_read_with_the_runs_class_indices(tmp_path):
     assert any(np.array_equal(x[0], images[first3]) for x in data.train.x)  # pixels survive the round trip
 
 
+def test_an_image_folder_with_a_readme_beside_its_classes_is_still_an_image_folder(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", {2: 3})
+    (root / "README.txt").write_text("camera 7, spring batch\n")
+    assert read_node_data(root, DIGITS, GREY8).report.layout == "image-folder"
+    with pytest.raises(NodeDataError, match="holds text lines, but the run's model takes images"):
+        read_node_data(root / "README.txt", DIGITS, GREY8)
+    with pytest.raises(NodeDataError, match="is an image folder, but the run's model takes text"):
+        read_node_data(write_image_folder(tmp_path / "only", {2: 1}), DIGITS, InputSpec("text", encode=_words))
+
+
 def test_an_image_folder_with_a_class_outside_the_run_is_refused(tmp_path):
     root = write_image_folder(tmp_path / "imgs", {1: 2})
     (root / "zebra").mkdir()
