@@ -11,8 +11,12 @@ PIN := "grpcio-health-checking<1.82"
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
+# `sync` after installing: the install leaves gigabytes (torch) unwritten in the page cache, and while the disk
+# drains them every SQLite commit of a SuperLink waits behind them; measured here, the first federation test
+# after a fresh install then lost its ServerApp to Flower's 60 s heartbeat expiry ("No heartbeat received").
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PIP) install -q -e ".[dev]" $(PIN)
+	sync
 	touch $@
 
 install: $(VENV)/.installed
