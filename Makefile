@@ -12,8 +12,9 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 # `sync` after installing: the install leaves gigabytes (torch) unwritten in the page cache, and while the disk
-# drains them every SQLite commit of a SuperLink waits behind them; measured here, the first federation test
-# after a fresh install then lost its ServerApp to Flower's 60 s heartbeat expiry ("No heartbeat received").
+# drains them a SuperLink's SQLite commits can wait behind them. Seen once here: the first federation test right
+# after a fresh install lost its ServerApp to Flower's 60 s heartbeat expiry ("No heartbeat received from the
+# task"), and passed on rerun; the drain is the likeliest cause, not a proven one.
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PIP) install -q -e ".[dev]" $(PIN)
 	sync
