@@ -18,7 +18,7 @@ from common.datasets import TEXT_DATASETS
 from common.local_split import LocalData, derive_local_data
 from common.node_data import NodeDataReport
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 def cache_dir() -> Path:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import socket
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from common.client_seed import client_seed
 from common.datasets import DATASETS, HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
 from common.fisher_codec import FISHER_ENCODINGS
 from common.hf_models import EMBEDDING_RULES
@@ -554,7 +554,7 @@ class NodeConfig:
     @property
     def stream(self) -> int:
         """This node's stream of the run's seed (local split, batch order): its partition, or a hash of its key."""
-        return self.partition_id if self.partition_id is not None else zlib.crc32(self.key.encode()) % 100_003
+        return self.partition_id if self.partition_id is not None else client_seed(self.key) % 100_003
 
 
 def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeConfig:

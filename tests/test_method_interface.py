@@ -11,6 +11,7 @@ from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
 from common import protocol as P
+from common.client_seed import client_seed
 from common.config import ConfigError, parse_run_config
 from common.methods import create_method, register, registry, unregister
 from common.methods.masked import MaskedMethod
@@ -27,7 +28,7 @@ class RandomTopK(MaskedMethod):
     summary = "a random `ceil(gamma d)` positions every round"
 
     def mask_for(self, key, server_round, gamma, x) -> tuple[NDArray[np.bool_], str]:
-        rng = np.random.default_rng([int(server_round), len(key or "")])
+        rng = np.random.default_rng([int(server_round), client_seed(key or "")])
         mask = np.zeros(x.size, dtype=bool)
         mask[rng.permutation(x.size)[: budget(gamma, x.size)]] = True
         return mask, "random"
@@ -64,6 +65,9 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
         assert rec["local"] is not None and 0 <= rec["local"]["accuracy"] <= 1
         assert set(rec["global"]["per_capacity"]) == {"1", "0.25", "0.0625"}
     assert not np.array_equal(strategy.x, x0)  # the replies were aggregated
+    # Each client draws its own mask: the README's example seeds by the client's key, not by its length.
+    masks = {k: strategy.method.mask_for(k, 1, 0.25, x0)[0] for k in ("partition-1", "partition-2")}
+    assert not np.array_equal(masks["partition-1"], masks["partition-2"])
     assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_serverapp) == [1, 2]
     assert records[-1]["global"]["accuracy"] == result.evaluate_metrics_serverapp[2]["accuracy"]
     by_type = {t: [m for m in grid.handled if m.metadata.message_type == t] for t in ("train", "evaluate")}

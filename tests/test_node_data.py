@@ -386,3 +386,13 @@ def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_befo
     assert main(["--capacities", "1,1/4", "--data-paths", f"{a},{b}", "--results", str(tmp_path / "r")]) == 2
     with pytest.raises(SystemExit):
         main(["--capacities", "1", "--data-paths", f"{a},{b}", *node_run])
+
+
+def test_client_seeds_are_stable_and_tell_keys_apart():
+    from common.client_seed import client_seed
+
+    assert client_seed("partition-1") == client_seed("partition-1") != client_seed("partition-2")
+    assert 0 <= client_seed("x", bits=8) < 256
+    assert client_seed("camera-7") == int.from_bytes(__import__("hashlib").sha256(b"camera-7").digest()[:4], "big")
+    with pytest.raises(ValueError, match="bits=0"):
+        client_seed("x", bits=0)
