@@ -122,10 +122,13 @@ def _convert(name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.in
         x = (encode or hash_tokens)(list(ds[spec.input_column]))
     else:
         x = _images(ds[spec.input_column], spec.channels)
-    groups = None
-    if spec.group_column:
-        groups = np.unique(np.asarray(ds[spec.group_column]).astype(str), return_inverse=True)[1].astype(np.int64)
+    groups = _group_ids(ds[spec.group_column]) if spec.group_column else None
     return ArrayDataset(x, labels, spec.num_classes, groups)
+
+
+def _group_ids(column: Sequence[Any]) -> NDArray[np.int64]:
+    """Natural group values (e.g. FEMNIST writers) as ids ``0..k-1``, numbered in sorted order of the values."""
+    return np.unique(np.asarray(column).astype(str), return_inverse=True)[1].astype(np.int64)
 
 
 def _pool_rows(
@@ -198,8 +201,7 @@ def load_hub_partition(
     pool = np.arange(labels.shape[0]) if "test" in splits else _pool_rows(labels, test_fraction, seed)[0]
     groups = None
     if spec.group_column:
-        all_groups = np.unique(np.asarray(raw[spec.group_column]).astype(str), return_inverse=True)[1]
-        groups = all_groups.astype(np.int64)[pool]
+        groups = _group_ids(raw[spec.group_column])[pool]
     positions = np.asarray(select(labels[pool], groups), dtype=np.int64)
     part = _convert(name, raw.select(pool[positions].tolist()), encode)
     if groups is not None:  # group ids of the whole pool, as load_hub_dataset numbers them

@@ -52,8 +52,6 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     """Deterministically derive this node's splits: its partition of the shared pool, or its own data."""
     if run.dataset == NODE_DATASET:
         return node_local_data(run, node)
-    from sklearn.model_selection import train_test_split
-
     if node.partition_id is None or node.num_partitions is None:
         raise NodeDataError(
             f"the run's dataset={run.dataset!r} is shared by the nodes: this node's node-config needs partition-id "
@@ -81,12 +79,20 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         part = pool.subset(select(pool.y, pool.groups))
     if len(part) < 2:
         raise ValueError(f"partition {partition_id} holds {len(part)} examples; at least 2 are needed")
+    return LocalData(*split_off_test(part, run, node))
+
+
+def split_off_test(data: ArrayDataset, run: RunConfig, node: NodeConfig) -> tuple[ArrayDataset, ArrayDataset]:
+    """``data`` as ``(train, test)``: ``local-test-fraction`` held out, seeded by the run and the node's stream.
+
+    Each part keeps ``data``'s order. At least 2 examples are needed (one each side).
+    """
+    from sklearn.model_selection import train_test_split
+
     train_pos, test_pos = train_test_split(
-        np.arange(len(part)),
-        test_size=run.local_test_fraction,
-        random_state=run.seed + partition_id,
+        np.arange(len(data)), test_size=run.local_test_fraction, random_state=run.seed + node.stream
     )
-    return LocalData(part.subset(np.sort(train_pos)), part.subset(np.sort(test_pos)))
+    return data.subset(np.sort(train_pos)), data.subset(np.sort(test_pos))
 
 
 def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
@@ -95,8 +101,6 @@ def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     Raises :class:`~common.node_data.NodeDataError` (the node cannot take part) for a node without data-path,
     unreadable data, or fewer training examples than one batch.
     """
-    from sklearn.model_selection import train_test_split
-
     if not node.data_path:
         raise NodeDataError(
             'dataset = "node": this node\'s node-config has no data-path (the folder of its own data), e.g. '
@@ -107,11 +111,7 @@ def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     if test is None:
         if len(train) < 2:
             raise NodeDataError(f"data-path {node.data_path!r}: {len(train)} example; at least 2 are needed")
-        idx = np.arange(len(train))
-        train_idx, test_idx = train_test_split(
-            idx, test_size=run.local_test_fraction, random_state=run.seed + node.stream
-        )
-        train, test = train.subset(np.sort(train_idx)), train.subset(np.sort(test_idx))
+        train, test = split_off_test(train, run, node)
     if len(train) < run.batch_size:
         raise NodeDataError(
             f"data-path {node.data_path!r}: {len(train)} training examples, fewer than one batch "

@@ -11,6 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+#: ``global_figures``' source of figures measured on the nodes' own test splits.
+NODES_SOURCE = "nodes' test splits"
+
 
 @dataclass(frozen=True)
 class NodeEvaluation:
@@ -62,4 +65,24 @@ def federated_figures(evals: Sequence[NodeEvaluation]) -> dict[str, Any]:
         "full_model": pooled([e for e in evals if e.full_model]),
         "per_capacity": {f"{g:g}": pooled([e for e in evals if e.capacity == g]) for g in levels},
         "all": pooled(evals),
+    }
+
+
+def global_figures(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A round's global figures: on the server's test set, or else pooled over the nodes' own test splits.
+
+    Returns ``{"accuracy", "loss", "per_capacity": {level: {"accuracy", ...}}, "source"}`` (``accuracy`` and
+    ``loss`` ``None`` when no node evaluated the whole model), or ``None`` for a round without any.
+    """
+    if record.get("global"):
+        return {**record["global"], "source": "server test set"}
+    federated = record.get("federated")
+    if not federated:
+        return None
+    full = federated.get("full_model") or {}
+    return {
+        "accuracy": full.get("accuracy"),
+        "loss": full.get("loss"),
+        "per_capacity": {k: v for k, v in federated["per_capacity"].items() if v},
+        "source": NODES_SOURCE,
     }

@@ -30,7 +30,7 @@ from common.methods import create_method
 from common.methods.base import Accepted, Method
 from common.participation import sample_clients
 from common.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
-from server.federated_evaluation import NodeEvaluation, federated_figures
+from server.federated_evaluation import NODES_SOURCE, NodeEvaluation, federated_figures, global_figures
 from server.grid_io import exchange, wait_for_nodes
 from server.replies import ReplyParts, expected_sent, reply_parts
 
@@ -675,13 +675,9 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
         them and this round, times the rounds still to run (``~N s left``; left out after the last round,
         and while no round time has been measured).
     """
-    g = record.get("global") or {}
-    federated = None if g else record.get("federated")
-    if federated:  # no server test set: the figures the nodes measured on their own test splits
-        g = {
-            **(federated["full_model"] or {}),
-            "per_capacity": {k: v for k, v in federated["per_capacity"].items() if v},
-        }
+    g = global_figures(record) or {}
+    on_nodes = g.get("source") == NODES_SOURCE  # no server test set: the nodes' own test splits
+    acc, loss = (float("nan") if g.get(k) is None else g[k] for k in ("accuracy", "loss"))
     levels = " ".join(f"{k}:{v['accuracy']:.3f}" for k, v in (g.get("per_capacity") or {}).items())
     local = record.get("local")
     down = sum(c["bytes_down"] for c in record["clients"]) / 1024
@@ -689,9 +685,8 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
     seconds = [*earlier_seconds, record["round_seconds"]]
     mean, remaining = sum(seconds) / len(seconds), num_rounds - record["round"]
     return (
-        f"[round {record['round']}/{num_rounds}] {'on nodes: ' if federated else ''}"
-        f"global acc {g.get('accuracy', float('nan')):.4f} "
-        f"loss {g.get('loss', float('nan')):.4f} | per capacity {levels or '-'}"
+        f"[round {record['round']}/{num_rounds}] {'on nodes: ' if on_nodes else ''}"
+        f"global acc {acc:.4f} loss {loss:.4f} | per capacity {levels or '-'}"
         + (f" | local acc {local['accuracy']:.4f}" if local else "")
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
         f" | {record['round_seconds']:.1f} s"

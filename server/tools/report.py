@@ -5,29 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from server.federated_evaluation import global_figures
+
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
-
-
-def global_figures(record: dict[str, Any]) -> dict[str, Any] | None:
-    """A round's global figures: on the server's test set, or else pooled over the nodes' own test splits.
-
-    Returns ``{"accuracy", "loss", "per_capacity": {level: {"accuracy", ...}}, "source"}`` (``accuracy`` and
-    ``loss`` ``None`` when no node evaluated the whole model), or ``None`` for a round without any.
-    """
-    if record.get("global"):
-        return {**record["global"], "source": "server test set"}
-    federated = record.get("federated")
-    if not federated:
-        return None
-    full = federated.get("full_model") or {}
-    return {
-        "accuracy": full.get("accuracy"),
-        "loss": full.get("loss"),
-        "per_capacity": {k: v for k, v in federated["per_capacity"].items() if v},
-        "source": "nodes' test splits",
-    }
 
 
 def summary_table(metrics: dict[str, Any]) -> str:
