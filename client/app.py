@@ -11,15 +11,15 @@ from flwr.common.logger import log
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
+from client.peak_memory import PeakRSS
 from client.replies import train_reply
-from common import protocol as P
-from common.config import NodeConfig, RunConfig, parse_node_config, parse_run_config
-from common.device import pick_device
-from common.evaluation import evaluate
+from common.config.run import NodeConfig, RunConfig, parse_node_config, parse_run_config
 from common.methods import create_method
 from common.methods.base import Method, Received
-from common.peak_memory import PeakRSS
-from common.training import round_train_config
+from common.training.device import pick_device
+from common.training.evaluation import evaluate
+from common.training.loop import round_train_config
+from common.wire import protocol as P
 
 app = ClientApp()
 

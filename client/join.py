@@ -35,7 +35,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.config import DEVICES, ConfigError, parse_node_config
+from common.config.run import DEVICES, ConfigError, parse_node_config
 
 
 def node_config(args: argparse.Namespace) -> str:
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.dry_run:
         print(f"would make the key pair {key} / {pub}")
     else:
-        from common.node_keys import make_node_keys
+        from common.wire.node_keys import make_node_keys
 
         make_node_keys(args.keys, args.name)
         print(f"made the key pair {key} (public key: {pub})")
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         register = [
             sys.executable,
             "-m",
-            "server.control",
+            "server.commands.control",
             "register",
             "--superlink",
             args.control_api,

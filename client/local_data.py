@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from common.array_dataset import ArrayDataset
-from common.config import NodeConfig, RunConfig
-from common.datasets import TEXT_DATASETS
-from common.local_split import LocalData, derive_local_data
-from common.node_data import NodeDataReport
+from common.config.run import NodeConfig, RunConfig
+from common.data.arrays import ArrayDataset
+from common.data.datasets import TEXT_DATASETS
+from common.data.local_split import LocalData, derive_local_data
+from common.data.node_data import NodeDataReport
 
 CACHE_VERSION = 4
 

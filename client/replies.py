@@ -1,6 +1,6 @@
 """The TRAIN reply every method sends: the update arrays, the training metrics and the meta record.
 
-One builder for every method, so the records the server validates (:mod:`common.validation`) have one shape.
+One builder for every method, so the records the server validates (:mod:`common.wire.validation`) have one shape.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from common import protocol as P
 from common.methods.base import LocalUpdate
+from common.wire import protocol as P
 
 
 def train_reply(

@@ -1,1 +1,4 @@
-"""ServerApp side: strategy, Fisher state, reply validation, evaluation and the local launcher."""
+"""The server side: the ServerApp and its strategy (this package).
+
+Operator commands live in :mod:`server.commands`, benchmarks and analyses in :mod:`server.benchmarks`.
+"""

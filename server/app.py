@@ -12,14 +12,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from numpy.typing import NDArray
 
-from common.config import RunConfig, parse_run_config
-from common.datasets import load_server_data
-from common.device import pick_device
-from common.evaluation import CentralEvaluator
-from common.layout import ParamLayout
+from common.config.run import RunConfig, parse_run_config
+from common.data.datasets import load_server_data
 from common.methods import create_method
 from common.methods.base import Method
-from common.models import build_run_model, model_layout, trainable_arrays
+from common.models.architectures import build_run_model, model_layout, trainable_arrays
+from common.models.layout import ParamLayout
+from common.training.device import pick_device
+from common.training.evaluation import CentralEvaluator
 from server.async_strategy import AsyncSubmodelStrategy
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
 from server.resume_check import check_resume

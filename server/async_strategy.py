@@ -43,12 +43,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from numpy.typing import NDArray
 
-from common import protocol as P
-from common.async_aggregation import TooStale
-from common.config import RunConfig
-from common.layout import ParamLayout
+from common.aggregation.asynchronous import TooStale
+from common.config.run import RunConfig
 from common.methods.base import Accepted, AsynchronousMethod, Method
-from common.validation import ReplyError, SentSubmodel
+from common.models.layout import ParamLayout
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel
 from server.grid_io import exchange
 from server.replies import ReplyParts, reply_parts
 from server.strategy import ClientRound, EvaluateFn, SubmodelStrategy, progress_line

@@ -9,7 +9,7 @@ several GB at the papers' scale) is cut into chunks of :data:`CHUNK_BYTES`,
 each stored once under its content hash in ``checkpoint.npz.chunks/``;
 ``checkpoint.npz`` holds the round, the global vector and the list of chunks.
 A round writes only chunks not already stored (the Fisher state keeps an
-unchanged client's bytes in place, see :meth:`common.fisher_state.FisherState.to_bytes`),
+unchanged client's bytes in place, see :meth:`common.fisher.state.FisherState.to_bytes`),
 then replaces ``checkpoint.npz``, then deletes the chunks nothing refers to:
 a crash at any point leaves the previous or the new checkpoint whole.
 """

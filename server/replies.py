@@ -9,7 +9,7 @@ from typing import Any
 from flwr.app import Message
 from numpy.typing import NDArray
 
-from common.validation import ReplyError, SentSubmodel
+from common.wire.validation import ReplyError, SentSubmodel
 
 
 @dataclass

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.schema import ConfigError
+from common.config.schema import ConfigError
 from server.persistence import CHECKPOINT, check_checkpoint
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 METRICS = "metrics.json"
 #: Run settings that decide what the checkpoint's vector and state mean: a resume must keep them.

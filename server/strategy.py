@@ -22,16 +22,16 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
-from common import protocol as P
-from common.config import RunConfig
-from common.layout import ParamLayout
-from common.mask_stability import MaskHistory, per_capacity_means
+from common.config.run import RunConfig
 from common.methods import create_method
 from common.methods.base import Accepted, Method
-from common.participation import sample_clients
-from common.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
+from common.models.layout import ParamLayout
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel, TrainReply, validate_evaluate_reply, validate_profile
 from server.federated_evaluation import NODES_SOURCE, NodeEvaluation, federated_figures, global_figures
 from server.grid_io import exchange, wait_for_nodes
+from server.mask_stability import MaskHistory, per_capacity_means
+from server.participation import sample_clients
 from server.replies import ReplyParts, expected_sent, reply_parts
 
 #: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``, ``loss``).

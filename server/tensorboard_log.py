@@ -12,10 +12,10 @@ import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.schema import ConfigError
+from common.config.schema import ConfigError
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 TENSORBOARD_DIR = "tensorboard"
 INSTALL_HINT = "pip install 'fibos-fl[tensorboard]'"

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from server.launcher import ProcessGroup
+from server.commands.launcher import ProcessGroup
 
 VENV_BIN = Path(sys.executable).parent
 _VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-    from common.config import RunConfig
+    from common.config.run import RunConfig
     from server.strategy import EvaluateFn, SubmodelStrategy
 
 RUN_ID = 1
@@ -129,7 +129,7 @@ def inprocess_federation(
     ``evaluate_fn`` is ``None`` when the server holds no test set. The set-up is the ServerApp's own
     (:func:`server.app.global_model`).
     """
-    from common.config import parse_run_config
+    from common.config.run import parse_run_config
     from common.methods import create_method
     from server.app import global_model
     from server.strategy import SubmodelStrategy

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.aggregation import MaskedUpdate, aggregate_masked, average_held
-from common.update_means import nonzero_mean_step, participant_mean_step
+from common.aggregation.masked import MaskedUpdate, aggregate_masked, average_held
+from common.aggregation.update_means import nonzero_mean_step, participant_mean_step
 
 
 def _brute(x, masks, deltas, weights, eta):
@@ -193,7 +193,7 @@ def test_average_held_invalid_weight_raises():
 @given(case=_rounds(), block=st.integers(1, 7))
 def test_blocked_accumulation_is_bit_identical_to_one_block(case, block):
     """Any block size gives the same bits as accumulating the whole vector at once."""
-    import common.aggregation as agg
+    import common.aggregation.masked as agg
 
     x, masks, deltas, weights, eta = case
     masks = [m if i % 2 else np.ones_like(m) for i, m in enumerate(masks)]  # mix in full masks (the slice path)

@@ -79,10 +79,10 @@ def test_no_import_cycle():
 
 
 def test_the_cycle_check_sees_function_level_imports():
-    tree = ast.parse("def f():\n    from common.datasets import load_dataset\n")
-    assert _imports(tree, {"common.datasets"}) == {"common.datasets"}
-    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config\n")
-    assert _imports(guarded, {"common.config"}) == set()
+    tree = ast.parse("def f():\n    from common.data.datasets import load_dataset\n")
+    assert _imports(tree, {"common.data.datasets"}) == {"common.data.datasets"}
+    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config.run\n")
+    assert _imports(guarded, {"common.config.run"}) == set()
 
 
 def test_the_fab_holds_exactly_what_the_server_and_client_apps_import():

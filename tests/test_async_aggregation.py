@@ -1,4 +1,4 @@
-"""FedGMR asynchronous aggregation arithmetic and the staleness bound (common/async_aggregation.py)."""
+"""FedGMR asynchronous aggregation arithmetic and the staleness bound (common/aggregation/asynchronous.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.aggregation import MaskedUpdate
-from common.async_aggregation import TooStale, apply_async_update, mask_overlap, staleness_weight
-from common.time_to_accuracy import accuracy_curve, time_to_target
+from common.aggregation.asynchronous import TooStale, apply_async_update, mask_overlap, staleness_weight
+from common.aggregation.masked import MaskedUpdate
+from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 
 
 def _update(indices, delta):

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.launcher import LocalFederation
+from server.commands.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
 
 ROUNDS = 5

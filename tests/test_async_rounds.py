@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import parse_run_config
-from common.layout import ParamLayout
-from common.validation import SentSubmodel
+from common.config.run import parse_run_config
+from common.models.layout import ParamLayout
+from common.wire.validation import SentSubmodel
 from server.async_strategy import AsyncSubmodelStrategy, Dispatch
 from server.replies import ReplyParts
 from server.strategy import ClientRound, NodeProfile

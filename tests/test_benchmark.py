@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from server.tools.benchmark import (
+from server.benchmarks.benchmark import (
     LAST_ROUNDS,
     MethodSpec,
     Partition,
@@ -100,7 +100,7 @@ def test_row_gives_traffic_per_capacity_and_seconds_per_step():
 
 
 def test_bad_method_fails_before_any_run(tmp_path):
-    from common.config import ConfigError
+    from common.config.run import ConfigError
 
     with pytest.raises(ConfigError, match="method"):
         main(["--methods", "fedsgd", "--datasets", "digits", "--out", str(tmp_path)])
@@ -136,7 +136,7 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
 
 def test_every_run_config_flag_counts(tmp_path):
     """``-c`` repeats like ``flwr run -c``: an earlier override is not dropped by a later one."""
-    from common.config import ConfigError
+    from common.config.run import ConfigError
 
     args = ["--methods", "fedfibos", "--datasets", "digits", "--out", str(tmp_path), "--existing-only", "--reuse"]
     with pytest.raises(ConfigError, match="fisher-trim"):
@@ -151,7 +151,7 @@ def test_reuse_only_takes_runs_with_the_same_settings():
 
 
 def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):
-    import server.tools.benchmark as bench
+    import server.benchmarks.benchmark as bench
 
     started = []
 
@@ -195,7 +195,7 @@ def test_a_run_config_key_a_flag_sets_is_refused_naming_the_flag(tmp_path, capsy
 
 
 def test_default_methods_leave_out_those_the_data_does_not_fit_and_named_ones_fail(tmp_path, capsys):
-    from common.config import ConfigError
+    from common.config.run import ConfigError
 
     plan_only = ["--datasets", "digits", "--partitions", "iid", "--seeds", "0", "--reuse", "--existing-only"]
     assert main([*plan_only, "--out", str(tmp_path / "a")]) == 0
@@ -219,7 +219,7 @@ def test_a_method_spec_carries_its_own_keys_and_refuses_what_a_flag_sets():
 
 
 def test_a_variant_runs_as_a_row_of_its_own_with_its_keys(tmp_path, monkeypatch):
-    import server.tools.benchmark as bench
+    import server.benchmarks.benchmark as bench
 
     seen = []
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.rational import capacity_fraction, float_fraction, simplest_between
-from common.selection import budget
+from common.config.capacity import capacity_fraction, float_fraction, simplest_between
+from common.fisher.selection import budget
 
 
 def test_every_k_over_d_up_to_2000_gives_exactly_k():

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from server.launcher import APP_DIR, flower_env, free_port, wait_for_port
-from server.process_group import ProcessGroup
+from server.commands.launcher import APP_DIR, flower_env, free_port, wait_for_port
+from server.commands.process_group import ProcessGroup
 
 DEPLOYMENT = APP_DIR / "docs" / "DEPLOYMENT.md"
 README = APP_DIR / "README.md"

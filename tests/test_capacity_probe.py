@@ -18,7 +18,7 @@ from client.capacity_probe import (
     capacity_from_probe,
     probe_device,
 )
-from common.config import ConfigError, parse_node_config
+from common.config.run import ConfigError, parse_node_config
 
 LADDER = {1.0, 0.5, 0.25, 0.125, 0.0625}
 

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.channel_scores import (
+from common.models.architectures import build_model, model_layout
+from common.models.layout import ParamLayout, TensorSpec
+from common.submodels.channel_scores import (
     ChannelReport,
     ChannelScoreState,
     ClientChannelScores,
@@ -20,9 +22,7 @@ from common.channel_scores import (
     score_capacity,
     top_channels,
 )
-from common.layout import ParamLayout, TensorSpec
-from common.models import build_model, model_layout
-from common.width_masks import TensorChannels, channel_graph, channel_mask, group_sizes
+from common.submodels.width import TensorChannels, channel_graph, channel_mask, group_sizes
 
 
 def _dropped_sum(layout, graph, values, group, channel):

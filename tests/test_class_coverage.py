@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import parse_run_config
-from common.models import build_model
-from server.tools.class_coverage import (
+from common.config.run import parse_run_config
+from common.models.architectures import build_model
+from server.benchmarks.class_coverage import (
     ClassCoverage,
     class_coverage,
     coverage_lines,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server import cli, control, launcher  # noqa: F401 (imported here: torch's import runs ldconfig, a process)
+from server.commands import cli, control, launcher  # noqa: F401 (imported here: torch's import runs ldconfig, a process)
 
 
 def test_an_override_without_a_value_is_named_on_stderr(tmp_path: Path, capsys, no_process) -> None:

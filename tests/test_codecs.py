@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_codec import FISHER_ENCODINGS, decode_fisher, encode_fisher, expected_names
-from common.layout import ParamLayout
-from common.mask_codec import (
+from common.fisher.codec import FISHER_ENCODINGS, decode_fisher, encode_fisher, expected_names
+from common.fisher.selection import budget, select_mask
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.models.layout import ParamLayout
+from common.wire.mask_codec import (
     decode_mask,
     elias_fano_bytes,
     elias_fano_low_bits,
@@ -20,9 +22,7 @@ from common.mask_codec import (
     index_dtype,
     mask_digest,
 )
-from common.models import build_model, model_layout, trainable_arrays
-from common.protocol import decode_submodel, encode_submodel
-from common.selection import budget, select_mask
+from common.wire.protocol import decode_submodel, encode_submodel
 
 # ---------------------------------------------------------------------------
 # masks

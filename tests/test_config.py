@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, default_run_config, parse_node_config, parse_run_config
-from server.launcher import parse_capacities, parse_overrides, toml_overrides
+from common.config.run import ConfigError, default_run_config, parse_node_config, parse_run_config
+from server.commands.launcher import parse_capacities, parse_overrides, toml_overrides
 
 MANIFEST = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
 
@@ -79,7 +79,7 @@ def test_launcher_argument_parsing():
 
 
 def test_manifest_readme_tables_and_layout_are_generated_from_the_code():
-    from server.tools.docs_reference import expected_files, readme_table
+    from server.commands.docs_reference import expected_files, readme_table
 
     for path, text in expected_files().items():
         assert path.read_text() == text, f"{path.name} is out of date: run `fibos docs --write`"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from client.join import main as join_main
-from server import control
-from server.credentials import main as credentials_main
-from server.launcher import free_port
+from server.commands import control
+from server.commands.credentials import main as credentials_main
+from server.commands.launcher import free_port
 
 UNREACHABLE = {
     "success": False,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from client.local_data import load_local_data
-from common.config import NodeConfig, parse_run_config
-from common.datasets import load_dataset
-from common.local_split import derive_local_data
-from common.partitioning import partition_indices
+from common.config.run import NodeConfig, parse_run_config
+from common.data.datasets import load_dataset
+from common.data.local_split import derive_local_data
+from common.data.partitioning import partition_indices
 
 
 def test_digits_split_is_stratified_and_deterministic():

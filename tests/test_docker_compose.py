@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import default_run_config
+from common.config.run import default_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fibos-dockertest"
@@ -309,7 +309,7 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     rogue = _docker(
         "run", "-d", "--name", f"{PROJECT}-rogue", "--network", f"{PROJECT}_edge",
         "-v", f"{PROJECT}_credentials:/credentials:ro", "--entrypoint", "sh", app_image, "-c",
-        "python -m server.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
+        "python -m server.commands.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
         " --root-certificates /credentials/ca.crt --superlink fleet-gateway:8443"
         " --auth-supernode-private-key /tmp/rogue/rogue --isolation process --port 9094"
         " --node-config 'partition-id=1 num-partitions=4 capacity=1.0'",

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.aggregation import MaskedUpdate
-from common.config import ConfigError, parse_run_config
-from common.layout import ParamLayout, TensorSpec
+from common.aggregation.masked import MaskedUpdate
+from common.config.run import ConfigError, parse_run_config
 from common.methods import create_method
 from common.methods.base import Accepted
-from common.validation import TrainReply
+from common.models.layout import ParamLayout, TensorSpec
+from common.wire.validation import TrainReply
 
 LAYOUT = ParamLayout((TensorSpec("fc.weight", (2, 2)), TensorSpec("fc.bias", (2,))))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, parse_node_config, parse_run_config
+from common.config.run import ConfigError, parse_node_config, parse_run_config
 from common.methods import registry
 
 
@@ -97,7 +97,7 @@ def test_capacity_kind_node_key_and_run_default():
 
 def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
     from common.methods import create_method
-    from common.models import build_model, model_layout, trainable_arrays
+    from common.models.architectures import build_model, model_layout, trainable_arrays
 
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
@@ -137,7 +137,7 @@ def test_the_discovery_reply_carries_the_node_capacity_kind():
 
 
 def test_discovery_hands_each_node_capacity_kind_to_the_method():
-    from common.models import build_model, model_layout
+    from common.models.architectures import build_model, model_layout
     from server.strategy import SubmodelStrategy
     from tests.inprocess_grid import InProcessGrid
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.aggregation import MaskedUpdate
-from common.config import parse_run_config
-from common.layout import ParamLayout
+from common.aggregation.masked import MaskedUpdate
+from common.config.run import parse_run_config
+from common.fisher.selection import budget
 from common.methods import create_method
 from common.methods.base import Accepted
-from common.restoration import (
+from common.models.layout import ParamLayout
+from common.submodels.restoration import (
     EarlyStop,
     PatienceSchedule,
     RestorationMasks,
@@ -28,8 +29,7 @@ from common.restoration import (
     shared_mask,
     shared_scores,
 )
-from common.selection import budget
-from common.validation import TrainReply
+from common.wire.validation import TrainReply
 
 LAYOUT = ParamLayout.from_arrays(
     {"w1": np.zeros((6, 5)), "b1": np.zeros(6), "w2": np.zeros((3, 6)), "b2": np.zeros(3), "w3": np.zeros((2, 3))}
@@ -128,7 +128,7 @@ def test_a_budget_below_the_core_holds_the_largest_core_positions():
 
 
 def _cnn():
-    from common.models import build_model, model_layout, trainable_arrays
+    from common.models.architectures import build_model, model_layout, trainable_arrays
 
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.array_dataset import ArrayDataset
-from common.fisher_estimation import example_indices, per_example_fisher
-from common.models import build_model, load_flat, model_layout, trainable_arrays
-from common.training import attach_masks, effective_tensors, local_classes, local_logits
+from common.data.arrays import ArrayDataset
+from common.fisher.estimation import example_indices, per_example_fisher
+from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
+from common.training.loop import attach_masks, effective_tensors, local_classes, local_logits
 
 
 def _data(n: int, channels: int, side: int, classes: int, seed: int) -> ArrayDataset:
@@ -119,9 +119,9 @@ def test_a_transformer_is_estimated_one_example_at_a_time(tmp_path):
     """transformers' mask helpers defeat vmap: the loop must give the mean of the one-example estimates."""
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
-    from common.config import parse_run_config
-    from common.datasets import load_run_dataset
-    from common.models import build_run_model
+    from common.config.run import parse_run_config
+    from common.data.datasets import load_run_dataset
+    from common.models.architectures import build_run_model
     from tests.tiny_text import news_dataset, tiny_bert, tiny_text_run
 
     run = parse_run_config(tiny_text_run(str(tiny_bert(tmp_path / "b")), str(news_dataset(tmp_path / "n"))))
@@ -164,8 +164,8 @@ def test_no_examples_is_an_error():
 
 
 def test_round_zero_of_the_warm_up_takes_no_local_step():
-    from common.config import parse_node_config, parse_run_config
-    from common.training import round_train_config
+    from common.config.run import parse_node_config, parse_run_config
+    from common.training.loop import round_train_config
 
     run = parse_run_config({"local-epochs": 3})
     node = parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": 1.0}, "")
@@ -183,7 +183,7 @@ def test_round_zero_of_the_warm_up_takes_no_local_step():
     ],
 )
 def test_bad_fisher_settings_fail_naming_the_key(override, message):
-    from common.config import ConfigError, parse_run_config
+    from common.config.run import ConfigError, parse_run_config
 
     with pytest.raises(ConfigError, match=message):
         parse_run_config(override)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.fisher_state import FisherState, fisher_capacity
+from common.fisher.state import FisherState, fisher_capacity
 
 D = 1000
 

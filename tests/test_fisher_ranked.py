@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_codec import decode_fisher, encode_fisher, expected_names, ranked_count
-from common.layout import ParamLayout
-from common.mask_codec import encode_mask, mask_kind
-from common.models import build_model, model_layout, trainable_arrays
-from common.selection import select_mask, topk_mask
+from common.fisher.codec import decode_fisher, encode_fisher, expected_names, ranked_count
+from common.fisher.selection import select_mask, topk_mask
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.models.layout import ParamLayout
+from common.wire.mask_codec import encode_mask, mask_kind
 
 SMALL = {"c.w": (6, 2, 2), "c.b": (6,), "f.w": (4, 7), "f.b": (4,)}
 

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.held_masks import HeldMasks, append_arrays
-from common.inert import inert_parameters
-from common.layout import ParamLayout
-from common.mask_stability import MaskHistory, jaccard, per_capacity_means
-from common.models import build_model, model_layout
-from common.selection import select_mask
+from common.fisher.held_masks import HeldMasks, append_arrays
+from common.fisher.selection import select_mask
+from common.models.architectures import build_model, model_layout
+from common.models.inert import inert_parameters
+from common.models.layout import ParamLayout
+from server.mask_stability import MaskHistory, jaccard, per_capacity_means
 
 
 # ---------------------------------------------------------------- inert parameters
@@ -170,8 +170,8 @@ def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_ma
 
 
 def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estimate(tmp_path, monkeypatch) -> None:
-    from common import protocol as P
     from common.methods.masked import MaskedMethod
+    from common.wire import protocol as P
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))

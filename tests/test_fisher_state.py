@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_state import PRIOR_BLOCK, FisherState, mean64
+from common.fisher.state import PRIOR_BLOCK, FisherState, mean64
 
 D = 16
 BIG_IDS = [0, 1, 2**32, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1]

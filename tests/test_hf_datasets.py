@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError, NodeConfig, parse_run_config
-from common.datasets import HUB_DATASET_NAMES, load_dataset
-from common.evaluation import evaluate
-from common.hf_datasets import HUB_DATASETS, hash_tokens
-from common.local_split import derive_local_data
-from common.models import build_model, model_layout, trainable_arrays
-from common.training import TrainConfig, train_masked
+from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.data.datasets import HUB_DATASET_NAMES, load_dataset
+from common.data.hub import HUB_DATASETS, hash_tokens
+from common.data.local_split import derive_local_data
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.training.evaluation import evaluate
+from common.training.loop import TrainConfig, train_masked
 
 datasets = pytest.importorskip("datasets")
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value  # noqa: E402
@@ -163,8 +163,8 @@ def test_text_and_natural_partition_config_guards():
 
 @pytest.mark.parametrize("name", ["cifar10", "femnist", "ag_news"])
 def test_a_node_decodes_only_its_own_partition_and_gets_what_the_whole_pool_gave(fixtures, name, monkeypatch):
-    import common.hf_datasets as hf
-    from common.partitioning import partition_indices
+    import common.data.hub as hf
+    from common.data.partitioning import partition_indices
 
     disk, _, _ = fixtures[name]
     partitioner = "natural" if name == "femnist" else "dirichlet"

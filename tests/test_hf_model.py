@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError, parse_run_config
-from common.datasets import load_run_dataset
-from common.evaluation import evaluate
-from common.hf_models import HFClassifier, build_hf_model, tokenize
-from common.models import build_run_model, model_layout, trainable_arrays
+from common.config.run import ConfigError, parse_run_config
+from common.data.datasets import load_run_dataset
+from common.models.architectures import build_run_model, model_layout, trainable_arrays
+from common.models.hf import HFClassifier, build_hf_model, tokenize
+from common.training.evaluation import evaluate
 from tests.inprocess_grid import inprocess_federation
 from tests.tiny_text import tiny_bert, tiny_text_run
 
@@ -92,8 +92,8 @@ def test_bad_model_input_fails_fast_naming_the_key(text_setup, tmp_path) -> None
 
 
 def test_a_client_trains_only_its_held_transformer_weights(text_setup) -> None:
-    from common.selection import select_mask
-    from common.training import TrainConfig, train_masked
+    from common.fisher.selection import select_mask
+    from common.training.loop import TrainConfig, train_masked
 
     model_path, data_path = text_setup
     run = parse_run_config(_run(model_path, data_path))

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.array_dataset import ArrayDataset
-from common.config import ConfigError, parse_run_config
-from common.datasets import load_dataset
-from common.models import build_model, model_layout, trainable_arrays
-from common.training import TrainConfig, local_classes, local_logits, train_masked, train_small
+from common.config.run import ConfigError, parse_run_config
+from common.data.arrays import ArrayDataset
+from common.data.datasets import load_dataset
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.training.loop import TrainConfig, local_classes, local_logits, train_masked, train_small
 
 CPU = torch.device("cpu")
 

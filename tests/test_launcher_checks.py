@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError
-from server import launcher
-from server.run_folder import LOCK_FILE, RunFolderBusy, RunFolderLock, new_log_folder
+from common.config.run import ConfigError
+from server.commands import launcher
+from server.commands.run_folder import LOCK_FILE, RunFolderBusy, RunFolderLock, new_log_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_matching_flag_and_key_are_accepted(tmp_path):
 
 def test_the_command_line_exits_non_zero_with_the_key_on_stderr(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "local", "--results", str(tmp_path / "run"), "-c", "lr=-1"],
+        [sys.executable, "-m", "server.commands.cli", "local", "--results", str(tmp_path / "run"), "-c", "lr=-1"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -86,7 +86,7 @@ def test_a_dead_holder_frees_the_folder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from server.run_folder import RunFolderLock; "
+            "import sys, time; from server.commands.run_folder import RunFolderLock; "
             f"RunFolderLock(__import__('pathlib').Path({str(tmp_path)!r})).acquire(); print('held', flush=True); "
             "time.sleep(600)",
         ],
@@ -123,14 +123,14 @@ def test_a_failed_run_names_its_last_error_line(tmp_path):
         "print('\\x1b[91mERROR \\x1b[0m:     ServerApp raised an exception');"
         "print('Traceback (most recent call last):');"
         "print('  File \"app.py\", line 1, in main');"
-        "print('common.schema.ConfigError: lr=-1: Input should be greater than 0');"
+        "print('common.config.schema.ConfigError: lr=-1: Input should be greater than 0');"
         "print('\\x1b[91mERROR \\x1b[0m:     Exit Code: 201')"
     )
     log = tmp_path / "serverapp.log"
     echoed: list[str] = []
     with pytest.raises(RuntimeError) as err:
         launcher.run_federation_command([sys.executable, "-c", script], dict(os.environ), log, 60, echoed.append)
-    assert "the run failed: common.schema.ConfigError: lr=-1: Input should be greater than 0" in str(err.value)
+    assert "the run failed: common.config.schema.ConfigError: lr=-1: Input should be greater than 0" in str(err.value)
     assert str(log) in str(err.value)
     boxed = (
         "print('\\u256d\\u2500 Error \\u2500\\u256e');"
@@ -154,7 +154,7 @@ def test_the_timeout_is_kept_by_the_clock_while_the_run_prints_nothing(tmp_path)
 
 
 def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(capsys, monkeypatch):
-    from server import control
+    from server.commands import control
 
     def refuse(*args, **kwargs):
         raise AssertionError("nothing may be sent for a bad run config")
@@ -167,7 +167,7 @@ def test_a_submission_through_the_control_api_is_validated_before_anything_is_se
 
 
 def test_the_schema_refuses_empty_capacity_items_and_a_data_path_without_use():
-    from common.config import parse_capacity_list, parse_run_config
+    from common.config.run import parse_capacity_list, parse_run_config
 
     assert parse_capacity_list("") == () and parse_capacity_list(" 1, 1/3 ") == (1.0, 1 / 3)
     for bad in ("1,,1", "1,", ",1", " , "):

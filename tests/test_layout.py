@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.layout import ParamLayout, TensorSpec
+from common.models.layout import ParamLayout, TensorSpec
 
 SHAPES = {
     "conv.weight": (4, 2, 3, 3),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config import parse_run_config
-from common.layout import ParamLayout
-from common.level_masks import LevelMasks
+from common.config.run import parse_run_config
+from common.fisher.level_masks import LevelMasks
+from common.fisher.selection import select_mask
 from common.methods import create_method
-from common.selection import select_mask
+from common.models.layout import ParamLayout
 
 ARRAYS = {"w1": np.zeros((8, 12)), "b1": np.zeros(8), "w2": np.zeros((5, 8)), "b2": np.zeros(5)}
 LAYOUT = ParamLayout.from_arrays(ARRAYS)

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.aggregation import MaskedUpdate
-from common.config import ConfigError, parse_run_config
-from common.layout import ParamLayout
-from common.lora import (
+from common.aggregation.masked import MaskedUpdate
+from common.config.run import ConfigError, parse_run_config
+from common.models.layout import ParamLayout
+from common.submodels.lora_ranks import (
     aggregate_lora,
     allocate_ranks,
     held_ranks,

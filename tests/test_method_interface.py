@@ -10,12 +10,12 @@ import pytest
 from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
-from common import protocol as P
-from common.client_seed import client_seed
-from common.config import ConfigError, parse_run_config
+from common.config.run import ConfigError, parse_run_config
+from common.data.client_seed import client_seed
+from common.fisher.selection import budget
 from common.methods import create_method, register, registry, unregister
 from common.methods.masked import MaskedMethod
-from common.selection import budget
+from common.wire import protocol as P
 from tests.inprocess_grid import inprocess_federation
 
 ROOT = Path(__file__).resolve().parents[1]

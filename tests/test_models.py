@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.models import build_model, load_flat, model_layout, trainable_arrays
+from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
 
 
 @pytest.mark.parametrize("size", [8, 28])

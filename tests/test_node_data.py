@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.config import ConfigError, parse_node_config, parse_run_config
-from common.local_split import derive_local_data
-from common.node_data import (
+from common.config.run import ConfigError, parse_node_config, parse_run_config
+from common.data.local_split import derive_local_data
+from common.data.node_data import (
     InputSpec,
     LabelSpace,
     NodeDataError,
@@ -342,9 +342,9 @@ FEDERATED = {
 
 
 def test_without_a_server_test_set_the_round_line_and_summary_show_the_nodes_figures():
+    from server.benchmarks.report import summary_table
     from server.federated_evaluation import global_figures
     from server.strategy import progress_line
-    from server.tools.report import summary_table
 
     line = progress_line(_record(FEDERATED), 3)
     assert "[round 2/3] on nodes: global acc 0.7500 loss 0.5000 | per capacity 1:0.750 0.25:0.500" in line
@@ -376,7 +376,7 @@ def test_federated_figures_pool_by_examples_per_level_and_for_the_full_model():
 
 
 def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_before_starting(tmp_path, no_process):
-    from server.launcher import LocalFederation, main
+    from server.commands.launcher import LocalFederation, main
 
     a, b = write_image_folder(tmp_path / "a", {0: 1}), write_image_folder(tmp_path / "b", {1: 1})
     fed = LocalFederation([1.0, 0.25], tmp_path / "run", data_paths=[str(a), str(b)])
@@ -390,7 +390,7 @@ def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_befo
 
 
 def test_client_seeds_are_stable_and_tell_keys_apart():
-    from common.client_seed import client_seed
+    from common.data.client_seed import client_seed
 
     assert client_seed("partition-1") == client_seed("partition-1") != client_seed("partition-2")
     assert 0 <= client_seed("x", bits=8) < 256

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from server.launcher import LocalFederation
+from server.commands.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
 
 ROUNDS = 7

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from server.launcher import LocalFederation
+from server.commands.launcher import LocalFederation
 from server.persistence import CHECKPOINT, check_checkpoint
 from tests.federation_progress import wait_for_round
 
@@ -78,7 +78,17 @@ def test_a_second_launcher_on_the_same_folder_is_refused_and_the_first_is_unaffe
         thread.start()
         wait_for_round(folder, 1)
         second = subprocess.run(
-            [sys.executable, "-m", "server.launcher", "--capacities", "1", "--rounds", "2", "--results", str(folder)],
+            [
+                sys.executable,
+                "-m",
+                "server.commands.launcher",
+                "--capacities",
+                "1",
+                "--rounds",
+                "2",
+                "--results",
+                str(folder),
+            ],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.array_dataset import ArrayDataset
-from common.config import ConfigError, NodeConfig, parse_run_config
-from common.optimizers import OPTIMIZERS, make_optimizer
-from common.training import TrainConfig, round_train_config, train_loop
+from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.data.arrays import ArrayDataset
+from common.training.loop import TrainConfig, round_train_config, train_loop
+from common.training.optimizers import OPTIMIZERS, make_optimizer
 
 CPU = torch.device("cpu")
 

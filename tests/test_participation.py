@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.config import parse_run_config
-from common.participation import sample_clients, sample_size
-from common.schema import ConfigError
+from common.config.run import parse_run_config
+from common.config.schema import ConfigError
+from server.participation import sample_clients, sample_size
 from tests.inprocess_grid import inprocess_federation
 
 KEYS = [f"client-{i:03d}" for i in range(100)]

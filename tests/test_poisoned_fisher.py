@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from common.selection import select_mask
-from server.tools.poisoning_bench import certified_share, federation_state, fisher_world, mask_change, shaped_attack
+from common.fisher.selection import select_mask
+from server.benchmarks.poisoning_bench import (
+    certified_share,
+    federation_state,
+    fisher_world,
+    mask_change,
+    shaped_attack,
+)
 
 ATTACKER = 9  # the last of the ten clients
 

@@ -7,16 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.fisher_state import FisherState
-from common.layout import ParamLayout
-from common.prior_influence import (
+from common.fisher.prior_influence import (
     contested_by_level,
     contested_positions,
     sort_columns,
     trim_count,
     trimmed_mean_bounds,
 )
-from common.selection import budget, select_mask
+from common.fisher.selection import budget, select_mask
+from common.fisher.state import FisherState
+from common.models.layout import ParamLayout
 
 
 def _trimmed(values: np.ndarray, k: int) -> np.ndarray:
@@ -140,7 +140,7 @@ def test_fisher_state_interval_covers_a_shaped_attack_and_a_stale_client():
 
 
 def test_prior_interval_matches_the_prior_in_fp16_and_across_blocks(monkeypatch):
-    import common.fisher_state as fs
+    import common.fisher.state as fs
 
     monkeypatch.setattr(fs, "PRIOR_BLOCK", 7)  # several blocks of positions
     rng = np.random.default_rng(2)
@@ -232,7 +232,7 @@ def test_sorting_network_sorts_columns_like_np_sort(n, m, dtype, seed):
 
 
 def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
-    import common.prior_influence as pi
+    import common.fisher.prior_influence as pi
 
     values = np.random.default_rng(0).lognormal(size=(7, 300)).astype(np.float32)
     monkeypatch.setattr(pi, "_TILE", 64)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from common import protocol as P
-from common.config import NodeConfig, parse_run_config
-from common.datasets import load_dataset
-from common.fisher_codec import encode_fisher
+from common.config.run import NodeConfig, parse_run_config
+from common.data.datasets import load_dataset
+from common.data.partitioning import partition_indices
+from common.fisher.codec import encode_fisher
 from common.methods import create_method
-from common.models import build_model, model_layout, trainable_arrays
-from common.partitioning import partition_indices
-from common.training import TrainConfig, train_masked
-from common.validation import SentSubmodel, validate_evaluate_reply, validate_profile
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.training.loop import TrainConfig, train_masked
+from common.wire import protocol as P
+from common.wire.validation import SentSubmodel, validate_evaluate_reply, validate_profile
 from server.replies import ReplyParts
 from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
 
@@ -36,7 +36,7 @@ def _setup():
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
         strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
         mask, _ = strategy.node_mask(node_id, ROUND)
-        from common.protocol import encode_submodel
+        from common.wire.protocol import encode_submodel
 
         payload = encode_submodel(strategy.x, mask)
         strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
@@ -194,7 +194,7 @@ def test_evaluate_and_profile_validation():
         {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.9}, {"round": 2, "mask-digest": "abc"}, sent, 10
     )
     assert ok["eval-acc"] == 0.9
-    from common.validation import ReplyError
+    from common.wire.validation import ReplyError
 
     for metrics in (
         {"num-examples": 11, "eval-loss": 0.5, "eval-acc": 0.9},
@@ -215,7 +215,7 @@ def test_evaluate_and_profile_validation():
 
 
 def test_node_config_shape_mismatch_is_reported():
-    from common.config import ConfigError, parse_node_config
+    from common.config.run import ConfigError, parse_node_config
 
     with pytest.raises(ConfigError, match="capacity"):
         parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": "1/2"})

@@ -1,4 +1,4 @@
-"""FedGMR restoration schedules and nested masks (common/restoration.py)."""
+"""FedGMR restoration schedules and nested masks (common/submodels/restoration.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.layout import ParamLayout
-from common.restoration import MIN_DENSITY, RestorationMasks, random_priority, restoration_budget, restore_mask
-from common.selection import budget
+from common.fisher.selection import budget
+from common.models.layout import ParamLayout
+from common.submodels.restoration import (
+    MIN_DENSITY,
+    RestorationMasks,
+    random_priority,
+    restoration_budget,
+    restore_mask,
+)
 
 unit = st.floats(min_value=1e-3, max_value=1.0)
 schedules = st.sampled_from(["linear", "step"])
@@ -175,7 +181,7 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
 
 @pytest.mark.parametrize("kind", ["memory", "bandwidth"])
 def test_sync_strategy_masks_grow_with_rounds(kind):
-    from common.config import parse_run_config
+    from common.config.run import parse_run_config
     from server.strategy import NodeProfile, SubmodelStrategy
 
     layout = _layout()

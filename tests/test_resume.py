@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from server.launcher import LocalFederation
+from server.commands.launcher import LocalFederation
 from server.persistence import CHECKPOINT, load_checkpoint
 from tests.federation_progress import wait_for_round
 

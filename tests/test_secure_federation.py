@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from server.launcher import LocalFederation, free_port
+from server.commands.launcher import LocalFederation, free_port
 
 CAPACITIES = (1.0, 0.25, 0.5)
 UNREGISTERED = 2

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.layout import ParamLayout
-from common.selection import (
+from common.fisher.selection import (
     budget,
     fisher_scores,
     magnitude_scores,
@@ -21,6 +20,7 @@ from common.selection import (
     select_submodel,
     topk_mask,
 )
+from common.models.layout import ParamLayout
 
 # ---------------------------------------------------------------------------
 # helpers

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from common.config import RunConfig
-from server.tools.server_bench import (
+from common.config.run import RunConfig
+from server.benchmarks.server_bench import (
     STEPS,
     capacities_for,
     main,

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.fisher_state import FisherState
-from common.layout import ParamLayout
-from common.mask_codec import encode_mask
-from common.prior_influence import contested_positions
-from server.launcher import run_local_federation
-from server.tools.report import summary_table, write_accuracy_plot
+from common.fisher.prior_influence import contested_positions
+from common.fisher.state import FisherState
+from common.models.layout import ParamLayout
+from common.wire.mask_codec import encode_mask
+from server.benchmarks.report import summary_table, write_accuracy_plot
+from server.commands.launcher import run_local_federation
 
 CAPACITIES = (1.0, 0.25, 0.0625)
 ROUNDS = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from server.tools.structured_bench import main
+from server.benchmarks.structured_bench import main
 
 
 def test_structured_bench_writes_results_and_structured_costs_less(tmp_path):

@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common import protocol as P
-from common.channel_slicing import (
+from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
+from common.models.structured import build_structured_model, skeleton_layout
+from common.submodels.channel_slicing import (
     check_selection,
     reconstruct,
     selection_mask,
@@ -18,9 +19,8 @@ from common.channel_slicing import (
     sliced_layout,
     sliced_shapes,
 )
-from common.models import build_model, load_flat, model_layout, trainable_arrays
-from common.structured_models import build_structured_model, skeleton_layout
-from common.width_masks import channel_graph, group_sizes, width_mask
+from common.submodels.width import channel_graph, group_sizes, width_mask
+from common.wire import protocol as P
 
 MODELS = {"cnn": (1, 8), "resnet18": (3, 32)}
 

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from common import protocol as P
-from common.channel_scores import kept_count
-from common.channel_slicing import selection_of_mask, sliced_layout
-from common.config import ConfigError, parse_run_config
-from common.datasets import load_dataset
-from common.evaluation import CentralEvaluator
+from common.config.run import ConfigError, parse_run_config
+from common.data.datasets import load_dataset
+from common.data.partitioning import partition_indices
 from common.methods.cahfp import reply_arrays
-from common.models import build_model, model_layout, trainable_arrays
-from common.partitioning import partition_indices
-from common.structured_models import build_structured_model
-from common.training import TrainConfig, train_small
-from common.validation import SentSubmodel
-from common.width_masks import group_sizes
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.models.structured import build_structured_model
+from common.submodels.channel_scores import kept_count
+from common.submodels.channel_slicing import selection_of_mask, sliced_layout
+from common.submodels.width import group_sizes
+from common.training.evaluation import CentralEvaluator
+from common.training.loop import TrainConfig, train_small
+from common.wire import protocol as P
+from common.wire.validation import SentSubmodel
 from server.replies import ReplyParts
 from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
 
@@ -234,9 +234,9 @@ def test_bad_replies_are_rejected_and_change_nothing(base, kind):
 
 
 def test_cahfp_needs_a_channel_graph(monkeypatch):
-    import common.width_masks
+    import common.submodels.width
 
-    monkeypatch.setattr(common.width_masks, "WIDTH_MODELS", ("cnn",))
+    monkeypatch.setattr(common.submodels.width, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="cahfp"):
         parse_run_config({"method": "cahfp", "model": "resnet18"})
 

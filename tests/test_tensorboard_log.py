@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, parse_run_config
-from server import launcher, tensorboard_log
+from common.config.run import ConfigError, parse_run_config
+from server import tensorboard_log
+from server.commands import launcher
 from server.tensorboard_log import TensorBoardLog, check_tensorboard, round_scalars
 
 ROOT = Path(__file__).resolve().parents[1]

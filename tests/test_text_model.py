@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError, NodeConfig, parse_run_config
-from common.evaluation import evaluate
-from common.hf_datasets import TEXT_VOCAB, hash_tokens
-from common.local_split import derive_local_data
-from common.models import FastText, build_model, model_layout, trainable_arrays
-from common.selection import select_mask
-from common.training import TrainConfig, train_masked
+from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.data.hub import TEXT_VOCAB, hash_tokens
+from common.data.local_split import derive_local_data
+from common.fisher.selection import select_mask
+from common.models.architectures import FastText, build_model, model_layout, trainable_arrays
+from common.training.evaluation import evaluate
+from common.training.loop import TrainConfig, train_masked
 from tests.tiny_text import news_texts
 
 datasets = pytest.importorskip("datasets")

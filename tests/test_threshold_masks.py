@@ -10,15 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from common import protocol as P
-from common.aggregation import MaskedUpdate
-from common.array_dataset import ArrayDataset
-from common.config import parse_run_config
+from common.aggregation.masked import MaskedUpdate
+from common.aggregation.update_means import nonzero_mean_step
+from common.config.run import parse_run_config
+from common.data.arrays import ArrayDataset
 from common.methods import create_method
 from common.methods.base import Accepted, Received
-from common.models import build_model, model_layout, trainable_arrays
-from common.protocol import encode_submodel
-from common.threshold_masks import (
+from common.models.architectures import build_model, model_layout, trainable_arrays
+from common.submodels.threshold import (
     ThresholdGate,
     ThresholdIndicator,
     attach_threshold_gates,
@@ -31,9 +30,10 @@ from common.threshold_masks import (
     threshold_for,
     threshold_mask,
 )
-from common.training import TrainConfig
-from common.update_means import nonzero_mean_step
-from common.validation import TrainReply
+from common.training.loop import TrainConfig
+from common.wire import protocol as P
+from common.wire.protocol import encode_submodel
+from common.wire.validation import TrainReply
 
 
 def test_indicator_backward_is_the_published_surrogate():

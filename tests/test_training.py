@@ -6,12 +6,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.array_dataset import ArrayDataset
-from common.datasets import load_dataset
-from common.evaluation import evaluate
-from common.models import build_model, load_flat, model_layout, trainable_arrays
-from common.selection import select_mask
-from common.training import TrainConfig, attach_masks, train_masked
+from common.data.arrays import ArrayDataset
+from common.data.datasets import load_dataset
+from common.fisher.selection import select_mask
+from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
+from common.training.evaluation import evaluate
+from common.training.loop import TrainConfig, attach_masks, train_masked
 
 CPU = torch.device("cpu")
 

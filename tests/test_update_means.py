@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.aggregation import MaskedUpdate
-from common.update_means import participant_mean_step
+from common.aggregation.masked import MaskedUpdate
+from common.aggregation.update_means import participant_mean_step
 
 
 def _updates(seed: int, d: int, n: int) -> list[MaskedUpdate]:

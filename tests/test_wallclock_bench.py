@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from server.tools.benchmark import run_row
-from server.tools.wallclock_bench import table, variant_config, wallclock_row
+from server.benchmarks.benchmark import run_row
+from server.benchmarks.wallclock_bench import table, variant_config, wallclock_row
 
 
 def _client(status="ok", staleness=None):

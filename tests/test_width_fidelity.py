@@ -10,25 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from common import protocol as P
-from common.aggregation import MaskedUpdate, aggregate_masked
-from common.array_dataset import ArrayDataset
-from common.channel_slicing import selection_of_mask, slice_arrays
-from common.config import ConfigError, NodeConfig, parse_run_config
-from common.datasets import load_dataset
-from common.label_split import (
-    check_class_flags,
-    class_of_position,
-    num_outputs,
-    output_layer,
-    restrict_to_classes,
-)
-from common.layout import ParamLayout, TensorSpec
+from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.update_means import update_count_mean_step
+from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.data.arrays import ArrayDataset
+from common.data.datasets import load_dataset
 from common.methods import create_method
 from common.methods.base import Accepted, Received
 from common.methods.fedrolex import count_weighted_positions
 from common.methods.heterofl import HeteroFL
-from common.models import (
+from common.models.architectures import (
     ScaledBatchNorm2d,
     Scaler,
     build_model,
@@ -37,11 +28,20 @@ from common.models import (
     set_scaler_rate,
     trainable_arrays,
 )
-from common.structured_models import build_structured_model
-from common.training import TrainConfig, round_train_config, train_masked
-from common.update_means import update_count_mean_step
-from common.validation import ReplyError, SentSubmodel, TrainReply
-from common.width_masks import channel_graph, held_width, width_mask, width_ratio
+from common.models.layout import ParamLayout, TensorSpec
+from common.models.structured import build_structured_model
+from common.submodels.channel_slicing import selection_of_mask, slice_arrays
+from common.submodels.label_split import (
+    check_class_flags,
+    class_of_position,
+    num_outputs,
+    output_layer,
+    restrict_to_classes,
+)
+from common.submodels.width import channel_graph, held_width, width_mask, width_ratio
+from common.training.loop import TrainConfig, round_train_config, train_masked
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel, TrainReply
 
 CPU = torch.device("cpu")
 RATES = [1.0, 0.5, 0.25, 0.125]

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import ConfigError, parse_run_config
-from common.label_split import output_layer
-from common.layout import ParamLayout
+from common.config.run import ConfigError, parse_run_config
 from common.methods import create_method
-from common.models import build_model, load_flat, model_layout, trainable_arrays
-from common.width_masks import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
+from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
+from common.models.layout import ParamLayout
+from common.submodels.label_split import output_layer
+from common.submodels.width import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
 from server.strategy import NodeProfile, SubmodelStrategy
 
 GRAPH = SMALL_CNN_GRAPH
@@ -124,9 +124,9 @@ def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):
 
 
 def test_structured_methods_need_a_channel_graph(monkeypatch):
-    import common.width_masks
+    import common.submodels.width
 
-    monkeypatch.setattr(common.width_masks, "WIDTH_MODELS", ("cnn",))
+    monkeypatch.setattr(common.submodels.width, "WIDTH_MODELS", ("cnn",))
     with pytest.raises(ConfigError, match="channel graph"):
         parse_run_config({"method": "heterofl", "model": "resnet18"})
     with pytest.raises(ValueError, match="no channel graph"):

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
     from common.methods.base import Method
 
 _REGISTRY: dict[str, type[Method]] = {}

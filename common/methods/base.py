@@ -28,16 +28,16 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from common.aggregation import MaskedUpdate
-from common.async_aggregation import AsyncStep
-from common.layout import ParamLayout
-from common.schema import Schema
-from common.validation import SentSubmodel, TrainReply
+from common.aggregation.asynchronous import AsyncStep
+from common.aggregation.masked import MaskedUpdate
+from common.config.schema import Schema
+from common.models.layout import ParamLayout
+from common.wire.validation import SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
-    from common.array_dataset import ArrayDataset
-    from common.config import RunConfig
-    from common.training import TrainConfig
+    from common.config.run import RunConfig
+    from common.data.arrays import ArrayDataset
+    from common.training.loop import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -1,24 +1,25 @@
 """CA-HFP: physically smaller client models, channels chosen by a curvature-aware score, rebuilt on the server.
 
-Per round and client (maths in :mod:`common.channel_scores`, shapes in :mod:`common.channel_slicing`):
+Per round and client (maths in :mod:`common.submodels.channel_scores`, shapes in
+:mod:`common.submodels.channel_slicing`):
 
 1. the server selects the kept channels of every channel group, the top ``ceil(r c)`` by the client's
    score state (``r = sqrt(gamma)``; squared weight norm for channels never measured);
 2. it sends the small model's tensors and the kept channel indices;
 3. the client builds the small model without ever allocating the full one (the architecture on
    PyTorch's ``meta`` device), trains it with the one training loop, and accumulates the mean gradient
-   ``g`` and the mean squared gradient ``h`` of every held weight (:class:`common.training.GradientMoments`);
+   ``g`` and the mean squared gradient ``h`` of every held weight (:class:`common.training.loop.GradientMoments`);
    it replies with the trained small tensors and each held channel's score ``|sum g w| + sum h w^2``;
 4. the server checks the reply against the small shapes sent, reconstructs it into the full space
    (missing channels from the current global model) and aggregates (``cahfp-aggregation``): ``fedavg``
    is FedAvg over the reconstructed models, ``x + sum_k p_k M_k delta_k`` with ``p_k`` the example share
-   of the round's participants (:func:`common.update_means.participant_mean_step`); ``holders`` is the
-   mask-aware mean over the clients that held each position (:func:`common.aggregation.aggregate_masked`);
+   of the round's participants (:func:`common.aggregation.update_means.participant_mean_step`); ``holders`` is the
+   mask-aware mean over the clients that held each position (:func:`common.aggregation.masked.aggregate_masked`);
 5. it folds the accepted clients' channel scores into the pooled state and, with
    ``cahfp-scores = "client"``, each into that client's own state (at most ``cahfp-score-memory-mb`` of
    them, least recent evicted), so clients of equal capacity hold different channels
-   (:class:`common.channel_scores.ClientChannelScores`); a channel a client never measured ranks by the
-   pooled score (:func:`common.channel_scores.personal_state`).
+   (:class:`common.submodels.channel_scores.ClientChannelScores`); a channel a client never measured ranks by the
+   pooled score (:func:`common.submodels.channel_scores.personal_state`).
 
 Design notes and measurements: ``docs/STRUCTURED.md``.
 """
@@ -35,10 +36,17 @@ from numpy.typing import NDArray
 from pydantic import Field
 from torch import nn
 
-from common import protocol as P
-from common.aggregation import aggregate_masked
-from common.array_dataset import ArrayDataset
-from common.channel_scores import (
+from common.aggregation.masked import aggregate_masked
+from common.aggregation.update_means import participant_mean_step
+from common.config.schema import Schema
+from common.data.arrays import ArrayDataset
+from common.methods import register
+from common.methods.base import Accepted, Download, LocalUpdate, Received
+from common.methods.channels import ChannelMethod
+from common.models.architectures import build_model
+from common.models.layout import ParamLayout
+from common.models.structured import build_structured_model, skeleton_layout
+from common.submodels.channel_scores import (
     ChannelReport,
     ChannelScoreState,
     ClientChannelScores,
@@ -47,7 +55,7 @@ from common.channel_scores import (
     personal_state,
     score_capacity,
 )
-from common.channel_slicing import (
+from common.submodels.channel_slicing import (
     check_small_arrays,
     reconstruct,
     selection_mask,
@@ -55,20 +63,13 @@ from common.channel_slicing import (
     slice_arrays,
     sliced_layout,
 )
-from common.layout import ParamLayout
-from common.methods import register
-from common.methods.base import Accepted, Download, LocalUpdate, Received
-from common.methods.channels import ChannelMethod
-from common.models import build_model
-from common.schema import Schema
-from common.structured_models import build_structured_model, skeleton_layout
-from common.training import SmallTrainResult, TrainConfig, train_small
-from common.update_means import participant_mean_step
-from common.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
-from common.width_masks import TensorChannels, channel_graph, group_sizes
+from common.submodels.width import TensorChannels, channel_graph, group_sizes
+from common.training.loop import SmallTrainResult, TrainConfig, train_small
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class CAHFPOptions(Schema):
@@ -127,7 +128,7 @@ def reply_arrays(
     received : Mapping[str, NDArray[float32]]
         The small weights received, where the score's Taylor expansion is taken.
     result : SmallTrainResult
-        Outcome of :func:`common.training.train_small`.
+        Outcome of :func:`common.training.loop.train_small`.
     """
     g = small_layout.flatten(result.grad_mean)
     h = small_layout.flatten(result.fisher)

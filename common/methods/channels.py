@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.layout import ParamLayout
 from common.methods.base import Method
-from common.width_masks import channel_graph, require_channel_graph
+from common.models.layout import ParamLayout
+from common.submodels.width import channel_graph, require_channel_graph
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class ChannelMethod(Method):
     """A method whose submodels are made of whole channels (HeteroFL, FedRolex, CA-HFP).
 
-    Such a method only runs on a model with a channel graph (:data:`common.width_masks.WIDTH_MODELS`),
+    Such a method only runs on a model with a channel graph (:data:`common.submodels.width.WIDTH_MODELS`),
     and the server keeps that graph as ``self.graph``.
     """
 

@@ -1,18 +1,18 @@
 """FedFIbOS: each client holds the top-``ceil(gamma d)`` positions of ``F_j^2 x_j^2`` under its own Fisher.
 
 The rule exactly minimises the masking surrogate ``sum_{j not in S} F_j^2 x_j^2`` over all masks of the
-budget (:func:`common.selection.select_mask`, with the guards documented there). The Fisher ranked by is
+budget (:func:`common.fisher.selection.select_mask`, with the guards documented there). The Fisher ranked by is
 the client's last upload blended toward the global prior as it ages; a client that never reported is
 ranked by the prior; before any Fisher exists (the first round) the mask is magnitude top-k. Masks ranked by
 the prior or by magnitude depend only on the capacity level: they are computed once per level while the model
-and the Fisher state stay the same (:class:`common.level_masks.LevelMasks`), for central evaluation and every
+and the Fisher state stay the same (:class:`common.fisher.level_masks.LevelMasks`), for central evaluation and every
 such client alike.
 
 Aggregation (``fedfibos-aggregation``): ``participants`` (default) divides each position's summed update by
 every participant's examples, so a position only a few clients held moves by their share of the round
-(:func:`common.update_means.participant_mean_step`); ``holders`` moves it by the example-weighted mean of the
-updates of the clients that held it (:func:`common.aggregation.aggregate_masked`). The first damps the
-positions that only large clients hold, which under label skew are fitted to those clients' classes alone;
+(:func:`common.aggregation.update_means.participant_mean_step`); ``holders`` moves it by the example-weighted
+mean of the updates of the clients that held it (:func:`common.aggregation.masked.aggregate_masked`). The first
+damps the positions that only large clients hold, which under label skew are fitted to those clients' classes alone;
 it measured ahead on the mean of the last five rounds both with 10 of 100 clients per round and with 8
 clients in every round (``docs/FISHER.md``).
 """
@@ -27,19 +27,19 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common.aggregation import MaskedUpdate, aggregate_masked
-from common.held_masks import HeldMasks, append_arrays
-from common.layout import ParamLayout
-from common.level_masks import LevelMasks
+from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.update_means import participant_mean_step
+from common.config.schema import Schema
+from common.fisher.held_masks import HeldMasks, append_arrays
+from common.fisher.level_masks import LevelMasks
+from common.fisher.prior_influence import contested_by_level
+from common.fisher.selection import select_mask
 from common.methods import register
 from common.methods.masked import FisherRankedMethod
-from common.prior_influence import contested_by_level
-from common.schema import Schema
-from common.selection import select_mask
-from common.update_means import participant_mean_step
+from common.models.layout import ParamLayout
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class FedFIbOSOptions(Schema):
@@ -135,7 +135,7 @@ class FedFIbOS(FisherRankedMethod):
         """Per capacity level below 1: the share of a prior-ranked mask any one client could flip.
 
         ``None`` while the prior is a plain mean, or a trimmed mean of fewer than three clients,
-        which one client can move without bound (:mod:`common.prior_influence`).
+        which one client can move without bound (:mod:`common.fisher.prior_influence`).
         """
         interval = self.fisher.prior_interval()
         if interval is None:

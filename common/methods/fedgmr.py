@@ -7,9 +7,9 @@ Each client starts from a fraction ``gmr-start`` of its capacity (1: the capacit
 not improved for ``gmr-patience`` rounds (``gmr-schedule = "patience"``, steps ``gmr-restore-step``), and
 holds a per-tensor magnitude core (``gmr-min-density``) plus the positions of largest ``|x|`` in one
 ranking shared by every client, so the submodels of a round nest (``gmr-selection = "magnitude"``,
-:mod:`common.restoration`). The paper's text (a fixed ``linear`` or ``step`` schedule, ``random``
+:mod:`common.submodels.restoration`). The paper's text (a fixed ``linear`` or ``step`` schedule, ``random``
 restoration) and a Fisher ranking are options. ``gmr-mode = "async"`` applies each reply on arrival,
-weighted by staleness and mask overlap (:func:`common.async_aggregation.apply_async_update`; the loop is
+weighted by staleness and mask overlap (:func:`common.aggregation.asynchronous.apply_async_update`; the loop is
 :mod:`server.async_strategy`). Details and measurements: ``docs/FEDGMR.md``.
 """
 
@@ -23,17 +23,17 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common.aggregation import MaskedUpdate
-from common.async_aggregation import AsyncStep, apply_async_update
-from common.layout import ParamLayout
+from common.aggregation.asynchronous import AsyncStep, apply_async_update
+from common.aggregation.masked import MaskedUpdate
+from common.config.schema import Schema
 from common.methods import register
 from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
-from common.restoration import CAPACITY_KINDS, RESTORE_RULES, RESTORE_STEPS, SCHEDULES, RestorationMasks
-from common.schema import Schema
+from common.models.layout import ParamLayout
+from common.submodels.restoration import CAPACITY_KINDS, RESTORE_RULES, RESTORE_STEPS, SCHEDULES, RestorationMasks
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 logger = getLogger("flwr")
 

@@ -13,7 +13,7 @@ As the published code (AIoT-MLSys-Lab/FedRolex, ``resnet_server.py``, ``ResnetSe
   that entry's running update count (``tmp_counts``: 1 + the updates it has received), and because the
   server swaps in the count dict it increments after the first tensor, the count also grows with each
   client already added in the same round (``avg``, the default;
-  :func:`common.update_means.update_count_mean_step`). ``uniform`` counts every holder once, as HeteroFL.
+  :func:`common.aggregation.update_means.update_count_mean_step`). ``uniform`` counts every holder once, as HeteroFL.
 
 Everything else is HeteroFL's, with the same published defaults (its ``config.yml``: ``norm: bn``,
 ``scale: 1``, ``mask: 1``; ``combine`` with ``label_split``), under the keys ``fedrolex-*``.
@@ -29,15 +29,15 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common.aggregation import MaskedUpdate
-from common.label_split import class_of_position
-from common.layout import ParamLayout
+from common.aggregation.masked import MaskedUpdate
+from common.aggregation.update_means import update_count_mean_step
 from common.methods import register
 from common.methods.heterofl import HeteroFL, WidthOptions
-from common.update_means import update_count_mean_step
+from common.models.layout import ParamLayout
+from common.submodels.label_split import class_of_position
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class FedRolexOptions(WidthOptions):
@@ -62,7 +62,7 @@ def count_weighted_positions(layout: ParamLayout) -> tuple[NDArray[np.int64], ND
 
     Those are the classifier's weight and bias and every 1-D tensor (biases, norm scales and shifts);
     a position of the layout's first tensor keeps its count from before the round (see
-    :func:`common.update_means.update_count_mean_step`).
+    :func:`common.aggregation.update_means.update_count_mean_step`).
 
     Parameters
     ----------

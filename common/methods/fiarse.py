@@ -1,6 +1,6 @@
 """FIARSE: importance-aware submodels by one magnitude threshold, the mask following the weights in the round.
 
-As the published code does it (maths in :mod:`common.threshold_masks`):
+As the published code does it (maths in :mod:`common.submodels.threshold`):
 
 1. **Server, per client**: ``theta`` = the ``max(1, floor(gamma n))``-th largest ``|x_j|`` over the ``n``
    gated positions (convolution, linear and embedding weights and biases); the client holds every
@@ -31,16 +31,16 @@ import torch
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common import protocol as P
-from common.aggregation import MaskedUpdate, aggregate_masked
-from common.array_dataset import ArrayDataset
-from common.layout import ParamLayout
+from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.update_means import nonzero_mean_step
+from common.config.schema import Schema
+from common.data.arrays import ArrayDataset
 from common.methods import register
 from common.methods.base import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
-from common.models import build_run_model, load_flat
-from common.schema import Schema
-from common.threshold_masks import (
+from common.models.architectures import build_run_model, load_flat
+from common.models.layout import ParamLayout
+from common.submodels.threshold import (
     attach_threshold_gates,
     detach_threshold_gates,
     gated_names,
@@ -49,11 +49,11 @@ from common.threshold_masks import (
     threshold_for,
     threshold_mask,
 )
-from common.training import TrainConfig, train_loop
-from common.update_means import nonzero_mean_step
+from common.training.loop import TrainConfig, train_loop
+from common.wire import protocol as P
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class FIARSEOptions(Schema):

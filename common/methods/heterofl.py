@@ -1,25 +1,25 @@
 """HeteroFL: the first ``ceil(r c)`` channels of every hidden layer, ``r = sqrt(gamma)``, trained as published.
 
-The channel graph of the architecture (:mod:`common.width_masks`) keeps residual sums and their
+The channel graph of the architecture (:mod:`common.submodels.width`) keeps residual sums and their
 shortcuts on the same channels; input and output channels of the model stay whole. Besides the
 slice, the published code (diaoenmao/HeteroFL, ``src/config.yml`` with ``norm: bn``, ``scale: 1``,
 ``mask: 1``) has the elements below, each a key here with the published default (``heterofl-*``;
 FedRolex has the same keys under ``fedrolex-*``):
 
 * ``scaler``: in local training every convolution's output is divided by the submodel's width rate
-  (:class:`common.models.Scaler`); the client reads the rate off the mask it was sent
-  (:func:`common.width_masks.held_width`). Evaluation is unscaled. The published convolutional model
+  (:class:`common.models.architectures.Scaler`); the client reads the rate off the mask it was sent
+  (:func:`common.submodels.width.held_width`). Evaluation is unscaled. The published convolutional model
   scales its conv blocks only (conv -> scaler -> norm); the CNNs' hidden linear layer, which has no
   norm after it and no published counterpart, is scaled only with ``scaler-linear``.
 * ``label-mask``: masked cross-entropy, the logits of classes absent from the client's data set to 0.
 * ``clip-grad``: local training clips each step's gradient to L2 norm 1 (``clip_grad_norm_``).
 * ``label-split``: the client reports which classes it holds (``classes`` in the reply) and the
   server averages each classifier row only over the clients that hold its class
-  (:mod:`common.label_split`).
+  (:mod:`common.submodels.label_split`).
 * ``weighting``: the published ``combine`` counts every client once (``uniform``); ``examples``
   weights by local training examples like the other methods.
 
-Static BatchNorm comes with the model (``model = "cnn-bn"`` or ``"resnet18"``, :mod:`common.models`).
+Static BatchNorm comes with the model (``model = "cnn-bn"`` or ``"resnet18"``, :mod:`common.models.architectures`).
 The published code also recomputes BatchNorm statistics on the server from training data before it
 tests (``sBN``); here the server holds no training data, and static BatchNorm evaluates with the
 statistics of each test batch. The table of published elements: ``docs/FIDELITY.md``.
@@ -36,23 +36,23 @@ import torch
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common import protocol as P
-from common.array_dataset import ArrayDataset
-from common.fisher_codec import encode_fisher
-from common.label_split import check_class_flags, class_of_position, num_outputs, restrict_to_classes
-from common.layout import ParamLayout
+from common.config.schema import Schema
+from common.data.arrays import ArrayDataset
+from common.fisher.codec import encode_fisher
 from common.methods import register
 from common.methods.base import LocalUpdate, Received
 from common.methods.channels import ChannelMethod
 from common.methods.masked import MaskedMethod, decode_received
-from common.models import set_scaler_rate
-from common.schema import Schema
-from common.training import TrainConfig, train_masked
-from common.validation import ReplyError, SentSubmodel, TrainReply
-from common.width_masks import channel_graph, held_width, width_mask, width_ratio
+from common.models.architectures import set_scaler_rate
+from common.models.layout import ParamLayout
+from common.submodels.label_split import check_class_flags, class_of_position, num_outputs, restrict_to_classes
+from common.submodels.width import channel_graph, held_width, width_mask, width_ratio
+from common.training.loop import TrainConfig, train_masked
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
-    from common.config import RunConfig
+    from common.config.run import RunConfig
 
 
 class WidthOptions(Schema):

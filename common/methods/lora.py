@@ -1,14 +1,14 @@
 """Heterogeneous LoRA: each client fine-tunes adapters whose rank follows its capacity; the base never travels.
 
 The federated vector is the LoRA factors of every adapted layer at rank ``lora-max-rank`` and the
-classification head (:mod:`common.hf_lora`); the pretrained weights are frozen, loaded by every node
+classification head (:mod:`common.models.hf_lora`); the pretrained weights are frozen, loaded by every node
 from ``model-path`` (once: a local folder, or the Hugging Face cache) and never sent. A client of capacity
 ``gamma`` holds ``ceil(gamma * lora-max-rank)`` components per adapted layer (``lora-allocation =
 "uniform"``), or the same total split across layers in proportion to the Fisher mass of each layer on
-its data (``"fisher"``; :func:`common.lora.allocate_ranks`); it builds adapters of exactly those ranks, so
-its compute, memory and bytes scale with its rank. Adapters of different ranks are aggregated by the SVD
+its data (``"fisher"``; :func:`common.submodels.lora_ranks.allocate_ranks`); it builds adapters of exactly those
+ranks, so its compute, memory and bytes scale with its rank. Adapters of different ranks are aggregated by the SVD
 redistribution of FlexLoRA, by HetLoRA's zero-padding, or per entry over holders (``lora-aggregation``;
-:func:`common.lora.aggregate_lora`).
+:func:`common.submodels.lora_ranks.aggregate_lora`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ from numpy.typing import NDArray
 from pydantic import Field
 from torch import nn
 
-from common import protocol as P
-from common.aggregation import MaskedUpdate
-from common.fisher_codec import encode_fisher
-from common.hf_lora import PEFT_PREFIX, add_lora
-from common.layout import ParamLayout, TensorSpec
-from common.lora import (
+from common.aggregation.masked import MaskedUpdate
+from common.config.schema import ConfigError, Schema
+from common.fisher.codec import encode_fisher
+from common.methods import register
+from common.methods.base import LocalUpdate, Received
+from common.methods.masked import FisherRankedMethod, decode_received
+from common.models.architectures import build_run_model
+from common.models.hf_lora import PEFT_PREFIX, add_lora
+from common.models.layout import ParamLayout, TensorSpec
+from common.submodels.lora_ranks import (
     LORA_AGGREGATIONS,
     LORA_ALLOCATIONS,
     LoraPair,
@@ -40,16 +44,12 @@ from common.lora import (
     lora_rank,
     rank_mask,
 )
-from common.methods import register
-from common.methods.base import LocalUpdate, Received
-from common.methods.masked import FisherRankedMethod, decode_received
-from common.models import build_run_model
-from common.schema import ConfigError, Schema
-from common.training import GradientMoments, TrainConfig, train_loop
+from common.training.loop import GradientMoments, TrainConfig, train_loop
+from common.wire import protocol as P
 
 if TYPE_CHECKING:
-    from common.array_dataset import ArrayDataset
-    from common.config import RunConfig
+    from common.config.run import RunConfig
+    from common.data.arrays import ArrayDataset
 
 
 class LoRAOptions(Schema):

@@ -3,15 +3,15 @@
 Every method whose client trains the full architecture with the unheld positions zeroed (FedFIbOS,
 FIARSE, HeteroFL, FedRolex, FedAvg, FedGMR) shares this wire format and these steps; a subclass
 only says which positions a client holds (:meth:`MaskedMethod.mask_for`) and, where it ranks by
-Fisher, keeps a :class:`~common.fisher_state.FisherState`.
+Fisher, keeps a :class:`~common.fisher.state.FisherState`.
 
-* Download: the selected values and the mask's compact encoding (:func:`common.protocol.encode_submodel`).
-* Client: the mask attached with ``torch.nn.utils.prune`` (:func:`common.training.attach_masks`), the one
+* Download: the selected values and the mask's compact encoding (:func:`common.wire.protocol.encode_submodel`).
+* Client: the mask attached with ``torch.nn.utils.prune`` (:func:`common.training.loop.attach_masks`), the one
   training loop, the Fisher of the effective weights when the server reads it (along the local path,
-  :class:`common.training.EffectiveFisher`, or per example at the received weights,
-  :func:`common.fisher_estimation.per_example_fisher`), reply = delta of the held values + Fisher payload.
-* Server: :func:`common.validation.validate_train_reply`, then
-  ``x_j += eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j`` (:func:`common.aggregation.aggregate_masked`).
+  :class:`common.training.loop.EffectiveFisher`, or per example at the received weights,
+  :func:`common.fisher.estimation.per_example_fisher`), reply = delta of the held values + Fisher payload.
+* Server: :func:`common.wire.validation.validate_train_reply`, then
+  ``x_j += eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j`` (:func:`common.aggregation.masked.aggregate_masked`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from common import protocol as P
-from common.aggregation import MaskedUpdate, aggregate_masked
-from common.array_dataset import ArrayDataset
-from common.fisher_codec import encode_fisher
-from common.fisher_estimation import example_indices, per_example_fisher
-from common.fisher_state import FisherState, fisher_capacity
-from common.layout import ParamLayout
+from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.data.arrays import ArrayDataset
+from common.fisher.codec import encode_fisher
+from common.fisher.estimation import example_indices, per_example_fisher
+from common.fisher.state import FisherState, fisher_capacity
 from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
-from common.models import build_run_model, load_flat, model_layout
-from common.protocol import decode_submodel, encode_submodel
-from common.training import TrainConfig, local_classes, train_masked
-from common.validation import SentSubmodel, TrainReply, validate_train_reply
+from common.models.architectures import build_run_model, load_flat, model_layout
+from common.models.layout import ParamLayout
+from common.training.loop import TrainConfig, local_classes, train_masked
+from common.wire import protocol as P
+from common.wire.protocol import decode_submodel, encode_submodel
+from common.wire.validation import SentSubmodel, TrainReply, validate_train_reply
 
 logger = getLogger("flwr")
 
@@ -73,7 +73,10 @@ class MaskedMethod(Method):
     """Element-wise submodels: everything but the choice of the mask."""
 
     def encode(self, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> Download:
-        """Selected values (float32) and the mask in its smallest encoding (:func:`common.mask_codec.encode_mask`)."""
+        """Selected values (float32) and the mask in its smallest encoding.
+
+        The mask codec is :func:`common.wire.mask_codec.encode_mask`.
+        """
         payload = encode_submodel(x, mask)
         return Download(
             {P.SUBMODEL: {P.VALUES: payload.values, P.MASK: payload.mask_data}},
@@ -169,7 +172,7 @@ class MaskedMethod(Method):
 class FisherRankedMethod(MaskedMethod):
     """A masked method that keeps per-client Fisher on the server (``fisher-*`` keys).
 
-    The state is what checkpoints and ``fisher_state.npz`` hold; see :mod:`common.fisher_state`.
+    The state is what checkpoints and ``fisher_state.npz`` hold; see :mod:`common.fisher.state`.
     """
 
     state_file = "fisher_state.npz"

@@ -1,0 +1,257 @@
+"""Uplink encodings of a client's diagonal Fisher estimate.
+
+Every mode turns a flat Fisher vector ``F`` (length ``d``) into named arrays and
+back. Sizes, for ``k`` kept positions and ``R`` output rows:
+
+===========  ================================================  ===================
+mode         what is sent                                      bytes
+===========  ================================================  ===================
+``masked``   exact fp32 ``F`` inside the mask + fp32 mean of    ``4k + 4R``
+             ``F`` over the unkept positions of each row
+``topm``     the ``m = k`` largest entries (index + fp32) +     ``k*(4+idx) + 4``
+             the mean of the rest
+``log8``     every entry, 8-bit log-quantised                   ``d + 8``
+``dense``    every entry, exact fp32                            ``4d``
+``ranked``   the ``m`` largest entries over the whole model     at most ``4k + 4R``
+             (position set as a compact mask + 8-bit log
+             values) + per-row mean of the rest, ``m`` as
+             large as fits the bytes of ``masked``
+===========  ================================================  ===================
+
+``masked``, ``topm`` and ``ranked`` scale with ``gamma``; ``dense`` is exact everywhere.
+``masked`` spends its bytes on the positions the client already holds, so outside
+them the server sees only a row mean: a small client's next mask is then chosen
+almost by magnitude. ``ranked`` spends the same bytes on the largest Fisher values
+wherever they are, which is what the top-k of ``F_j^2 x_j^2`` needs; the rest of a
+row is decoded as its mean, capped at the smallest sent value (every unsent entry
+is at most that).
+``none`` sends nothing (methods that do not rank by Fisher).
+Decoders validate shapes, dtypes, finiteness and non-negativity and raise
+``ValueError`` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.fisher.selection import topk_mask
+from common.models.layout import ParamLayout
+from common.wire.mask_codec import MASK_KINDS, decode_mask, encode_mask, index_dtype, mask_kind
+
+FisherEncoding = Literal["masked", "topm", "log8", "dense", "ranked"]
+FISHER_ENCODINGS: tuple[str, ...] = ("masked", "topm", "log8", "dense", "ranked")
+UPLOAD_ENCODINGS: tuple[str, ...] = (*FISHER_ENCODINGS, "none")
+_LOG8_LEVELS = 254  # codes 1..254 carry values; 0 is an exact zero
+
+
+def _row_means(values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: int) -> NDArray[np.float64]:
+    total = np.bincount(rows, weights=values, minlength=num_rows)
+    count = np.bincount(rows, minlength=num_rows)
+    return np.divide(total, count, out=np.zeros(num_rows), where=count > 0)
+
+
+def _log8(values: NDArray[np.float64]) -> tuple[NDArray[np.uint8], float, float]:
+    """8-bit log codes of non-negative values (0 = exact zero) and the (low, high) log range."""
+    codes = np.zeros(values.size, dtype=np.uint8)
+    pos = values > 0
+    if not pos.any():
+        return codes, 0.0, 0.0
+    # float32 logs: their error (1e-7 relative) is far below one code step, at half the time of float64
+    logs = np.log(values[pos].astype(np.float32))
+    lo, hi = float(logs.min()), float(logs.max())
+    span = hi - lo if hi > lo else 1.0
+    steps = np.rint((logs - np.float32(lo)) * np.float32((_LOG8_LEVELS - 1) / span))
+    codes[pos] = (np.clip(steps, 0, _LOG8_LEVELS - 1) + 1).astype(np.uint8)
+    return codes, lo, hi
+
+
+def _unlog8(codes: NDArray[np.uint8], lo: float, hi: float) -> NDArray[np.float32]:
+    span = hi - lo if hi > lo else 1.0
+    out = np.zeros(codes.size, dtype=np.float32)
+    nz = codes > 0
+    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(np.float32)
+    if not np.all(np.isfinite(out)):
+        raise ValueError("fisher log8 codes decode to non-finite values")
+    return out
+
+
+def ranked_count(d: int, budget_bytes: int) -> int:
+    """Largest ``m`` whose ``ranked`` position set (compact mask) plus ``m`` value bytes fit ``budget_bytes``.
+
+    Parameters
+    ----------
+    d : int
+        Model size (positions).
+    budget_bytes : int
+        Bytes available for the position set and the 8-bit values.
+
+    The set's size depends only on ``m`` and ``d`` (:func:`common.wire.mask_codec.mask_kind`) and is
+    non-decreasing in ``m`` (every value adds a byte), so the count is found by bisection on it.
+    """
+
+    def cost(m: int) -> int:
+        return mask_kind(d, m)[1] + m
+
+    lo, hi = 0, d  # cost(lo) fits; find the largest m that fits
+    if cost(hi) <= budget_bytes:
+        return d
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cost(mid) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def encode_fisher(
+    fisher: NDArray, mask: NDArray[np.bool_], layout: ParamLayout, mode: FisherEncoding
+) -> dict[str, NDArray]:
+    """Encode a flat Fisher vector.
+
+    Parameters
+    ----------
+    fisher : NDArray
+        Flat, finite, non-negative diagonal Fisher, length ``d``.
+    mask : NDArray[bool]
+        The client's submodel mask (which positions were trained).
+    layout : ParamLayout
+        The model layout (rows for the ``masked`` summary).
+    mode : {"masked", "topm", "log8", "dense", "ranked"}
+        Encoding (see module docstring).
+    """
+    if mode == "none":
+        return {}
+    f = np.asarray(fisher, dtype=np.float64)
+    if mode == "dense":
+        return {"fisher.dense": f.astype(np.float32)}
+    if mode == "masked":
+        out_rows = layout.row_ids[~mask]
+        means = _row_means(f[~mask], out_rows, layout.num_rows)
+        return {
+            "fisher.inside": f[mask].astype(np.float32),
+            "fisher.rowmean": means.astype(np.float32),
+        }
+    if mode == "topm":
+        m = int(mask.sum())
+        top = np.sort(np.argpartition(-f, m - 1)[:m]) if 0 < m < f.size else np.arange(min(m, f.size))
+        rest = np.ones(f.size, dtype=bool)
+        rest[top] = False
+        rest_mean = float(f[rest].mean()) if rest.any() else 0.0
+        return {
+            "fisher.topidx": top.astype(index_dtype(f.size)),
+            "fisher.topval": f[top].astype(np.float32),
+            "fisher.rest": np.array([rest_mean], dtype=np.float32),
+        }
+    if mode == "log8":
+        codes, lo, hi = _log8(f)
+        return {
+            "fisher.log8": codes,
+            "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+        }
+    if mode == "ranked":
+        k = int(np.count_nonzero(mask))
+        fixed = 1 + 8  # set kind + log range; the row means cost what masked's row means cost
+        top = topk_mask(f, max(1, ranked_count(f.size, 4 * k - fixed)))  # ties to the lower index
+        kind, data = encode_mask(top)
+        codes, lo, hi = _log8(f[top])
+        return {
+            "fisher.setkind": np.array([MASK_KINDS.index(kind)], dtype=np.uint8),
+            "fisher.set": data,
+            "fisher.setlog8": codes,
+            "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+            "fisher.rowmean": _row_means(f[~top], layout.row_ids[~top], layout.num_rows).astype(np.float32),
+        }
+    raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+
+
+def _expect(
+    payload: Mapping[str, NDArray],
+    name: str,
+    dtype: np.dtype | str,
+    length: int | None,
+    nonneg: bool = True,
+) -> NDArray:
+    if name not in payload:
+        raise ValueError(f"missing fisher array {name!r}")
+    a = np.asarray(payload[name])
+    if a.dtype != np.dtype(dtype) or a.ndim != 1 or (length is not None and a.shape[0] != length):
+        want = f"{np.dtype(dtype)}[{'n' if length is None else length}]"
+        raise ValueError(f"fisher array {name!r} must be {want}, got {a.dtype}{list(a.shape)}")
+    if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+        raise ValueError(f"fisher array {name!r} has NaN or Inf")
+    if nonneg and a.dtype.kind == "f" and np.any(a < 0):
+        raise ValueError(f"fisher array {name!r} has negative values")
+    return a
+
+
+def expected_names(mode: str) -> frozenset[str]:
+    """Array names a payload of ``mode`` carries."""
+    names = {
+        "dense": {"fisher.dense"},
+        "masked": {"fisher.inside", "fisher.rowmean"},
+        "topm": {"fisher.topidx", "fisher.topval", "fisher.rest"},
+        "log8": {"fisher.log8", "fisher.log8range"},
+        "ranked": {"fisher.setkind", "fisher.set", "fisher.setlog8", "fisher.log8range", "fisher.rowmean"},
+        "none": set(),
+    }
+    if mode not in names:
+        raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+    return frozenset(names[mode])
+
+
+def decode_fisher(
+    payload: Mapping[str, NDArray],
+    mask: NDArray[np.bool_],
+    layout: ParamLayout,
+    mode: str,
+) -> NDArray[np.float32] | None:
+    """Decode and validate a Fisher payload into a flat float32 vector of length ``d``
+    (``None`` for mode ``none``)."""
+    d = layout.size
+    extra = set(payload) - expected_names(mode)
+    if extra:
+        raise ValueError(f"unexpected fisher arrays {sorted(extra)} for encoding {mode!r}")
+    if mode == "none":
+        return None
+    if mode == "dense":
+        return _expect(payload, "fisher.dense", np.float32, d).copy()
+    if mode == "masked":
+        k = int(mask.sum())
+        inside = _expect(payload, "fisher.inside", np.float32, k)
+        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+        out = rowmean[layout.row_ids].astype(np.float32)
+        out[mask] = inside
+        return out
+    if mode == "topm":
+        idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)
+        if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
+            raise ValueError("fisher.topidx must be strictly increasing and below d")
+        val = _expect(payload, "fisher.topval", np.float32, idx.size)
+        rest = _expect(payload, "fisher.rest", np.float32, 1)
+        out = np.full(d, rest[0], dtype=np.float32)
+        out[idx] = val
+        return out
+    lo, hi = (float(v) for v in _expect(payload, "fisher.log8range", np.float32, 2, nonneg=False))
+    if hi < lo:
+        raise ValueError("fisher.log8range must be (low, high) with low <= high")
+    if mode == "ranked":
+        kind_code = _expect(payload, "fisher.setkind", np.uint8, 1)[0]
+        if kind_code >= len(MASK_KINDS):
+            raise ValueError(f"fisher.setkind {kind_code} is not a mask kind")
+        if "fisher.set" not in payload:
+            raise ValueError("missing fisher array 'fisher.set'")
+        top = decode_mask(MASK_KINDS[kind_code], np.asarray(payload["fisher.set"]), d)
+        m = int(np.count_nonzero(top))
+        sent = _unlog8(_expect(payload, "fisher.setlog8", np.uint8, m), lo, hi)
+        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+        out = rowmean[layout.row_ids].astype(np.float32)
+        if m:
+            np.minimum(out, sent.min(), out=out)  # the sent values are the largest ones
+        out[top] = sent
+        return out
+    return _unlog8(_expect(payload, "fisher.log8", np.uint8, d), lo, hi)

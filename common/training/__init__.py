@@ -1,0 +1,1 @@
+"""Local training and evaluation on a node: the one training loop, optimisers, devices."""

@@ -1,0 +1,477 @@
+"""The one local training loop every method uses, with pluggable statistics accumulators.
+
+SGD (with momentum) or AdamW, with weight decay and an optional FedProx term, over the local split, minibatch
+order seeded per run, round and partition. A method adds what its server needs as
+:class:`Accumulator` objects, which see every counted step's gradients before the FedProx term
+is added (they describe the data loss):
+
+* :class:`EffectiveFisher`: the diagonal empirical Fisher of the *effective* weights of a model
+  gated with ``torch.nn.utils.prune`` (``weight = weight_orig * weight_mask``). Their gradient is
+  defined at the zeroed positions too, so a client also measures the Fisher of parameters it does
+  not hold, at the cost of one squared accumulation per step (FedFIbOS, FedGMR's Fisher rule).
+* :class:`GradientMoments`: the mean gradient ``g`` and the mean squared gradient ``h`` of every
+  trained parameter (CA-HFP's curvature score).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+from torch.nn.utils import prune
+
+from common.data.arrays import ArrayDataset
+from common.models.architectures import load_flat
+from common.models.layout import ParamLayout
+from common.training.optimizers import make_optimizer
+
+if TYPE_CHECKING:
+    from common.config.run import NodeConfig, RunConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training hyper-parameters.
+
+    Parameters
+    ----------
+    epochs : int
+        Passes over the local training split.
+    batch_size : int
+        Minibatch size (examples).
+    lr, momentum, weight_decay : float
+        Optimiser settings (``momentum``: SGD only).
+    proximal_mu : float
+        FedProx coefficient of ``mu/2 * ||w - w_received||^2`` (0 = off).
+    label_mask : bool
+        Set the logits of classes absent from the local data to 0 before the loss.
+    fisher_batches : int
+        Training steps whose gradients the accumulators see (0 = all).
+    seed : int
+        Seed of the minibatch order.
+    optimizer : {"sgd", "adamw"}
+        The optimiser (:func:`common.training.optimizers.make_optimizer`), created afresh for this round.
+    clip_grad_norm : float
+        Largest L2 norm of a step's gradient over all trained parameters; larger gradients are scaled
+        down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local training
+        does with 1). 0 = no clipping.
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    proximal_mu: float = 0.0
+    label_mask: bool = False
+    fisher_batches: int = 0
+    seed: int = 0
+    clip_grad_norm: float = 0.0
+    optimizer: str = "sgd"
+
+
+def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
+    """A round's local training settings: the run's optimiser keys and a minibatch-order seed.
+
+    The seed depends on the run's seed, the round and the node's partition only, so every method
+    sees the same minibatch order and a resumed run repeats it exactly. Round 0 is the Fisher
+    warm-up (``fisher-warmup``): no local step, only the Fisher at the received weights.
+    """
+    return TrainConfig(
+        epochs=run.local_epochs if server_round > 0 else 0,
+        batch_size=run.batch_size,
+        lr=run.lr,
+        momentum=run.momentum,
+        weight_decay=run.weight_decay,
+        proximal_mu=run.proximal_mu,
+        label_mask=run.label_mask,
+        fisher_batches=run.fisher_batches,
+        seed=run.seed * 100_003 + server_round * 1009 + node.stream,
+        clip_grad_norm=run.clip_grad_norm,
+        optimizer=run.optimizer,
+    )
+
+
+class Accumulator(Protocol):
+    """Statistics gathered from the gradients of the counted training steps."""
+
+    def prepare(self, model: nn.Module) -> None:
+        """After the forward pass, before ``backward``: e.g. keep the gradients of non-leaf tensors."""
+
+    def accumulate(self, model: nn.Module) -> None:
+        """After ``backward`` (under ``torch.no_grad``): add this step's statistics."""
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    """Outcome of :func:`train_loop`.
+
+    Parameters
+    ----------
+    loss : float
+        Mean training loss over all steps.
+    num_examples : int
+        Training examples (per epoch).
+    stats_seconds : float
+        Seconds spent in the accumulators (the overhead of the statistics).
+    """
+
+    loss: float
+    num_examples: int
+    stats_seconds: float
+
+
+def as_input(batch: torch.Tensor) -> torch.Tensor:
+    """Model input from stored examples: uint8 images are scaled to [0, 1]."""
+    return batch.float().div_(255.0) if batch.dtype == torch.uint8 else batch
+
+
+def local_classes(labels: torch.Tensor, num_classes: int, enabled: bool) -> torch.Tensor | None:
+    """The classes in the local training labels, for :func:`local_logits` (``None`` without label masking).
+
+    Parameters
+    ----------
+    labels : torch.Tensor
+        All local training labels.
+    num_classes : int
+        Number of classes (the model's outputs).
+    enabled : bool
+        Whether to mask (``label-mask``).
+    """
+    if not enabled:
+        return None
+    return torch.bincount(labels, minlength=num_classes)[:num_classes] > 0
+
+
+def local_logits(out: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """Logits the local loss sees: with label masking, those of classes absent from the local data are 0.
+
+    Without it, cross-entropy on a client that holds two classes pushes every other class's
+    output down, and a class that only small submodels hold is trained toward "no" by every
+    larger client that holds its classifier row. HeteroFL's and FedRolex's published code mask
+    the same way (fill with 0, so absent classes get no gradient).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        Logits, shape ``(batch, classes)``.
+    present : torch.Tensor, optional
+        :func:`local_classes` of the client's labels; ``None`` leaves the logits as they are.
+    """
+    return out if present is None else out.masked_fill(~present, 0.0)
+
+
+def train_loop(
+    model: nn.Module,
+    data: ArrayDataset,
+    cfg: TrainConfig,
+    device: torch.device,
+    accumulators: Sequence[Accumulator] = (),
+) -> LoopResult:
+    """Train every parameter of ``model`` that requires a gradient, in place, on ``data``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model, already holding the received weights (and any prune masks), on ``device``.
+    data : ArrayDataset
+        Local training split.
+    cfg : TrainConfig
+        Hyper-parameters.
+    device : torch.device
+        Where to train.
+    accumulators : Sequence[Accumulator]
+        Statistics to gather on the first ``cfg.fisher_batches`` steps (all with 0); none: no overhead.
+    """
+    if len(data) == 0:
+        raise ValueError("no local training examples")
+    model.to(device).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if cfg.proximal_mu > 0 else None
+    opt = make_optimizer(params, cfg.optimizer, cfg.lr, cfg.momentum, cfg.weight_decay)
+    x = torch.from_numpy(data.x).to(device)  # uint8 images stay compact until batched
+    y = torch.from_numpy(data.y).to(device)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    counted, steps, loss_sum, stats_seconds = 0, 0, 0.0, 0.0
+    loss_fn = nn.CrossEntropyLoss()
+    present = local_classes(y, data.num_classes, cfg.label_mask)
+    for _ in range(cfg.epochs):
+        order = torch.randperm(len(data), generator=gen).to(device)
+        for batch in order.split(cfg.batch_size):
+            opt.zero_grad(set_to_none=True)
+            out = model(as_input(x[batch]))
+            measure = bool(accumulators) and (cfg.fisher_batches == 0 or counted < cfg.fisher_batches)
+            if measure:
+                for acc in accumulators:
+                    acc.prepare(model)
+            loss = loss_fn(local_logits(out, present), y[batch])
+            loss.backward()
+            if measure:
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    for acc in accumulators:
+                        acc.accumulate(model)
+                counted += 1
+                stats_seconds += time.perf_counter() - t0
+            if anchor is not None:
+                with torch.no_grad():
+                    for p, p0 in zip(params, anchor):
+                        if p.grad is not None:
+                            p.grad.add_(p - p0, alpha=cfg.proximal_mu)
+            if cfg.clip_grad_norm > 0:
+                nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
+            opt.step()
+            loss_sum += float(loss.detach())
+            steps += 1
+    return LoopResult(loss_sum / max(steps, 1), len(data), stats_seconds)
+
+
+def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]) -> list[tuple[nn.Module, str]]:
+    """Gate every tensor that is not fully kept with ``prune.custom_from_mask``.
+
+    The forward pass then uses ``weight_orig * mask`` and the gradient reaching ``weight_orig`` is zero
+    outside the mask, so plain SGD trains exactly the selected parameters. Returns the gated
+    ``(module, tensor_name)`` pairs.
+    """
+    gated = []
+    modules = dict(model.named_modules())
+    for name, m in layout.unflatten(mask).items():
+        if m.all():
+            continue
+        module_name, _, tensor_name = name.rpartition(".")
+        prune.custom_from_mask(modules[module_name], tensor_name, torch.from_numpy(np.ascontiguousarray(m)))
+        gated.append((modules[module_name], tensor_name))
+    return gated
+
+
+def effective_tensors(model: nn.Module, layout: ParamLayout) -> list[torch.Tensor]:
+    """The tensors the last forward pass used, in layout order (gated ones are non-leaf)."""
+    modules = dict(model.named_modules())
+    out = []
+    for name in layout.names:
+        module_name, _, tensor_name = name.rpartition(".")
+        out.append(getattr(modules[module_name], tensor_name))
+    return out
+
+
+class EffectiveFisher:
+    """Sum of squared gradients of the effective (masked) weights, flat in layout order.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's flat layout.
+    device : torch.device
+        Where the sums live (the training device).
+    """
+
+    def __init__(self, layout: ParamLayout, device: torch.device) -> None:
+        self.layout = layout
+        self.sums = [torch.zeros(t.shape, device=device) for t in layout.tensors]
+        self.counted = 0
+        self._effective: list[torch.Tensor] = []
+
+    def prepare(self, model: nn.Module) -> None:
+        """Keep the gradients of the gated (non-leaf) effective tensors of this step."""
+        self._effective = effective_tensors(model, self.layout)
+        for t in self._effective:
+            if not t.is_leaf:
+                t.retain_grad()
+
+    def accumulate(self, model: nn.Module) -> None:
+        """Add this step's squared gradients."""
+        for acc, t in zip(self.sums, self._effective):
+            if t.grad is not None:
+                acc.add_(t.grad.square())
+        self.counted += 1
+
+    def mean(self) -> NDArray[np.float32]:
+        """The diagonal empirical Fisher: mean squared gradient over the counted steps (zeros if none)."""
+        flat = [(f / max(self.counted, 1)).cpu().numpy().reshape(-1) for f in self.sums]
+        return np.concatenate(flat).astype(np.float32)
+
+
+class GradientMoments:
+    """Sums of the gradient and of its square for every trained parameter of a model.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model being trained; statistics follow ``named_parameters()`` order.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.g_sum = [torch.zeros_like(p) for _, p in self.named]
+        self.h_sum = [torch.zeros_like(p) for _, p in self.named]
+        self.counted = 0
+
+    def prepare(self, model: nn.Module) -> None:
+        """Nothing to prepare: leaf gradients are kept by autograd."""
+
+    def accumulate(self, model: nn.Module) -> None:
+        """Add this step's gradients and squared gradients."""
+        for gs, hs, (_, p) in zip(self.g_sum, self.h_sum, self.named):
+            if p.grad is not None:
+                gs.add_(p.grad)
+                hs.add_(p.grad.square())
+        self.counted += 1
+
+    def _numpy(self, tensors: list[torch.Tensor]) -> dict[str, NDArray[np.float32]]:
+        scale = 1.0 / max(self.counted, 1)
+        return {n: (t.detach() * scale).cpu().numpy().astype(np.float32) for (n, _), t in zip(self.named, tensors)}
+
+    def grad_mean(self) -> dict[str, NDArray[np.float32]]:
+        """Mean minibatch gradient over the counted steps, by parameter name."""
+        return self._numpy(self.g_sum)
+
+    def fisher(self) -> dict[str, NDArray[np.float32]]:
+        """Mean squared minibatch gradient (diagonal empirical Fisher), by parameter name."""
+        return self._numpy(self.h_sum)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Outcome of :func:`train_masked`.
+
+    Parameters
+    ----------
+    params : NDArray[float32]
+        Trained flat parameters (zero outside the mask).
+    fisher : NDArray[float32]
+        Diagonal empirical Fisher of the effective weights, flat: mean over the counted minibatches of
+        the squared gradient of the minibatch loss (zeros when not measured).
+    loss : float
+        Mean training loss over all steps.
+    num_examples : int
+        Training examples used (per epoch).
+    train_seconds : float
+        Wall-clock seconds of the whole local training, Fisher included.
+    fisher_seconds : float
+        Seconds spent on Fisher accumulation alone (the overhead).
+    """
+
+    params: NDArray[np.float32]
+    fisher: NDArray[np.float32]
+    loss: float
+    num_examples: int
+    train_seconds: float
+    fisher_seconds: float
+
+
+def train_masked(
+    model: nn.Module,
+    layout: ParamLayout,
+    params: NDArray[np.float32],
+    mask: NDArray[np.bool_],
+    data: ArrayDataset,
+    cfg: TrainConfig,
+    device: torch.device,
+    measure_fisher: bool = True,
+) -> TrainResult:
+    """Train the submodel ``params * mask`` on ``data`` (masks attached with ``prune``), estimating the Fisher.
+
+    Parameters
+    ----------
+    model : nn.Module
+        An instance of the architecture (its weights are overwritten).
+    layout : ParamLayout
+        Flat layout of the model.
+    params : NDArray[float32]
+        Received flat parameters (zero outside the mask).
+    mask : NDArray[bool]
+        Positions this client holds and trains.
+    data : ArrayDataset
+        Local training split.
+    cfg : TrainConfig
+        Hyper-parameters.
+    device : torch.device
+        Where to train.
+    measure_fisher : bool
+        Accumulate :class:`EffectiveFisher` (False: for methods whose server never reads it).
+    """
+    start = time.perf_counter()
+    load_flat(model, layout, np.where(mask, params, 0).astype(np.float32))
+    model.to(device)
+    gated = attach_masks(model, layout, mask)
+    fisher = EffectiveFisher(layout, device) if measure_fisher else None
+    result = train_loop(model, data, cfg, device, [fisher] if fisher is not None else [])
+    for module, tensor_name in gated:
+        prune.remove(module, tensor_name)
+    trained = np.concatenate([p.detach().cpu().numpy().reshape(-1) for p in effective_tensors(model, layout)])
+    # The optimiser never moves unheld positions, but make "zero outside the mask" exact.
+    trained = np.where(mask, trained, 0).astype(np.float32)
+    return TrainResult(
+        params=trained,
+        fisher=fisher.mean() if fisher is not None else np.zeros(layout.size, dtype=np.float32),
+        loss=result.loss,
+        num_examples=result.num_examples,
+        train_seconds=time.perf_counter() - start,
+        fisher_seconds=result.stats_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class SmallTrainResult:
+    """Outcome of :func:`train_small`.
+
+    Parameters
+    ----------
+    params : dict[str, NDArray[float32]]
+        Trained parameters by name, in the small shapes.
+    grad_mean : dict[str, NDArray[float32]]
+        Mean minibatch gradient of the loss over the counted steps, same shapes.
+    fisher : dict[str, NDArray[float32]]
+        Mean squared minibatch gradient (diagonal empirical Fisher), same shapes.
+    loss : float
+        Mean training loss over all steps.
+    num_examples : int
+        Training examples used (per epoch).
+    train_seconds : float
+        Wall-clock seconds of the whole local training, statistics included.
+    stats_seconds : float
+        Seconds spent accumulating ``grad_mean`` and ``fisher`` (the overhead).
+    """
+
+    params: dict[str, NDArray[np.float32]]
+    grad_mean: dict[str, NDArray[np.float32]]
+    fisher: dict[str, NDArray[np.float32]]
+    loss: float
+    num_examples: int
+    train_seconds: float
+    stats_seconds: float
+
+
+def train_small(model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: torch.device) -> SmallTrainResult:
+    """Train a physically small model (already holding the received weights) and its gradient moments.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The small model (:func:`common.models.structured.build_structured_model`); trained in place.
+    data : ArrayDataset
+        Local training split.
+    cfg : TrainConfig
+        Hyper-parameters; ``fisher_batches`` limits the steps whose gradients enter the statistics.
+    device : torch.device
+        Where to train.
+    """
+    start = time.perf_counter()
+    model.to(device)
+    moments = GradientMoments(model)
+    result = train_loop(model, data, cfg, device, [moments])
+    return SmallTrainResult(
+        params={n: p.detach().cpu().numpy().astype(np.float32) for n, p in moments.named},
+        grad_mean=moments.grad_mean(),
+        fisher=moments.fisher(),
+        loss=result.loss,
+        num_examples=result.num_examples,
+        train_seconds=time.perf_counter() - start,
+        stats_seconds=result.stats_seconds,
+    )

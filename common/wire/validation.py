@@ -1,0 +1,189 @@
+"""Validation of client replies before anything touches the global state.
+
+Each check raises :class:`ReplyError` with a reason meant for the log; a reply
+that fails any check is dropped whole, so the global model and the Fisher state
+are exactly as if it had never arrived.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from common.aggregation.masked import MaskedUpdate
+from common.fisher.codec import decode_fisher, expected_names
+from common.models.layout import ParamLayout
+from common.wire import protocol as P
+
+# A single reply above this many bytes is refused before decoding (4x dense fp32 + slack).
+OVERSIZE_FACTOR = 4
+
+
+class ReplyError(ValueError):
+    """A reply that must be dropped; the message is the logged reason."""
+
+
+@dataclass(frozen=True)
+class SentSubmodel:
+    """What the server sent one node in one round, to check the reply against.
+
+    Parameters
+    ----------
+    node_id : int
+        Destination node.
+    round : int
+        Server round.
+    mask : NDArray[bool]
+        The submodel mask sent.
+    digest : str
+        Digest of the encoded mask sent.
+    max_examples : int
+        Training examples the node reported at discovery (upper bound of a sane count).
+    fisher : bool
+        Whether the node was asked for its Fisher this round (if not, its reply carries none).
+    """
+
+    node_id: int
+    round: int
+    mask: NDArray[np.bool_]
+    digest: str
+    max_examples: int
+    fisher: bool = True
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A validated training reply."""
+
+    update: MaskedUpdate
+    fisher: NDArray[np.float32] | None
+    metrics: dict[str, float]
+
+
+def _finite_number(metrics: Mapping[str, Any], key: str, lo: float = 0.0) -> float:
+    if key not in metrics:
+        raise ReplyError(f"metric {key!r} missing")
+    v = metrics[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo:
+        raise ReplyError(f"metric {key!r}={v!r} is not a finite number >= {lo}")
+    return float(v)
+
+
+def check_meta(meta: Mapping[str, Any] | None, sent: SentSubmodel) -> None:
+    """The reply must name the round and the mask it was sent."""
+    if meta is None:
+        raise ReplyError(f"config record {P.META!r} missing")
+    if meta.get("round") != sent.round:
+        raise ReplyError(f"reply is for round {meta.get('round')!r}, expected {sent.round}")
+    if meta.get("mask-digest") != sent.digest:
+        raise ReplyError(f"reply mask digest {meta.get('mask-digest')!r} does not match the mask sent ({sent.digest})")
+
+
+def check_examples(metrics: Mapping[str, Any], upper: int) -> int:
+    """``num-examples`` must be a whole number in [1, ``upper``] (what the node reported)."""
+    n = _finite_number(metrics, "num-examples", lo=1)
+    if not float(n).is_integer() or n > upper:
+        raise ReplyError(f"num-examples={n:g} is not a whole number in [1, {upper}]")
+    return int(n)
+
+
+def validate_train_reply(
+    arrays: Mapping[str, NDArray] | None,
+    metrics: Mapping[str, Any] | None,
+    meta: Mapping[str, Any] | None,
+    sent: SentSubmodel,
+    layout: ParamLayout,
+    fisher_encoding: str,
+) -> TrainReply:
+    """Check a TRAIN reply against what was sent and decode it.
+
+    Parameters
+    ----------
+    arrays : Mapping[str, NDArray] or None
+        The reply's ``update`` arrays, already deserialised.
+    metrics : Mapping or None
+        The reply's ``metrics`` record.
+    meta : Mapping or None
+        The reply's ``meta`` record.
+    sent : SentSubmodel
+        What this node was sent this round.
+    layout : ParamLayout
+        The model layout.
+    fisher_encoding : str
+        The encoding clients upload (``RunConfig.upload_encoding``).
+    """
+    check_meta(meta, sent)
+    if meta.get("fisher-encoding") != fisher_encoding:
+        raise ReplyError(f"fisher-encoding {meta.get('fisher-encoding')!r} differs from the run's {fisher_encoding!r}")
+    if arrays is None:
+        raise ReplyError(f"array record {P.UPDATE!r} missing")
+    if metrics is None:
+        raise ReplyError(f"metric record {P.METRICS!r} missing")
+    expected = {P.DELTA} | expected_names(fisher_encoding)
+    if set(arrays) != expected:
+        raise ReplyError(f"update arrays {sorted(arrays)} differ from the expected {sorted(expected)}")
+    total = sum(int(np.asarray(a).nbytes) for a in arrays.values())
+    if total > OVERSIZE_FACTOR * 4 * layout.size + 1024:
+        raise ReplyError(f"update of {total} bytes is oversized for a model of {layout.size} parameters")
+    k = int(np.count_nonzero(sent.mask))
+    delta = np.asarray(arrays[P.DELTA])
+    if delta.dtype != np.float32 or delta.shape != (k,):
+        raise ReplyError(
+            f"delta must be float32[{k}] (one value per position sent), got {delta.dtype}{list(delta.shape)}"
+        )
+    if delta.size and not (np.isfinite(delta.min()) and np.isfinite(delta.max())):  # reductions, no temporary
+        raise ReplyError("delta contains NaN or Inf")
+    try:
+        fisher = decode_fisher(
+            {n: a for n, a in arrays.items() if n != P.DELTA},
+            sent.mask,
+            layout,
+            fisher_encoding,
+        )
+    except ValueError as err:
+        raise ReplyError(f"fisher payload rejected: {err}") from err
+    n = check_examples(metrics, sent.max_examples)
+    values = {"num-examples": float(n)}
+    for key in ("train-loss", "train-seconds", "fisher-seconds"):
+        values[key] = _finite_number(metrics, key)
+    if "peak-rss-mib" in metrics:  # optional: a client on a platform without /proc or resource sends none
+        values["peak-rss-mib"] = _finite_number(metrics, "peak-rss-mib")
+    update = MaskedUpdate(np.flatnonzero(sent.mask), delta.copy(), float(n))
+    return TrainReply(update, fisher, values)
+
+
+def validate_evaluate_reply(
+    metrics: Mapping[str, Any] | None,
+    meta: Mapping[str, Any] | None,
+    sent: SentSubmodel,
+    max_test: int,
+) -> dict[str, float]:
+    """Check an EVALUATE reply; returns its metrics."""
+    check_meta(meta, sent)
+    if metrics is None:
+        raise ReplyError(f"metric record {P.METRICS!r} missing")
+    n = check_examples(metrics, max_test)
+    loss = _finite_number(metrics, "eval-loss")
+    acc = _finite_number(metrics, "eval-acc")
+    if acc > 1:
+        raise ReplyError(f"eval-acc={acc} exceeds 1")
+    return {"num-examples": float(n), "eval-loss": loss, "eval-acc": acc}
+
+
+def validate_profile(metrics: Mapping[str, Any] | None, error: str | None) -> tuple[float, int, int]:
+    """Check a QUERY reply; returns ``(capacity, num_train, num_test)``."""
+    if error:
+        raise ReplyError(f"node reported a configuration error: {error}")
+    if metrics is None:
+        raise ReplyError(f"metric record {P.PROFILE!r} missing")
+    capacity = _finite_number(metrics, "capacity")
+    if not 0 < capacity <= 1:
+        raise ReplyError(f"capacity={capacity} is outside (0, 1]")
+    n_train = _finite_number(metrics, "num-train-examples", lo=1)
+    n_test = _finite_number(metrics, "num-test-examples", lo=0)
+    return capacity, int(n_train), int(n_test)

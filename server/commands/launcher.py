@@ -1,0 +1,803 @@
+"""Local deployment launcher: a real SuperLink and N SuperNodes on loopback, one ``flwr run``.
+
+Starts ``flower-superlink`` and ``flower-supernode`` processes (each SuperNode
+with its own capacity), submits the app with ``flwr run``, prints one progress
+line per round, then a summary table, writes ``accuracy.png`` next to
+``metrics.json`` and always stops every process it started (also on failure,
+Ctrl-C or SIGTERM).
+
+Usage::
+
+    fibos local --capacities 1,0.5,0.25,0.25,0.125,0.0625 --rounds 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing, nullcontext
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+from common.config.run import ConfigError, RunConfig, parse_capacity_list, parse_run_config
+from common.data.datasets import NODE_DATASET
+from common.models.hf import resolve_model_path
+from server.benchmarks.report import summary_table, write_accuracy_plot
+from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
+from server.commands.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
+from server.commands.run_status import RUN_STARTED, run_status
+from server.resume_check import check_resume
+from server.tensorboard_log import check_tensorboard
+
+DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
+APP_DIR = Path(__file__).resolve().parents[2]
+ROUND_LINE = re.compile(r"\[(?:round|update) \d+/\d+\].*")
+#: The last line of a Python traceback: ``package.module.SomeError: message``.
+EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """Block until something listens on ``127.0.0.1:port``; fail early if ``proc`` died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening")
+        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower processes: no telemetry, no update check, a private FLWR_HOME."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_HOME=str(flwr_home),
+        PYTHONUNBUFFERED="1",
+        # The SuperLink and SuperNodes spawn flower-superexec / flwr-serverapp / flwr-clientapp
+        # from PATH: make it this interpreter's environment even when no venv is activated.
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    )
+    return env
+
+
+def _bin(name: str) -> str:
+    """A console script of the running interpreter's environment (works without an activated venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def parse_capacities(text: str) -> list[float]:
+    """``"1,1/2,0.25"`` -> ``[1.0, 0.5, 0.25]``; each must be in (0, 1] (argparse type)."""
+    try:
+        out = list(parse_capacity_list(text, "--capacities"))
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if not out:
+        raise argparse.ArgumentTypeError("at least one capacity is needed")
+    return out
+
+
+def app_run_config(app_dir: Path) -> dict[str, object]:
+    """The app's run-config defaults (``[tool.flwr.app.config]`` of its pyproject.toml), as Flower reads them."""
+    from flwr.common.config import flatten_dict, get_project_config
+
+    return dict(flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {})))
+
+
+def check_run_config(overrides: Mapping[str, object], app_dir: Path = APP_DIR) -> RunConfig:
+    """Validate the run config ``flwr run`` would give the ServerApp: the app's defaults with ``overrides``.
+
+    The same schema the ServerApp and ClientApp parse (:func:`common.config.run.parse_run_config`), so a bad
+    value is refused here, before any process starts, with the message that names the key.
+    """
+    return parse_run_config({**app_run_config(app_dir), **overrides})
+
+
+def _same_setting(key: str, a: object, b: object) -> bool:
+    """Whether two values of run-config ``key`` mean the same (paths resolved, capacity lists parsed)."""
+    try:
+        if key == "results-dir":
+            return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
+        if key == "capacity-mix":
+            return parse_capacity_list(a) == parse_capacity_list(b)
+    except ConfigError:
+        return False
+    return type(a) is type(b) and a == b
+
+
+def merge_flag_settings(run_config: Mapping[str, object], flags: Mapping[str, tuple[str, object]]) -> dict[str, object]:
+    """``run_config`` plus the keys a launcher flag sets; a ``-c`` key that a flag sets differently is refused.
+
+    Parameters
+    ----------
+    run_config : Mapping
+        The ``-c`` overrides.
+    flags : Mapping
+        Run-config key -> (the flag as the operator wrote it, the value it sets).
+    """
+    out = dict(run_config)
+    for key, (flag, value) in flags.items():
+        if key in out and not _same_setting(key, out[key], value):
+            raise ConfigError(
+                f"{key}={out[key]!r} (from -c) and {flag} set {key} to different values; give it once, "
+                f"either as {flag} or as -c {key}=..."
+            )
+        out[key] = value
+    return out
+
+
+class LocalFederation:
+    """A SuperLink and its SuperNodes (or virtual ones) on loopback, for one or more ``flwr run``.
+
+    Use as a context manager: entering locks ``home`` (:mod:`server.commands.run_folder`; a second launch on it
+    is refused) and starts the daemons; leaving stops every process they started, and nothing else,
+    also on errors, Ctrl-C and SIGTERM; should this process be killed outright, the group's guard stops
+    them (:mod:`server.commands.process_group`, log ``guard.log``). Each launch has its own Flower state
+    (FLWR_HOME and SuperLink database under ``home/.flwr/<launch>``, removed at the end) and its own log folder
+    (``home/logs/<launch>``, linked as ``home/logs/latest``).
+
+    Parameters
+    ----------
+    capacities : Sequence[float]
+        One SuperNode per entry, with that capacity (fraction of the model, in (0, 1]).
+        With ``simulation`` they are virtual SuperNodes of Flower's Simulation Engine
+        (same ServerApp and ClientApp code), capacities passed as ``capacity-mix``.
+    home : Path
+        Folder for the SuperLink state, FLWR_HOME and ``logs/``.
+    simulation : bool
+        Run on the Simulation Engine (a ``--simulation`` SuperLink) instead of
+        starting SuperNode processes.
+    echo : callable
+        Where progress lines go.
+    secure : bool
+        TLS with a private CA and SuperNode authentication: certificates and node
+        key pairs are made in ``home/certs`` (:mod:`server.commands.credentials`) and each
+        node's public key is registered with ``flwr supernode register``.
+    unregistered : Sequence[int]
+        With ``secure``, SuperNodes whose key is *not* registered (they must be refused).
+    delays : Sequence[float]
+        Test/benchmark knob: extra seconds per local epoch for SuperNode ``i``
+        (``bench-delay-s``), to emulate slower devices; empty = none.
+    data_paths : Sequence[str]
+        With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its node
+        config's ``data-path``, client id ``node-<i>``) instead of a partition; empty = partitions.
+    """
+
+    def __init__(
+        self,
+        capacities: Sequence[float],
+        home: Path,
+        simulation: bool = False,
+        echo=print,
+        secure: bool = False,
+        unregistered: Sequence[int] = (),
+        delays: Sequence[float] = (),
+        data_paths: Sequence[str] = (),
+    ) -> None:
+        if secure and simulation:
+            raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
+        self.secure = secure
+        self.unregistered = set(unregistered)
+        if delays and (simulation or len(delays) != len(capacities)):
+            raise ValueError("delays need one entry per SuperNode process (not available in simulation)")
+        self.delays = list(delays)
+        if data_paths and (simulation or len(data_paths) != len(capacities)):
+            raise ValueError("data paths need one entry per SuperNode process (not available in simulation)")
+        self.data_paths = [str(Path(p).expanduser().resolve()) for p in data_paths]
+        self.capacities = list(capacities)
+        self.home = home.resolve()
+        self.simulation = simulation
+        self.echo = echo
+        self.certs = self.home / "certs"
+        self.lock = RunFolderLock(self.home)
+        # Set when entering: this launch's name, log folder, Flower state and environment.
+        self.launch = ""
+        self.logs = self.home / "logs"
+        self.flwr_home = self.home / ".flwr"
+        self.env: dict[str, str] = {}
+        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")  # no process has it: launches get their own
+        self.runs = 0
+        self.nodes: dict[int, subprocess.Popen] = {}
+        self.node_markers: dict[int, bytes] = {}
+        self._nodes_lock = threading.Lock()
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._superlink_reported = False
+        self.link_port = 0
+        self._old_term = None
+
+    def __enter__(self) -> LocalFederation:
+        self.lock.acquire()
+        try:
+            self._refuse_leftovers()
+            self.launch = launch_id()
+            while (self.home / "logs" / self.launch).exists():  # two launches in one second from one process
+                self.launch += "+"
+            self.logs = new_log_folder(self.home / "logs", self.launch)
+            self.flwr_home = self.home / ".flwr" / self.launch
+            self.flwr_home.mkdir(parents=True)
+            self.env = flower_env(self.flwr_home)
+            # Should this process die without stopping them, the group's guard stops them and says so here.
+            self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}", guard_log=self.logs / "guard.log")
+        except BaseException:
+            self.lock.release()
+            raise
+        self._old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._start()
+            self._watcher = threading.Thread(target=self._watch_nodes, name="supernode-watch", daemon=True)
+            self._watcher.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
+        self.group.stop()
+        if self.launch:
+            shutil.rmtree(self.flwr_home, ignore_errors=True)
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+        self.lock.release()
+
+    def _refuse_leftovers(self) -> None:
+        """Refuse the folder while processes of an earlier launch in it (a killed launcher's) still run.
+
+        They would go on writing the same outputs as this launch.
+        """
+        prefix = f"FLWR_HOME={self.home / '.flwr'}{os.sep}".encode()
+        left = pids_with_env(lambda entries: any(e.startswith(prefix) for e in entries))
+        if left:
+            raise RunFolderBusy(
+                f"processes of an earlier launch in {self.home} are still running (PIDs {', '.join(map(str, left))}); "
+                "stop them first"
+            )
+
+    def _start(self) -> None:
+        link_port = free_port()
+        if self.secure:
+            from common.wire.node_keys import make_node_keys
+            from server.commands.credentials import make_ca, make_server_cert
+
+            make_server_cert(self.certs, *make_ca(self.certs), ["localhost", "127.0.0.1"])
+            for i in range(len(self.capacities)):
+                make_node_keys(self.certs, f"node-{i}")
+            transport = [
+                "--ssl-ca-certfile",
+                str(self.certs / "ca.crt"),
+                "--ssl-certfile",
+                str(self.certs / "server.pem"),
+                "--ssl-keyfile",
+                str(self.certs / "server.key"),
+                "--enable-supernode-auth",
+            ]
+        else:
+            transport = ["--insecure"]
+        superlink = self.group.start(
+            [
+                _bin("flower-superlink"),
+                *transport,
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--database",
+                str(self.flwr_home / "state.db"),
+                *(["--simulation"] if self.simulation else []),
+            ],
+            self.logs / "superlink.log",
+            self.env,
+        )
+        wait_for_port(link_port, 60, superlink)
+        self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
+        self.link_port = link_port
+        trust = f'root-certificates = "{self.certs / "ca.crt"}"' if self.secure else "insecure = true"
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{trust}\n'
+        )
+        for i in range(0 if self.simulation else len(self.capacities)):
+            if self.secure and i not in self.unregistered:
+                self.register_node(i)
+            self.start_node(i)
+
+    def register_node(self, i: int) -> None:
+        """Register SuperNode ``i``'s public key with the SuperLink (``flwr supernode register``)."""
+        cmd = [_bin("flwr"), "supernode", "register", str(self.certs / f"node-{i}.pub"), "local", "--name", f"node-{i}"]
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"registering node-{i} failed: {done.stdout}{done.stderr}")
+        self.echo(f"registered node-{i}")
+
+    def node_config(self, i: int) -> str:
+        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)`` (or its own folder in
+        ``data_paths``), capacity ``capacities[i]``."""
+        where = (
+            f'data-path={json.dumps(self.data_paths[i])} client-id="node-{i}"'
+            if self.data_paths
+            else f"partition-id={i} num-partitions={len(self.capacities)}"
+        )
+        config = f"{where} capacity={self.capacities[i]!r}"
+        if self.delays and self.delays[i]:
+            config += f" bench-delay-s={float(self.delays[i])!r}"
+        return config
+
+    def start_node(self, i: int, node_config: str | None = None) -> None:
+        """Start SuperNode ``i`` (also restarts a stopped one).
+
+        Parameters
+        ----------
+        i : int
+            The node's number: its log is ``supernode-<i>.log``.
+        node_config : str, optional
+            Its ``--node-config`` (default :meth:`node_config`; a test may give a wrong one).
+        """
+        config = self.node_config(i) if node_config is None else node_config
+        # Every process of this node, Flower's detached children included, carries this entry: when the
+        # node dies they are found and stopped (:meth:`_watch_nodes`).
+        marker = f"{self.launch}/node-{i}/{time.monotonic_ns()}"
+        proc = self.group.start(
+            [
+                _bin("flower-supernode"),
+                *(
+                    [
+                        "--root-certificates",
+                        str(self.certs / "ca.crt"),
+                        "--auth-supernode-private-key",
+                        str(self.certs / f"node-{i}"),
+                    ]
+                    if self.secure
+                    else ["--insecure"]
+                ),
+                "--superlink",
+                f"127.0.0.1:{self.link_port}",
+                "--port",
+                str(free_port()),
+                "--node-config",
+                config,
+            ],
+            self.logs / f"supernode-{i}.log",
+            # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
+            {**self.env, "OMP_NUM_THREADS": "1", "FIBOS_SUPERNODE": marker},
+        )
+        with self._nodes_lock:
+            self.nodes[i] = proc
+            self.node_markers[i] = f"FIBOS_SUPERNODE={marker}".encode()
+        self.echo(f"SuperNode {i}: {config}")
+
+    def node_processes(self, i: int) -> list[int]:
+        """PIDs of SuperNode ``i``'s processes still alive (the node and everything it spawned)."""
+        marker = self.node_markers.get(i)
+        return [] if marker is None else pids_with_env(lambda entries: marker in entries)
+
+    def _stop_node_processes(self, i: int, grace: float) -> None:
+        stop_pids(lambda: self.node_processes(i), grace)
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too."""
+        with self._nodes_lock:
+            proc = self.nodes.pop(i)
+        signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=10)
+        self._stop_node_processes(i, grace=0.0)
+
+    def _report_dead_superlink(self) -> None:
+        """Say once that the SuperLink died, and how to continue (from the watcher, or when a run fails)."""
+        superlink = self.group.procs[0]
+        with self._nodes_lock:
+            if self._superlink_reported or superlink.poll() is None:
+                return
+            self._superlink_reported = True
+        self.echo(
+            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
+            f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
+            "completed round"
+        )
+
+    def _watch_nodes(self) -> None:
+        """Background: when a SuperNode process dies, reap it and stop what it spawned.
+
+        Flower's executor and ClientApp processes exit when their parent's PID disappears, but an unreaped
+        SuperNode stays a zombie whose PID exists: without this they would run on until the launch ends.
+
+        A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
+        """
+        while not self._watch_stop.wait(0.5):
+            self._report_dead_superlink()
+            with self._nodes_lock:
+                dead = {i: p for i, p in self.nodes.items() if p.poll() is not None}
+                for i in dead:
+                    del self.nodes[i]
+            for i, proc in dead.items():
+                left = self.node_processes(i)
+                self.echo(f"SuperNode {i} exited (code {proc.returncode}); stopping the {len(left)} processes it left")
+                self._stop_node_processes(i, grace=5.0)
+
+    def run_overrides(self, run_config: Mapping[str, object], results_dir: Path, app_dir: Path = APP_DIR) -> dict:
+        """The validated ``-c`` overrides of a run of this federation writing to ``results_dir``.
+
+        Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
+        ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
+        config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist;
+        with ``resume=true``, that the checkpoint and metrics.json can be resumed from: :func:`check_resume`;
+        with ``tensorboard=true``, that the tensorboard package is installed: :func:`check_tensorboard`).
+        Starts nothing.
+        """
+        flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
+        if self.simulation:
+            flags["capacity-mix"] = ("--capacities", ",".join(repr(float(c)) for c in self.capacities))
+        elif parse_capacity_list(run_config.get("capacity-mix", "")):
+            raise ConfigError(
+                f"capacity-mix={run_config['capacity-mix']!r}: applies only to nodes without a capacity in their "
+                "node config, and every SuperNode this launcher starts has one; give capacities with --capacities"
+            )
+        overrides = merge_flag_settings(run_config, flags)
+        cfg = check_run_config(overrides, app_dir)
+        check_tensorboard(cfg)  # the ServerApp runs here: refuse tensorboard=true without its package now
+        if cfg.resume:  # a missing or damaged checkpoint would otherwise surface after the federation is up
+            check_resume(results_dir.resolve(), cfg)
+        # Every node of a local federation reads data-path on this machine.
+        if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
+            raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
+        if cfg.dataset == NODE_DATASET and not self.data_paths:
+            raise ConfigError(
+                'dataset="node": each SuperNode reads its own data; give one folder per SuperNode with --data-paths'
+            )
+        if self.data_paths and cfg.dataset != NODE_DATASET:
+            raise ConfigError(
+                f'--data-paths gives each SuperNode its own data, but dataset={cfg.dataset!r}: add -c dataset="node" '
+                "and -c classes=... (the run's class names, or their count)"
+            )
+        for i, path in enumerate(self.data_paths):
+            if not Path(path).exists():
+                raise ConfigError(f"--data-paths item {i + 1} {path!r}: no such file or folder")
+        if cfg.test_data_path and not Path(cfg.test_data_path).expanduser().exists():
+            raise ConfigError(f"test-data-path={cfg.test_data_path!r}: no such file or folder")
+        if cfg.model_path:  # a local model folder must exist here too (a hub id is fetched by each process)
+            resolve_model_path(cfg.model_path)
+        return overrides
+
+    def run(
+        self, run_config: dict[str, object], results_dir: Path, app_dir: Path = APP_DIR, timeout: float = 3600.0
+    ) -> dict:
+        """Submit the app with ``flwr run --stream`` and wait for it; returns the parsed metrics.json.
+
+        Parameters
+        ----------
+        run_config : dict
+            Run-config overrides (``results-dir`` is set to ``results_dir``).
+        results_dir : Path
+            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz); locked for the run
+            when it is not the federation's own folder.
+        app_dir : Path
+            The Flower app (folder with pyproject.toml).
+        timeout : float
+            Seconds the run may take before it is stopped.
+        """
+        results_dir = results_dir.resolve()
+        overrides = self.run_overrides(run_config, results_dir, app_dir)
+        self.runs += 1
+        cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream", "-c"]
+        if self.simulation:
+            cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
+            self.echo(
+                f"Simulation Engine: {len(self.capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}"
+            )
+        cmd.append(toml_overrides(overrides))
+        self.echo("$ " + shlex.join(cmd))
+        log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
+        with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
+            try:
+                run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
+            except RuntimeError:
+                # The run can fail before the watcher's next look; the operator must still learn why.
+                time.sleep(0.2)
+                self._report_dead_superlink()
+                raise
+        metrics_path = results_dir / "metrics.json"
+        if not metrics_path.exists():
+            raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
+        if not (results_dir / "model.pt").exists():
+            raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
+        return json.loads(metrics_path.read_text())
+
+
+def run_local_federation(
+    capacities: Sequence[float],
+    results_dir: Path,
+    run_config: dict[str, object],
+    app_dir: Path = APP_DIR,
+    timeout: float = 3600.0,
+    echo=print,
+    simulation: bool = False,
+    delays: Sequence[float] = (),
+    data_paths: Sequence[str] = (),
+) -> dict:
+    """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
+
+    The run config is validated before any process starts (:meth:`LocalFederation.run_overrides`).
+    ``delays`` (test/benchmark knob): extra seconds per local epoch per SuperNode.
+    Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
+    """
+    federation = LocalFederation(capacities, results_dir, simulation, echo, delays=delays, data_paths=data_paths)
+    federation.run_overrides(run_config, results_dir, app_dir)
+    with federation:
+        return federation.run(run_config, results_dir, app_dir, timeout)
+
+
+def toml_overrides(values: dict[str, object]) -> str:
+    """Run-config overrides as the space-separated TOML pairs ``flwr run -c`` takes."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, bool):
+            parts.append(f"{key}={'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            parts.append(f"{key}={value!r}")
+        else:
+            parts.append(f"{key}={json.dumps(str(value))}")
+    return " ".join(parts)
+
+
+class Deadline(threading.Timer):
+    """A timer that stops a process (SIGTERM to its group, SIGKILL ``grace`` s later) when it fires.
+
+    Parameters
+    ----------
+    proc : subprocess.Popen
+        The process, leader of its own process group.
+    timeout : float
+        Seconds from now until it is stopped.
+    grace : float
+        Seconds it has to exit after SIGTERM.
+    """
+
+    def __init__(self, proc: subprocess.Popen, timeout: float, grace: float = 10.0) -> None:
+        super().__init__(timeout, self._stop)
+        self.daemon = True
+        self.proc = proc
+        self.grace = grace
+        self.fired = threading.Event()
+
+    def _stop(self) -> None:
+        self.fired.set()
+        signal_group(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            signal_group(self.proc, signal.SIGKILL)
+
+
+class _RunLog:
+    """The lines of one run's log streams: kept in the log file, round lines and problems echoed, failures noted."""
+
+    def __init__(self, log_file: TextIO, echo: Callable[[str], None]) -> None:
+        self.log_file, self.echo = log_file, echo
+        self.last_exception = self.last_error = ""
+        self.box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
+        self.failed = False
+        self.run_id: int | None = None
+
+    def line(self, line: str) -> None:
+        self.log_file.write(line)
+        self.log_file.flush()
+        started = RUN_STARTED.search(line)
+        if started and self.run_id is None:
+            self.run_id = int(started.group(1))
+        match = ROUND_LINE.search(line)
+        if match:
+            self.echo(match.group(0))
+        elif "rejected" in line or "excluded" in line or "Traceback" in line or "ERROR" in line:
+            self.echo(line.rstrip())
+            self.failed = self.failed or "Traceback" in line
+        if "\u256d\u2500 Error" in line:
+            self.box = []
+        elif self.box is not None and line.lstrip().startswith("\u2502"):
+            self.box.append(line.strip().strip("\u2502").strip())
+        elif self.box is not None:
+            self.last_exception, self.box = " ".join(self.box), None
+        if EXCEPTION_LINE.match(line):
+            self.last_exception = line.strip()
+        elif "ERROR" in line:
+            self.last_error = line.strip()
+
+    def follow(self, cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, bool]:
+        """Run ``cmd``, reading its output line by line for at most ``timeout`` s: ``(exit status, expired)``."""
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True
+        )
+        # The clock, not the output, ends an overdue run: a run waiting for a node that never comes prints nothing.
+        expired = Deadline(proc, max(timeout, 0.0))
+        expired.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                self.line(line)
+            proc.wait()
+        finally:
+            expired.cancel()
+            if proc.poll() is None:
+                signal_group(proc, signal.SIGTERM)
+                proc.wait(timeout=10)
+        return proc.returncode, expired.fired.is_set()
+
+
+def run_federation_command(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeout: float,
+    echo: Callable[[str], None],
+    connection: str | None = None,
+) -> None:
+    """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
+
+    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
+    ServerApp raised): the message carries the last error line of the log (the exception that ended the
+    ServerApp), so the operator sees why without opening the log. Raises ``TimeoutError`` once it has run
+    ``timeout`` s (it is stopped then, whether or not it prints anything).
+
+    ``connection``: the SuperLink connection the run was submitted to. Then the end of the log stream is not
+    taken for the end of the run: the run's status is read from the SuperLink (:mod:`server.commands.run_status`); a run
+    still going is followed again (``flwr log --stream``), and one that ended ``finished:failed`` or
+    ``finished:stopped`` raises ``RuntimeError`` ("the run failed (finished:stopped): ..."), however the
+    stream ended.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    with open(log_path, "w") as log_file:
+        log = _RunLog(log_file, echo)
+        returncode, expired = log.follow(cmd, env, timeout)
+        status = None
+        while connection is not None and log.run_id is not None and not expired:
+            status = run_status(env, connection, log.run_id)
+            if not status.unfinished:
+                break
+            echo(f"the run's log stream ended while run {log.run_id} is {status.status}; following it again")
+            _, expired = log.follow(
+                ["flwr", "log", str(log.run_id), connection, "--stream"], env, deadline - time.monotonic()
+            )
+            if not expired:
+                time.sleep(2.0)  # a stream that ends at once must not turn into a busy loop
+    if expired:
+        raise TimeoutError(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}")
+    if status is not None and status.finished and not status.succeeded:
+        why = log.last_exception or status.details or log.last_error
+        raise RuntimeError(f"the run failed ({status.status}): {why}\n(full log: {log_path})")
+    if status is not None and status.status == "unknown":
+        echo(f"warning: the run's final status could not be read ({status.details}); judged by its log")
+    if returncode != 0 or log.failed:
+        if log.box:
+            log.last_exception = " ".join(log.box)
+        why = log.last_exception or log.last_error or f"flwr run exited with status {returncode}"
+        raise RuntimeError(f"the run failed: {why}\n(full log: {log_path})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``fibos-local`` / ``python -m server.commands.launcher``)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--capacities",
+        type=parse_capacities,
+        default=list(DEFAULT_CAPACITIES),
+        help="comma-separated capacities, one SuperNode each (default: 1,1/2,1/4,1/4,1/8,1/16)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="number of rounds (default: the app's num-rounds)",
+    )
+    parser.add_argument("--results", type=Path, default=Path("results/demo"), help="output folder")
+    parser.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help="extra run-config overrides, e.g. -c 'lr=0.1'",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds before the run is stopped",
+    )
+    parser.add_argument(
+        "--delays",
+        default="",
+        help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
+    )
+    parser.add_argument(
+        "--data-paths",
+        default="",
+        help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as that node\'s own '
+        "data (an image folder, a save_to_disk folder, Parquet/CSV files, or label<TAB>text lines)",
+    )
+    args = parser.parse_args(argv)
+    delays = [float(v) for v in args.delays.split(",") if v.strip()]
+    if delays and len(delays) != len(args.capacities):
+        parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
+    data_paths = [v.strip() for v in args.data_paths.split(",") if v.strip()]
+    if data_paths and len(data_paths) != len(args.capacities):
+        parser.error(f"--data-paths has {len(data_paths)} entries for {len(args.capacities)} capacities")
+    started = time.monotonic()
+    try:
+        # Everything is checked before any process starts: a bad setting costs no SuperLink start-up.
+        flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
+        overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
+        federation = LocalFederation(args.capacities, args.results, delays=delays, data_paths=data_paths)
+        federation.run_overrides(overrides, args.results)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    try:
+        with federation:
+            metrics = federation.run(overrides, args.results, timeout=args.timeout)
+    except KeyboardInterrupt:
+        print("interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    except (RuntimeError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print()
+    print(summary_table(metrics))
+    plot = write_accuracy_plot(metrics, args.results / "accuracy.png")
+    print(f"\n{len(metrics['rounds']) - 1} rounds in {time.monotonic() - started:.0f} s")
+    print(f"metrics: {args.results / 'metrics.json'}\nplot:    {plot}\nmodel:   {args.results / 'model.pt'}")
+    return 0
+
+
+def parse_overrides(text: str | Sequence[str]) -> dict[str, object]:
+    """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values).
+
+    A sequence is the values of a repeated ``-c`` flag, merged in order (a later key wins), as ``flwr run -c`` does.
+    A pair without ``=`` exits (``SystemExit``) with a message naming it.
+    """
+    import tomllib
+
+    out: dict[str, object] = {}
+    for pair in (p for item in ([text] if isinstance(text, str) else text) for p in shlex.split(item)):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"error: run-config override {pair!r} is not key=value (e.g. -c lr=0.1)")
+        try:
+            out[key] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key] = value
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
