@@ -1,1 +1,1 @@
-"""ClientApp side: masked local training, Fisher estimation and device handling."""
+"""The ClientApp and what only a node does: local data, capacity probe, peak memory, joining."""

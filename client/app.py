@@ -13,7 +13,9 @@ from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
 from client.peak_memory import PeakRSS
 from client.replies import train_reply
-from common.config.run import NodeConfig, RunConfig, parse_node_config, parse_run_config
+from common.config.node import NodeConfig, parse_node_config
+from common.config.parse import parse_run_config
+from common.config.run import RunConfig
 from common.methods import create_method
 from common.methods.base import Method, Received
 from common.training.device import pick_device
@@ -84,7 +86,7 @@ def train(msg: Message, context: Context) -> Message:
         )
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     peak_mib = peak.peak_mib if peak.peak_bytes else None
-    encoding = update.fisher_encoding if update.fisher_encoding is not None else run.upload_encoding
+    encoding = update.fisher_encoding if update.fisher_encoding is not None else method.upload_encoding(run)
     return train_reply(msg, update, got.round, got.digest, encoding, peak_mib)
 
 

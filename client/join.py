@@ -35,7 +35,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.config.run import DEVICES, ConfigError, parse_node_config
+from common.config.node import parse_node_config
+from common.config.schema import ConfigError
+from common.training.catalog import DEVICES
 
 
 def node_config(args: argparse.Namespace) -> str:

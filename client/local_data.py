@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.config.run import NodeConfig, RunConfig
+from common.config.node import NodeConfig
+from common.config.run import RunConfig
 from common.data.arrays import ArrayDataset
-from common.data.datasets import TEXT_DATASETS
+from common.data.catalog import TEXT_DATASETS
 from common.data.local_split import LocalData, derive_local_data
 from common.data.node_data import NodeDataReport
 

@@ -1,1 +1,1 @@
-"""Pure building blocks shared by the server and the clients (no Flower imports)."""
+"""What both sides share, without Flower: pure functions on arrays, grouped by concern below."""

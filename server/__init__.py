@@ -1,4 +1,4 @@
-"""The server side: the ServerApp and its strategy (this package).
+"""The ServerApp and its strategies: rounds, replies, evaluation, records, checkpoints.
 
 Operator commands live in :mod:`server.commands`, benchmarks and analyses in :mod:`server.benchmarks`.
 """

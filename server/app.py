@@ -12,7 +12,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from numpy.typing import NDArray
 
-from common.config.run import RunConfig, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.run import RunConfig
 from common.data.datasets import load_server_data
 from common.methods import create_method
 from common.methods.base import Method
@@ -88,7 +89,7 @@ def main(grid: Grid, context: Context) -> None:
         log(INFO, "resuming after round %d from %s", done, checkpoint)
     metrics = MetricsLog(
         results / "metrics.json",
-        {**cfg.flat(), "upload_encoding": cfg.upload_encoding, "d": layout.size, "results_dir": str(results)},
+        {**cfg.flat(), "upload_encoding": method.upload_encoding(cfg), "d": layout.size, "results_dir": str(results)},
         keep_until=done,
     )
     rounds = RoundLog(results / ROUNDS_JSONL, keep_until=done)  # one line per round, for `tail -f`

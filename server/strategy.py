@@ -586,7 +586,7 @@ class SubmodelStrategy(Strategy):
         self.join_nodes(grid, timeout)
         self.x = self._flat(initial_arrays)
         warmup = None
-        if self.first_round == 1 and self.cfg.warms_up:
+        if self.first_round == 1 and self.method.warms_up(self.cfg):
             warmup = self.fisher_warmup(grid, timeout)
             log(
                 INFO,

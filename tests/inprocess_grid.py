@@ -129,7 +129,7 @@ def inprocess_federation(
     ``evaluate_fn`` is ``None`` when the server holds no test set. The set-up is the ServerApp's own
     (:func:`server.app.global_model`).
     """
-    from common.config.run import parse_run_config
+    from common.config.parse import parse_run_config
     from common.methods import create_method
     from server.app import global_model
     from server.strategy import SubmodelStrategy

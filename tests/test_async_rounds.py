@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.models.layout import ParamLayout
 from common.wire.validation import SentSubmodel
 from server.async_strategy import AsyncSubmodelStrategy, Dispatch

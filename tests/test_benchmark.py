@@ -100,7 +100,7 @@ def test_row_gives_traffic_per_capacity_and_seconds_per_step():
 
 
 def test_bad_method_fails_before_any_run(tmp_path):
-    from common.config.run import ConfigError
+    from common.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="method"):
         main(["--methods", "fedsgd", "--datasets", "digits", "--out", str(tmp_path)])
@@ -136,7 +136,7 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
 
 def test_every_run_config_flag_counts(tmp_path):
     """``-c`` repeats like ``flwr run -c``: an earlier override is not dropped by a later one."""
-    from common.config.run import ConfigError
+    from common.config.schema import ConfigError
 
     args = ["--methods", "fedfibos", "--datasets", "digits", "--out", str(tmp_path), "--existing-only", "--reuse"]
     with pytest.raises(ConfigError, match="fisher-trim"):
@@ -195,7 +195,7 @@ def test_a_run_config_key_a_flag_sets_is_refused_naming_the_flag(tmp_path, capsy
 
 
 def test_default_methods_leave_out_those_the_data_does_not_fit_and_named_ones_fail(tmp_path, capsys):
-    from common.config.run import ConfigError
+    from common.config.schema import ConfigError
 
     plan_only = ["--datasets", "digits", "--partitions", "iid", "--seeds", "0", "--reuse", "--existing-only"]
     assert main([*plan_only, "--out", str(tmp_path / "a")]) == 0

@@ -18,7 +18,8 @@ from client.capacity_probe import (
     capacity_from_probe,
     probe_device,
 )
-from common.config.run import ConfigError, parse_node_config
+from common.config.node import parse_node_config
+from common.config.schema import ConfigError
 
 LADDER = {1.0, 0.5, 0.25, 0.125, 0.0625}
 

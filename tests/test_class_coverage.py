@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.models.architectures import build_model
 from server.benchmarks.class_coverage import (
     ClassCoverage,

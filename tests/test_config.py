@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config.run import ConfigError, default_run_config, parse_node_config, parse_run_config
+from common.config.node import parse_node_config
+from common.config.parse import default_run_config, parse_run_config
+from common.config.schema import ConfigError
 from server.commands.launcher import parse_capacities, parse_overrides, toml_overrides
 
 MANIFEST = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())

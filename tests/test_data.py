@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from client.local_data import load_local_data
-from common.config.run import NodeConfig, parse_run_config
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
 from common.data.datasets import load_dataset
 from common.data.local_split import derive_local_data
 from common.data.partitioning import partition_indices

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from common.aggregation.masked import MaskedUpdate
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.methods import create_method
 from common.methods.base import Accepted
 from common.models.layout import ParamLayout, TensorSpec

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.config.run import ConfigError, parse_node_config, parse_run_config
-from common.methods import registry
+from common.config.node import parse_node_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
+from common.methods import method_class, registry
 
 
 def test_fedgmr_is_a_method_with_validated_keys():
@@ -32,8 +34,9 @@ def test_fedgmr_is_a_method_with_validated_keys():
 
 
 def test_clients_upload_fisher_only_when_a_rule_reads_it():
-    assert parse_run_config({"method": "fedgmr"}).upload_encoding == "none"
-    assert parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"}).upload_encoding == "ranked"
+    gmr = method_class("fedgmr")
+    assert gmr.upload_encoding(parse_run_config({"method": "fedgmr"})) == "none"
+    assert gmr.upload_encoding(parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"})) == "ranked"
 
 
 @pytest.mark.parametrize(

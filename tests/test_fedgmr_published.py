@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from common.aggregation.masked import MaskedUpdate
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.fisher.selection import budget
-from common.methods import create_method
+from common.methods import create_method, method_class
 from common.methods.base import Accepted
 from common.models.layout import ParamLayout
 from common.submodels.restoration import (
@@ -145,7 +145,7 @@ def test_defaults_are_the_published_reading():
     o = run.options("fedgmr")
     assert (o.schedule, o.selection, o.restore_step) == ("patience", "magnitude", "ladder")
     assert (o.start, o.patience, o.min_density) == (1.0, 5, 0.02)
-    assert run.upload_encoding == "none"  # the magnitude ranking reads no Fisher
+    assert method_class("fedgmr").upload_encoding(run) == "none"  # the magnitude ranking reads no Fisher
     custom = parse_run_config(
         {"method": "fedgmr", "gmr-patience": 3, "gmr-restore-step": "capped-double", "gmr-min-density": 0.1}
     ).options("fedgmr")

@@ -119,7 +119,7 @@ def test_a_transformer_is_estimated_one_example_at_a_time(tmp_path):
     """transformers' mask helpers defeat vmap: the loop must give the mean of the one-example estimates."""
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")
-    from common.config.run import parse_run_config
+    from common.config.parse import parse_run_config
     from common.data.datasets import load_run_dataset
     from common.models.architectures import build_run_model
     from tests.tiny_text import news_dataset, tiny_bert, tiny_text_run
@@ -164,7 +164,8 @@ def test_no_examples_is_an_error():
 
 
 def test_round_zero_of_the_warm_up_takes_no_local_step():
-    from common.config.run import parse_node_config, parse_run_config
+    from common.config.node import parse_node_config
+    from common.config.parse import parse_run_config
     from common.training.loop import round_train_config
 
     run = parse_run_config({"local-epochs": 3})
@@ -183,7 +184,8 @@ def test_round_zero_of_the_warm_up_takes_no_local_step():
     ],
 )
 def test_bad_fisher_settings_fail_naming_the_key(override, message):
-    from common.config.run import ConfigError, parse_run_config
+    from common.config.parse import parse_run_config
+    from common.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         parse_run_config(override)

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import ConfigError, NodeConfig, parse_run_config
-from common.data.datasets import HUB_DATASET_NAMES, load_dataset
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
+from common.data.catalog import HUB_DATASET_NAMES
+from common.data.datasets import load_dataset
 from common.data.hub import HUB_DATASETS, hash_tokens
 from common.data.local_split import derive_local_data
 from common.models.architectures import build_model, model_layout, trainable_arrays

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.data.datasets import load_dataset
 from common.models.architectures import build_model, model_layout, trainable_arrays

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config.run import ConfigError
+from common.config.schema import ConfigError
 from server.commands import launcher
 from server.commands.run_folder import LOCK_FILE, RunFolderBusy, RunFolderLock, new_log_folder
 
@@ -167,7 +167,8 @@ def test_a_submission_through_the_control_api_is_validated_before_anything_is_se
 
 
 def test_the_schema_refuses_empty_capacity_items_and_a_data_path_without_use():
-    from common.config.run import parse_capacity_list, parse_run_config
+    from common.config.capacity import parse_capacity_list
+    from common.config.parse import parse_run_config
 
     assert parse_capacity_list("") == () and parse_capacity_list(" 1, 1/3 ") == (1.0, 1 / 3)
     for bad in ("1,,1", "1,", ",1", " , "):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.fisher.level_masks import LevelMasks
 from common.fisher.selection import select_mask
 from common.methods import create_method
@@ -56,7 +56,7 @@ def _fedfibos():
 
 def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
     method = _fedfibos()
-    guards = (method.run.min_per_row, method.run.keep_vectors)  # the run's guards, whatever their defaults
+    guards = (method.guards.min_per_row, method.guards.keep_vectors)  # the run's guards, whatever their defaults
     x = _x(1)
     before, source = method.mask_for(None, 1, 0.25, x)  # no Fisher yet: magnitude
     assert source == "magnitude"

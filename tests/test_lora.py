@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.aggregation.masked import MaskedUpdate
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.models.layout import ParamLayout
 from common.submodels.lora_ranks import (
     aggregate_lora,

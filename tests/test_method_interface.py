@@ -10,7 +10,8 @@ import pytest
 from flwr.app import ConfigRecord
 from numpy.typing import NDArray
 
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.client_seed import client_seed
 from common.fisher.selection import budget
 from common.methods import create_method, register, registry, unregister

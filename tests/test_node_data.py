@@ -6,16 +6,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from common.config.run import ConfigError, parse_node_config, parse_run_config
+from common.config.node import parse_node_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
+from common.data.catalog import parse_classes
 from common.data.local_split import derive_local_data
-from common.data.node_data import (
-    InputSpec,
-    LabelSpace,
-    NodeDataError,
-    image_to_input,
-    parse_classes,
-    read_node_data,
-)
+from common.data.node_data import InputSpec, LabelSpace, NodeDataError, image_to_input, read_node_data
 from tests.image_folders import digits_arrays, write_image_folder
 
 DIGITS = tuple(str(i) for i in range(10))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Error, Message, MessageType, RecordDict
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from server.strategy import SubmodelStrategy
 from tests.inprocess_grid import SERVER_NODE_ID, InProcessGrid

@@ -7,10 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
+from common.training.catalog import OPTIMIZERS
 from common.training.loop import TrainConfig, round_train_config, train_loop
-from common.training.optimizers import OPTIMIZERS, make_optimizer
+from common.training.optimizers import make_optimizer
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from server.participation import sample_clients, sample_size
 from tests.inprocess_grid import inprocess_federation

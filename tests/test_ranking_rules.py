@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.data.datasets import load_dataset
 from common.fisher.selection import budget
 from common.models.architectures import build_run_model, load_flat, model_layout, trainable_arrays

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import NodeConfig, parse_run_config
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
 from common.data.datasets import load_dataset
 from common.data.partitioning import partition_indices
 from common.fisher.codec import encode_fisher
@@ -215,7 +216,8 @@ def test_evaluate_and_profile_validation():
 
 
 def test_node_config_shape_mismatch_is_reported():
-    from common.config.run import ConfigError, parse_node_config
+    from common.config.node import parse_node_config
+    from common.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="capacity"):
         parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": "1/2"})
@@ -228,7 +230,7 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     s.cfg = parse_run_config({"method": "fiarse"})
     s.method = create_method(s.cfg)
     s.method.start_server(s.layout)
-    assert s.cfg.upload_encoding == "none"
+    assert s.method.upload_encoding(s.cfg) == "none"
     lean = copy.deepcopy(replies[GOOD])
     lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
     lean.meta["fisher-encoding"] = "none"

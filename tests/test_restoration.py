@@ -181,7 +181,7 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
 
 @pytest.mark.parametrize("kind", ["memory", "bandwidth"])
 def test_sync_strategy_masks_grow_with_rounds(kind):
-    from common.config.run import parse_run_config
+    from common.config.parse import parse_run_config
     from server.strategy import NodeProfile, SubmodelStrategy
 
     layout = _layout()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.datasets import load_dataset
 from common.data.partitioning import partition_indices
 from common.methods.cahfp import reply_arrays

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from server import tensorboard_log
 from server.commands import launcher
 from server.tensorboard_log import TensorBoardLog, check_tensorboard, round_scalars

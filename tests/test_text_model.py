@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.hub import TEXT_VOCAB, hash_tokens
 from common.data.local_split import derive_local_data
 from common.fisher.selection import select_mask

@@ -12,7 +12,7 @@ from torch import nn
 
 from common.aggregation.masked import MaskedUpdate
 from common.aggregation.update_means import nonzero_mean_step
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from common.data.arrays import ArrayDataset
 from common.methods import create_method
 from common.methods.base import Accepted, Received

@@ -12,7 +12,9 @@ from torch import nn
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.update_means import update_count_mean_step
-from common.config.run import ConfigError, NodeConfig, parse_run_config
+from common.config.node import NodeConfig
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.data.datasets import load_dataset
 from common.methods import create_method

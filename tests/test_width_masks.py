@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.run import ConfigError, parse_run_config
+from common.config.parse import parse_run_config
+from common.config.schema import ConfigError
 from common.methods import create_method
 from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
 from common.models.layout import ParamLayout

@@ -1,1 +1,1 @@
-"""Mask-aware aggregation of client updates: holder means, published alternatives, and asynchronous steps."""
+"""Mask-aware aggregation: holder means, published alternatives, asynchronous steps."""

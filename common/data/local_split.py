@@ -13,20 +13,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.data.arrays import ArrayDataset
-from common.data.datasets import (
-    HUB_DATASET_NAMES,
-    NODE_DATASET,
-    TEXT_DATASETS,
-    load_run_dataset,
-    node_input_spec,
-    text_encoder,
-)
+from common.data.catalog import HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
+from common.data.datasets import load_run_dataset, node_input_spec, text_encoder
 from common.data.hub import load_hub_partition
 from common.data.node_data import NodeDataError, NodeDataReport, read_node_data
 from common.data.partitioning import partition_indices
 
 if TYPE_CHECKING:
-    from common.config.run import NodeConfig, RunConfig
+    from common.config.node import NodeConfig
+    from common.config.run import RunConfig
 
 
 @dataclass(frozen=True)

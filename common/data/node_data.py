@@ -111,28 +111,6 @@ class NodeData:
     report: NodeDataReport
 
 
-def parse_classes(value: str, key: str = "classes") -> tuple[str, ...]:
-    """The run's class names: ``"cat,dog,bird"``, or a count ``"10"`` for the names ``"0"`` to ``"9"``.
-
-    Raises ``ValueError`` naming ``key`` for fewer than two classes, an empty name or a repeated one.
-    """
-    text = value.strip()
-    if text.isdigit():
-        count = int(text)
-        if count < 2:
-            raise ValueError(f"{key}={value!r}: a run needs at least 2 classes")
-        return tuple(str(i) for i in range(count))
-    names = tuple(n.strip() for n in text.split(","))
-    if len(names) < 2:
-        raise ValueError(f"{key}={value!r}: name at least 2 classes, comma-separated (or give their count)")
-    if any(not n for n in names):
-        raise ValueError(f"{key}={value!r}: a class name is empty (two commas in a row, or one at an end)")
-    repeated = sorted(n for n, c in Counter(names).items() if c > 1)
-    if repeated:
-        raise ValueError(f"{key}={value!r}: class name(s) {repeated} appear more than once")
-    return names
-
-
 def image_to_input(image: Any, size: int, channels: int) -> NDArray[np.uint8]:
     """The one image transform: a PIL image -> uint8 ``(channels, size, size)``.
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from common.data.catalog import PARTITIONERS
+
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
-
-PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "natural")
 
 
 def make_partitioner(

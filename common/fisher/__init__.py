@@ -1,1 +1,1 @@
-"""The Fisher machinery: per-example estimates, their uplink codecs, the server's state, and the top-k ranking."""
+"""Fisher machinery: per-example estimates, uplink codecs, the server's state, top-k ranking."""

@@ -1,4 +1,4 @@
-"""The methods package: one module per method, and the registry that maps the ``method`` key to its class.
+"""One module per method behind one interface, and the registry the method key selects from.
 
 Adding a method is a new module here with a :class:`~common.methods.base.Method` subclass decorated with
 :func:`register`, and one import line below; nothing else in the product changes (README,

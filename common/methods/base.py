@@ -30,7 +30,7 @@ from torch import nn
 
 from common.aggregation.asynchronous import AsyncStep
 from common.aggregation.masked import MaskedUpdate
-from common.config.schema import Schema
+from common.config.schema import KeyGroup, Schema
 from common.models.layout import ParamLayout
 from common.wire.validation import SentSubmodel, TrainReply
 
@@ -167,6 +167,8 @@ class Method:
     options: ClassVar[type[Schema] | None] = None
     #: Prefix of those keys in the run config (e.g. ``gmr-``).
     options_prefix: ClassVar[str] = ""
+    #: Groups of keys the method shares with others (e.g. the Fisher-ranked methods' ``fisher-*`` keys).
+    shared_key_groups: ClassVar[tuple[KeyGroup, ...]] = ()
     #: File in the results folder that receives :meth:`state_bytes` at the end of a run (when not empty).
     state_file: ClassVar[str] = "method_state.npz"
     #: Settings ``fibos bench`` also runs this method with by default, each a row of its own (``key=value``
@@ -186,6 +188,13 @@ class Method:
         return [f.alias or name for name, f in cls.options.model_fields.items()]
 
     @classmethod
+    def key_groups(cls) -> tuple[KeyGroup, ...]:
+        """Every group of run-config keys this method owns: its own (:attr:`options`) and shared ones."""
+        if cls.options is None:
+            return cls.shared_key_groups
+        return (KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name), *cls.shared_key_groups)
+
+    @classmethod
     def check_run(cls, run: RunConfig) -> None:
         """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
 
@@ -193,6 +202,18 @@ class Method:
     def reads_fisher(cls, run: RunConfig) -> bool:
         """Whether the server reads clients' Fisher (so clients measure and upload it)."""
         return False
+
+    @classmethod
+    def upload_encoding(cls, run: RunConfig) -> str:
+        """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
+        return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
+
+    @classmethod
+    def warms_up(cls, run: RunConfig) -> bool:
+        """Whether round 0 is a Fisher warm-up: asked for, and the run ranks by a Fisher measured untrained."""
+        fisher = run.options("fisher")
+        # The warm-up takes no step, so a `path` estimate (squared training gradients) would be empty.
+        return cls.reads_fisher(run) and fisher.warmup and fisher.estimator != "path"
 
     @property
     def asynchronous(self) -> bool:
@@ -283,7 +304,7 @@ class Method:
         mask : NDArray[bool]
             The mask the node is sent.
         """
-        return FisherRequest({}) if self.run.upload_encoding != "none" else None
+        return FisherRequest({}) if self.upload_encoding(self.run) != "none" else None
 
     def validate(
         self,

@@ -224,7 +224,7 @@ class CAHFP(ChannelMethod):
         except ValueError as err:
             raise ReplyError(f"small model rejected: {err}") from err
         delta = (full[mask] - x[mask]).astype(np.float32)
-        base = validate_train_reply({P.DELTA: delta}, metrics, meta, sent, self.layout, self.run.upload_encoding)
+        base = validate_train_reply({P.DELTA: delta}, metrics, meta, sent, self.layout, self.upload_encoding(self.run))
         report = ChannelReport(selection, scores, base.update.weight)
         return StructuredReply(base.update, base.fisher, base.metrics, report)
 

@@ -109,7 +109,7 @@ class FedFIbOS(FisherRankedMethod):
         With the ``global`` estimator a client's mask is ``held`` until its estimate changes (a refresh).
         """
         own = self.fisher.clients.get(key) if key is not None else None
-        hold = own is not None and self.run.fisher_estimator == "global"
+        hold = own is not None and self.fisher_keys.estimator == "global"
         if hold:
             held = self.held.get(key, own.round, gamma)
             if held is not None:
@@ -121,7 +121,8 @@ class FedFIbOS(FisherRankedMethod):
             rule = "fisher"
 
         def select() -> NDArray[np.bool_]:
-            return select_mask(self.layout, x, gamma, rule, est, self.run.min_per_row, self.run.keep_vectors)
+            guards = self.guards
+            return select_mask(self.layout, x, gamma, rule, est, guards.min_per_row, guards.keep_vectors)
 
         if source == "client":
             mask = select()
@@ -142,5 +143,6 @@ class FedFIbOS(FisherRankedMethod):
             return None
         lo, hi = interval
         below = sorted((g for g in set(levels) if g < 1.0), reverse=True)
-        contested = contested_by_level(self.layout, x, below, lo, hi, self.run.min_per_row, self.run.keep_vectors)
+        guards = self.guards
+        contested = contested_by_level(self.layout, x, below, lo, hi, guards.min_per_row, guards.keep_vectors)
         return {f"{gamma:g}": float(c.mean()) for gamma, c in zip(below, contested)}

@@ -25,12 +25,13 @@ from pydantic import Field
 
 from common.aggregation.asynchronous import AsyncStep, apply_async_update
 from common.aggregation.masked import MaskedUpdate
+from common.config.capacity import CAPACITY_KINDS
 from common.config.schema import Schema
 from common.methods import register
 from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
 from common.models.layout import ParamLayout
-from common.submodels.restoration import CAPACITY_KINDS, RESTORE_RULES, RESTORE_STEPS, SCHEDULES, RestorationMasks
+from common.submodels.restoration import RESTORE_RULES, RESTORE_STEPS, SCHEDULES, RestorationMasks
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -188,7 +189,7 @@ class FedGMR(FisherRankedMethod):
             o.step_factor,
             o.selection,
             self.run.seed,
-            self.run.min_per_row,
+            self.guards.min_per_row,
             o.patience,
             o.restore_step,
             o.min_density,

@@ -169,7 +169,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
             rate = held_width(layout, channel_graph(self.run.model, layout), mask)
             set_scaler_rate(model, rate, hidden_linear=self.opts.scaler_linear)
         cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask, clip_grad_norm=self.opts.clip_grad)
-        encoding = self.run.upload_encoding
+        encoding = self.upload_encoding(self.run)
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
         arrays.update(encode_fisher(result.fisher, mask, layout, encoding))

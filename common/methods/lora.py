@@ -109,9 +109,10 @@ class LoRA(FisherRankedMethod):
                 f"method='lora' adapts a pretrained model: set model='hf' and model-path (not {run.model!r})"
             )
         # Only the Fisher allocation measures anything; uniform ranks ignore the fisher-* keys like fedavg does.
-        if cls.reads_fisher(run) and run.fisher_estimator != "path":
+        estimator = run.options("fisher").estimator
+        if cls.reads_fisher(run) and estimator != "path":
             raise ValueError(
-                f"fisher-estimator={run.fisher_estimator!r}: lora-allocation='fisher' measures the Fisher of the "
+                f"fisher-estimator={estimator!r}: lora-allocation='fisher' measures the Fisher of the "
                 "adapters along local training (set fisher-estimator='path', and fisher-encoding='masked' to keep each "
                 "layer's Fisher mass exact)"
             )
@@ -194,7 +195,7 @@ class LoRA(FisherRankedMethod):
         """Train the adapters of the received ranks (and the head); reply with their change and, if read, Fisher."""
         start = time.perf_counter()
         model, layout, params, mask = self._adapted(received, train)
-        encoding = self.run.upload_encoding
+        encoding = self.upload_encoding(self.run)
         model.to(device)  # the Fisher sums live where the gradients are
         moments = GradientMoments(model) if encoding != "none" else None
         result = train_loop(model, train, cfg, device, [moments] if moments else [])

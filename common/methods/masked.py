@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from logging import INFO, getLogger
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,12 +32,16 @@ from common.fisher.codec import encode_fisher
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.state import FisherState, fisher_capacity
 from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
+from common.methods.fisher_keys import FISHER_KEYS, MASK_GUARD_KEYS, FisherOptions, MaskGuardOptions
 from common.models.architectures import build_run_model, load_flat, model_layout
 from common.models.layout import ParamLayout
 from common.training.loop import TrainConfig, local_classes, train_masked
 from common.wire import protocol as P
 from common.wire.protocol import decode_submodel, encode_submodel
 from common.wire.validation import SentSubmodel, TrainReply, validate_train_reply
+
+if TYPE_CHECKING:
+    from common.config.run import RunConfig
 
 logger = getLogger("flwr")
 
@@ -96,7 +100,7 @@ class MaskedMethod(Method):
     ) -> TrainReply:
         """Delta of exactly the positions sent, the Fisher payload of the run's encoding (if asked), sane metrics."""
         assert self.layout is not None, "start_server() first"
-        encoding = self.run.upload_encoding if sent.fisher else "none"
+        encoding = self.upload_encoding(self.run) if sent.fisher else "none"
         return validate_train_reply(arrays, metrics, meta, sent, self.layout, encoding)
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
@@ -135,7 +139,7 @@ class MaskedMethod(Method):
         """
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
-        encoding, estimator = self.run.upload_encoding, self.run.fisher_estimator
+        encoding, estimator = self.upload_encoding(self.run), self.run.options(FISHER_KEYS.name).estimator
         point = None  # the weights the per-example Fisher is measured at
         if encoding != "none" and estimator == "global":
             if P.FISHER_AT in received.records:
@@ -148,7 +152,7 @@ class MaskedMethod(Method):
         if point is not None:
             t0 = time.perf_counter()
             present = local_classes(torch.from_numpy(train.y), train.num_classes, cfg.label_mask)
-            indices = example_indices(len(train), self.run.fisher_examples, cfg.seed)
+            indices = example_indices(len(train), self.run.options(FISHER_KEYS.name).examples, cfg.seed)
             whole = np.ones(layout.size, dtype=bool)
             fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device)
             fisher_seconds = time.perf_counter() - t0
@@ -176,26 +180,31 @@ class FisherRankedMethod(MaskedMethod):
     """
 
     state_file = "fisher_state.npz"
+    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
+
+    def __init__(self, run: RunConfig) -> None:
+        super().__init__(run)
+        self.fisher_keys: FisherOptions = run.options(FISHER_KEYS.name)
+        self.guards: MaskGuardOptions = run.options(MASK_GUARD_KEYS.name)
 
     def start_server(self, layout: ParamLayout) -> None:
         """Create an empty Fisher state sized by ``fisher-memory-mb``."""
         super().start_server(layout)
-        run = self.run
+        keys = self.fisher_keys
         self.fisher = FisherState(
             layout.size,
-            run.fisher_staleness_decay,
-            run.fisher_ema,
-            run.fisher_trim,
-            max_clients=fisher_capacity(run.fisher_memory_mb, layout.size, run.fisher_precision),
-            precision=run.fisher_precision,
+            keys.staleness_decay,
+            keys.ema,
+            keys.trim,
+            max_clients=fisher_capacity(keys.memory_mb, layout.size, keys.precision),
+            precision=keys.precision,
         )
 
     def describe(self) -> str:
         """Method and the Fisher settings."""
-        run = self.run
         return (
-            f"method={self.name} fisher-encoding={run.upload_encoding} "
-            f"staleness-decay={run.fisher_staleness_decay:.2f} min-per-row={run.min_per_row}"
+            f"method={self.name} fisher-encoding={self.upload_encoding(self.run)} "
+            f"staleness-decay={self.fisher_keys.staleness_decay:.2f} min-per-row={self.guards.min_per_row}"
         )
 
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
@@ -212,15 +221,15 @@ class FisherRankedMethod(MaskedMethod):
     def fisher_due(self, key: str, server_round: int) -> bool:
         """``global`` estimator: whether ``key`` has no estimate, or one at least ``fisher-every`` rounds old."""
         own = self.fisher.clients.get(key)
-        return own is None or server_round - own.round >= self.run.fisher_every
+        return own is None or server_round - own.round >= self.fisher_keys.every
 
     def fisher_request(
         self, key: str, server_round: int, x: NDArray[np.float32], mask: NDArray[np.bool_]
     ) -> FisherRequest | None:
         """``global``: a refresh when due, carrying the global values outside the mask; otherwise every round."""
-        if self.run.upload_encoding == "none":
+        if self.upload_encoding(self.run) == "none":
             return None
-        if self.run.fisher_estimator != "global":
+        if self.fisher_keys.estimator != "global":
             return FisherRequest({})
         if not self.fisher_due(key, server_round):
             return None

@@ -1,1 +1,1 @@
-"""Models: the architectures a federation trains, their flat parameter layout, and pretrained adapters."""
+"""The architectures a federation trains, their flat parameter layout, and pretrained adapters."""

@@ -39,15 +39,12 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from common.models.catalog import MODELS, PRETRAINED_MODELS
 from common.models.inert import inert_parameters
 from common.models.layout import ParamLayout
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
-
-MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18", "fasttext", "hf")
-TEXT_MODELS: tuple[str, ...] = ("fasttext", "hf")  # models whose input is token ids, not images
-PRETRAINED_MODELS: tuple[str, ...] = ("hf",)  # models loaded from the run's model-path
 
 
 class Scaler(nn.Module):

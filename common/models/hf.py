@@ -32,8 +32,8 @@ from numpy.typing import NDArray
 from torch import nn
 
 from common.config.schema import ConfigError
+from common.models.catalog import EMBEDDING_RULES
 
-EMBEDDING_RULES: tuple[str, ...] = ("frozen", "trained")
 EmbeddingRule = Literal["frozen", "trained"]
 
 

@@ -1,3 +1,1 @@
-"""How the baselines cut a submodel: width slices, magnitude thresholds, restoration,
-channels, label split, LoRA ranks.
-"""
+"""How the baselines cut submodels: widths, thresholds, restoration, channels, labels, LoRA."""

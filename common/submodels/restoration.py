@@ -61,6 +61,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from common.config.capacity import CAPACITY_KINDS
 from common.fisher.selection import budget, fisher_scores, magnitude_scores, row_guard, topk_mask
 from common.models.layout import ParamLayout
 
@@ -68,7 +69,6 @@ Schedule = Literal["patience", "linear", "step"]
 TIMED_SCHEDULES: tuple[str, ...] = ("linear", "step")
 SCHEDULES: tuple[str, ...] = ("patience", *TIMED_SCHEDULES)
 CapacityKind = Literal["bandwidth", "memory"]
-CAPACITY_KINDS: tuple[str, ...] = ("bandwidth", "memory")
 #: Rules with one ranking per round shared by every client (the published code's).
 SHARED_RULES: tuple[str, ...] = ("magnitude", "delta")
 RESTORE_RULES: tuple[str, ...] = (*SHARED_RULES, "random", "fisher")

@@ -32,7 +32,8 @@ from common.models.layout import ParamLayout
 from common.training.optimizers import make_optimizer
 
 if TYPE_CHECKING:
-    from common.config.run import NodeConfig, RunConfig
+    from common.config.node import NodeConfig
+    from common.config.run import RunConfig
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         weight_decay=run.weight_decay,
         proximal_mu=run.proximal_mu,
         label_mask=run.label_mask,
-        fisher_batches=run.fisher_batches,
+        fisher_batches=run.options("fisher").batches,
         seed=run.seed * 100_003 + server_round * 1009 + node.stream,
         clip_grad_norm=run.clip_grad_norm,
         optimizer=run.optimizer,

@@ -13,8 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-#: Allowed values of ``optimizer``.
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+from common.training.catalog import OPTIMIZERS
 
 
 def make_optimizer(

@@ -1,1 +1,1 @@
-"""What crosses the wire: Message record names, mask codecs, reply validation, and SuperNode key files."""
+"""What crosses the wire: record names, mask codecs, reply validation, SuperNode key files."""

@@ -46,9 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config.run import ConfigError, RunConfig, config_from_flat, parse_run_config
+from common.config.parse import config_from_flat, parse_run_config
+from common.config.run import RunConfig
+from common.config.schema import ConfigError
 from common.fisher.codec import FISHER_ENCODINGS
-from common.methods import registry
+from common.methods import method_class, registry
 from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from server.commands.launcher import parse_capacities, run_local_federation
 
@@ -125,6 +127,11 @@ class MethodSpec:
         return cls(name, overrides, text)
 
 
+def upload_encoding(run: RunConfig) -> str:
+    """The Fisher encoding the run's clients upload (``none`` for a method that reads no Fisher)."""
+    return method_class(run.method).upload_encoding(run)
+
+
 def default_methods() -> list[str]:
     """Every registered method, each followed by its own ``bench_variants``."""
     return [spec for name, cls in registry().items() for spec in (name, *(f"{name}+{v}" for v in cls.bench_variants))]
@@ -165,7 +172,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
         + (f":{run['dirichlet_alpha']:g}" if run["partitioner"] == "dirichlet" else "")
         + (f":{run['classes_per_client']}" if run["partitioner"] == "pathological" else ""),
         "seed": run["seed"],
-        "fisher_encoding": run.get("upload_encoding") or config_from_flat(run).upload_encoding,
+        "fisher_encoding": run.get("upload_encoding") or upload_encoding(config_from_flat(run)),
         "rounds": len(rounds),
         "global_acc": last["accuracy"],
         "global_acc_last": statistics.fmean(r["global"]["accuracy"] for r in rounds[-LAST_ROUNDS:]),
@@ -403,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if part is partitions[0] and seed == seeds[0]:
                             print(f"{method.label} left out on {dataset}: {err}", flush=True)
                         continue
-                    uploads = probe.upload_encoding != "none"
+                    uploads = upload_encoding(probe) != "none"
                     for enc in encodings if uploads else encodings[:1]:
                         cfg = {
                             **BENCH_DEFAULTS,

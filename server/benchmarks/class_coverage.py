@@ -207,7 +207,8 @@ def run_coverage(folder: Path) -> RunCoverage:
     """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units."""
     import torch
 
-    from common.config.run import NodeConfig, config_from_flat
+    from common.config.node import NodeConfig
+    from common.config.parse import config_from_flat
     from common.data.datasets import load_dataset
     from common.data.local_split import derive_local_data
     from common.models.architectures import build_model

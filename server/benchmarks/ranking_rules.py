@@ -176,7 +176,8 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     """
     import torch
 
-    from common.config.run import NodeConfig, config_from_flat
+    from common.config.node import NodeConfig
+    from common.config.parse import config_from_flat
     from common.data.datasets import load_dataset
     from common.data.local_split import derive_local_data
     from common.fisher.estimation import example_indices, per_example_fisher
@@ -206,7 +207,7 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     estimates = []
     for i, train in enumerate(trains):
         present = local_classes(torch.from_numpy(train.y), train.num_classes, run.label_mask)
-        indices = example_indices(len(train), run.fisher_examples, run.seed + i)
+        indices = example_indices(len(train), run.options("fisher").examples, run.seed + i)
         estimates.append(per_example_fisher(model, layout, x, whole, train, indices, present, device))
     pooled = pooled_fisher(estimates, [len(t) for t in trains])
 

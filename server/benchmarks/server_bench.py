@@ -47,6 +47,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.aggregation.masked import aggregate_masked
+from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.fisher.codec import encode_fisher
 from common.fisher.level_masks import LevelMasks
@@ -131,8 +132,8 @@ def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dic
     """
     kept = [budget(g, d) for g in capacities_for(n, levels)]
     replies = sum(d * (1 + 4) + k * (8 + 4) for k in kept)
-    stored = min(n, fisher_capacity(cfg.fisher_memory_mb, d, cfg.fisher_precision))
-    state = stored * d * np.dtype(cfg.fisher_precision.replace("fp", "float")).itemsize + 12 * d
+    stored = min(n, fisher_capacity(cfg.options("fisher").memory_mb, d, cfg.options("fisher").precision))
+    state = stored * d * np.dtype(cfg.options("fisher").precision.replace("fp", "float")).itemsize + 12 * d
     return {"replies": float(replies), "fisher_state": float(state)}
 
 
@@ -177,11 +178,11 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     layout, x, d = data.layout, data.x, data.layout.size
     state = FisherState(
         d,
-        cfg.fisher_staleness_decay,
-        cfg.fisher_ema,
-        cfg.fisher_trim,
-        max_clients=fisher_capacity(cfg.fisher_memory_mb, d, cfg.fisher_precision),
-        precision=cfg.fisher_precision,
+        cfg.options("fisher").staleness_decay,
+        cfg.options("fisher").ema,
+        cfg.options("fisher").trim,
+        max_clients=fisher_capacity(cfg.options("fisher").memory_mb, d, cfg.options("fisher").precision),
+        precision=cfg.options("fisher").precision,
     )
     caps = capacities_for(n, levels)
     keys = [f"client-{i}" for i in range(n)]
@@ -197,11 +198,11 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     def select(key: str, gamma: float) -> None:
         if key in state.clients:
-            masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), cfg.min_per_row))
+            masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg)))
             return
 
         def by_prior() -> NDArray[np.bool_]:
-            return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+            return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
 
         # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
         masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
@@ -277,7 +278,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.project["prior"] = timed(prior)
     stored = [c.fisher for c in state.clients.values()]
     m = len(stored)
-    cut = trim_count(cfg.fisher_trim, m)
+    cut = trim_count(cfg.options("fisher").trim, m)
 
     def prior_anchor() -> None:
         block = 1 << 20
@@ -298,7 +299,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
 
     def influence() -> None:
         if interval is not None:
-            contested_by_level(layout, x, below, *interval, cfg.min_per_row)
+            contested_by_level(layout, x, below, *interval, min_per_row(cfg))
 
     t.project["influence"] = timed(influence)
     t.anchor["influence"] = None
@@ -307,7 +308,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         for gamma in sorted(set(caps), reverse=True):
 
             def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
-                return select_mask(layout, x, gamma, "fisher", state.global_prior(), cfg.min_per_row)
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
 
             levels_cache.get(x, (state, state.version), gamma, by_prior)
 
@@ -355,7 +356,7 @@ def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float])
     layout, x, d = data.layout, data.x, data.layout.size
     rows = []
     for gamma in levels:
-        mask = select_mask(layout, x, gamma, "fisher", data.uploads[0], cfg.min_per_row)
+        mask = select_mask(layout, x, gamma, "fisher", data.uploads[0], min_per_row(cfg))
         p = encode_submodel(x, mask)
         k = int(np.count_nonzero(mask))
         limit = 4 * k + mask_entropy_bytes(k, d)
@@ -486,10 +487,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     overrides: dict[str, object] = {}
     if args.fisher_memory_mb is not None:
-        overrides["fisher_memory_mb"] = args.fisher_memory_mb
+        overrides["fisher-memory-mb"] = args.fisher_memory_mb
     if args.fisher_precision is not None:
-        overrides["fisher_precision"] = args.fisher_precision
-    cfg = RunConfig(**overrides)  # type: ignore[arg-type]
+        overrides["fisher-precision"] = args.fisher_precision
+    cfg = parse_run_config(overrides)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in IN_CHANNELS:
@@ -580,3 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def min_per_row(cfg: RunConfig) -> int:
+    """The run's ``min-per-row`` guard (a key the Fisher-ranked methods own)."""
+    return cfg.options("mask-guards").min_per_row

@@ -79,7 +79,7 @@ def _data(model: str, examples: int, seed: int):
 
 def prepare(model: str, gamma: float, variant: str, seed: int, folder: Path) -> Path:
     """What the server would send a client (``variant``: ``structured`` or ``masked``), saved as ``.npz``."""
-    from common.config.run import parse_run_config
+    from common.config.parse import parse_run_config
     from common.fisher.selection import select_mask
     from common.methods.cahfp import CAHFP
     from common.models.architectures import build_model, model_layout, trainable_arrays

@@ -40,11 +40,14 @@ import torch
 import torch.nn.functional as F
 
 from common.data.arrays import ArrayDataset
-from common.data.datasets import TEXT_DATASETS, load_dataset
-from common.models.hf import EMBEDDING_RULES, HFClassifier, build_hf_model, tokenize
+from common.data.catalog import TEXT_DATASETS
+from common.data.datasets import load_dataset
+from common.models.catalog import EMBEDDING_RULES
+from common.models.hf import HFClassifier, build_hf_model, tokenize
 from common.models.hf_lora import add_lora
+from common.training.catalog import OPTIMIZERS
 from common.training.evaluation import evaluate
-from common.training.optimizers import OPTIMIZERS, make_optimizer
+from common.training.optimizers import make_optimizer
 from server.benchmarks.bench_rows import write_rows
 
 #: Parts of the model a recipe trains, and whether that part is LoRA adapters on the frozen base.

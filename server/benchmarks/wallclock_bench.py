@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.config.run import parse_run_config
+from common.config.parse import parse_run_config
 from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from server.commands.launcher import parse_capacities, parse_overrides, run_local_federation
 

@@ -1,1 +1,1 @@
-"""What an operator runs: the ``fibos`` command line, the local launcher, Control API helpers, credentials."""
+"""What an operator runs: the fibos command, the local launcher, Control API, credentials."""

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.config.run import ConfigError
+from common.config.schema import ConfigError
 from server.commands.launcher import (
     check_run_config,
     flower_env,

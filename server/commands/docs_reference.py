@@ -15,13 +15,16 @@ import argparse
 import ast
 import json
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from common.config.run import RunConfig, kebab
+from common.config.parse import key_groups
+from common.config.run import RunConfig
+from common.config.schema import KeyGroup, kebab
 from common.methods import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,25 +32,33 @@ MANIFEST_START = "[tool.flwr.app.config]\n"
 README_START = "| key | default | allowed | meaning |\n"
 METHODS_START = "| `method` | submodel of a client with capacity `gamma` |\n"
 LAYOUT_START = "## Layout\n"
-#: What each folder holds, above its modules in the layout section.
-FOLDERS = {
-    "common": "shared by both sides, no Flower: maths on arrays, models, data, configuration, the methods",
-    "common/methods": "one module per method (the `method` key) behind one interface, and the registry",
-    "client": "the ClientApp and what only a node does",
-    "server": "the ServerApp, its strategies, and the operator's local tools",
-    "server/benchmarks": "benchmarks, analyses and docs generators (not in the Flower app bundle)",
-}
+#: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
+PACKAGES = (
+    "server",
+    "client",
+    "common",
+    "common/methods",
+    "common/config",
+    "common/data",
+    "common/models",
+    "common/training",
+    "common/fisher",
+    "common/submodels",
+    "common/aggregation",
+    "common/wire",
+    "server/commands",
+    "server/benchmarks",
+)
 
 
-def _fields() -> Iterator[tuple[str, FieldInfo, str | None]]:
-    """``(key, field, owning method)`` for every run-config key, common keys first, then each method's."""
+def _fields() -> Iterator[tuple[str, FieldInfo, KeyGroup | None]]:
+    """``(key, field, owning group)`` for every run-config key: common keys first, then each key group's."""
     for name, field in RunConfig.model_fields.items():
-        if name != "method_options":
+        if name not in ("method_options", "option_prefixes"):
             yield kebab(name), field, None
-    for method in registry().values():
-        if method.options is not None:
-            for name, field in method.options.model_fields.items():
-                yield method.options_prefix + kebab(name), field, method.name
+    for group in key_groups().values():
+        for name, field in group.model.model_fields.items():
+            yield group.prefix + kebab(name), field, group
 
 
 def _bound(field: FieldInfo, attr: str) -> float | None:
@@ -96,11 +107,19 @@ def manifest_block() -> str:
     lines = [MANIFEST_START.rstrip("\n")]
     owner_seen: set[str] = set()
     for key, field, owner in _fields():
-        if owner is not None and owner not in owner_seen:
-            owner_seen.add(owner)
-            lines.append(f"# {owner} (method = {json.dumps(owner)}): its own keys")
+        if owner is not None and owner.name not in owner_seen:
+            owner_seen.add(owner.name)
+            if owner.name in registry():
+                lines.append(f"# {owner.name} (method = {json.dumps(owner.name)}): its own keys")
+            else:
+                lines.append(f"# {owner.title} ({', '.join(_owners(owner))})")
         lines.append(f"{key} = {_toml(field.default)}  # {field.description}")
     return "\n".join(lines) + "\n"
+
+
+def _owners(group: KeyGroup) -> list[str]:
+    """The registered methods that own ``group``."""
+    return [name for name, cls in registry().items() if any(g.name == group.name for g in cls.key_groups())]
 
 
 def readme_table() -> str:
@@ -109,7 +128,7 @@ def readme_table() -> str:
     for key, field, owner in _fields():
         meaning = field.description or ""
         if owner is not None:
-            meaning = f"(`{owner}`) {meaning}"
+            meaning = f"({', '.join(f'`{m}`' for m in _owners(owner))}) {meaning}"
         rows.append(f"| `{key}` | {_markdown(field.default)} | {allowed(key, field)} | {meaning} |\n")
     return "".join(rows)
 
@@ -127,20 +146,22 @@ def _first_line(path: Path) -> str:
 
 
 def layout_section() -> str:
-    """README's layout section: every module of the app packages with the first line of its docstring."""
+    """README's layout section: each package with the first line of its docstring, and its modules' names."""
     lines = [LAYOUT_START, "\n", "```\n"]
-    for folder, what in FOLDERS.items():
-        lines.append(f"{folder}/  {what}\n")
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if path.name != "__init__.py":
-                lines.append(f"    {path.name:<26}{_first_line(path)}\n")
+    for folder in PACKAGES:
+        lines.append(f"{folder + '/':<20}{_first_line(ROOT / folder / '__init__.py')}\n")
+        names = [p.stem for p in sorted((ROOT / folder).glob("*.py")) if p.name != "__init__.py"]
+        if not names:  # a package of packages
+            continue
+        indent = " " * 20
+        lines.append(textwrap.fill(", ".join(names), 116, initial_indent=indent, subsequent_indent=indent) + "\n")
     lines.append(
-        "docker/  app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf (nginx)\n"
+        f"{'docker/':<20}app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf\n"
     )
     lines.append(
-        "tests/   unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and multi-process\n"
+        f"{'tests/':<20}unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and\n"
+        f"{'':<20}multi-process federations, compose topology (each compose service in its own network namespace)\n"
     )
-    lines.append("         federations, compose topology (every compose service in its own network namespace)\n")
     lines.append("```\n")
     return "".join(lines)
 

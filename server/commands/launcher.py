@@ -31,8 +31,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
-from common.config.run import ConfigError, RunConfig, parse_capacity_list, parse_run_config
-from common.data.datasets import NODE_DATASET
+from common.config.capacity import parse_capacity_list
+from common.config.parse import parse_run_config
+from common.config.run import RunConfig
+from common.config.schema import ConfigError
+from common.data.catalog import NODE_DATASET
 from common.models.hf import resolve_model_path
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
