@@ -25,7 +25,7 @@ def federation(tmp_path_factory):
             "gmr-schedule": "linear",  # a fixed schedule, so the masks grow within these few updates
             "gmr-restore-rounds": 2,
             "gmr-start": 0.25,  # start below the capacity (the published start is at it), so there is room to grow
-            "gmr-capacity-kind": "memory",  # capacities are hard caps here, checked below
+            "capacity-kind": "memory",  # capacities are hard caps here, checked below
             "num-rounds": ROUNDS,
             "eval-every": 0,
             "local-epochs": 2,

@@ -17,7 +17,7 @@ LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 
 @pytest.fixture
 def loop():
-    cfg = parse_run_config({"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "gmr-server-lr": 0.5})
+    cfg = parse_run_config({"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "server-lr": 0.5})
     strategy = AsyncSubmodelStrategy(cfg, LAYOUT)
     strategy.nodes = {1: NodeProfile(1.0, "cpu", 50, 10, "a"), 2: NodeProfile(0.5, "cpu", 50, 10, "b")}
     strategy.x = np.random.default_rng(0).normal(size=LAYOUT.size).astype(np.float32)

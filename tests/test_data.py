@@ -46,7 +46,7 @@ def test_partition_id_out_of_range():
 def test_local_data_cache_returns_the_same_split(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path))
     run = parse_run_config({"partitioner": "dirichlet"})
-    node = NodeConfig(1, 4, 0.5)
+    node = NodeConfig(partition_id=1, num_partitions=4, capacity=0.5)
     first = load_local_data(run, node)
     assert len(list(tmp_path.iterdir())) == 1
     second = load_local_data(run, node)

@@ -24,13 +24,19 @@ def test_fedgmr_is_a_method_with_validated_keys():
             "gmr-mode": "async",
             "gmr-staleness-exponent": 1,
             "gmr-max-staleness": 4,
-            "gmr-server-lr": 0.7,
+            "server-lr": 0.7,
             "gmr-eval-updates": 5,
         }
     )
     gmr = cfg.options("fedgmr")
     assert (gmr.schedule, gmr.mode, gmr.selection, gmr.max_staleness) == ("step", "async", "fisher", 4)
-    assert gmr.step_factor == 3.0 and gmr.server_lr == 0.7
+    assert gmr.step_factor == 3.0 and cfg.server_lr == 0.7
+
+
+def test_server_lr_auto_is_half_for_the_async_loop_and_one_otherwise():
+    assert parse_run_config({"method": "fedgmr", "gmr-mode": "async"}).server_lr == 0.5
+    assert parse_run_config({"method": "fedgmr"}).server_lr == 1.0
+    assert parse_run_config({"method": "fedfibos", "gmr-mode": "async"}).server_lr == 1.0  # not FedGMR's loop
 
 
 def test_clients_upload_fisher_only_when_a_rule_reads_it():
@@ -61,7 +67,7 @@ def test_clients_upload_fisher_only_when_a_rule_reads_it():
         ("gmr-staleness-exponent", -0.5),
         ("gmr-max-staleness", -1),
         ("gmr-max-staleness", 1.5),
-        ("gmr-server-lr", 0),
+        ("server-lr", 0),
         ("gmr-eval-updates", -1),
     ],
 )
@@ -87,15 +93,15 @@ def test_bench_delay_node_knob():
 
 def test_capacity_kind_node_key_and_run_default():
     base = {"partition-id": 0, "num-partitions": 2, "capacity": 0.25}
-    assert parse_node_config(base).capacity_kind is None  # the run's gmr-capacity-kind decides
+    assert parse_node_config(base).capacity_kind is None  # the run's capacity-kind decides
     for kind in ("bandwidth", "memory"):
         assert parse_node_config({**base, "capacity-kind": kind}).capacity_kind == kind
     for bad in ("disk", 1, ""):
         with pytest.raises(ConfigError, match="capacity-kind"):
             parse_node_config({**base, "capacity-kind": bad})
-    assert parse_run_config({"method": "fedgmr"}).options("fedgmr").capacity_kind == "bandwidth"
-    with pytest.raises(ConfigError, match="gmr-capacity-kind"):
-        parse_run_config({"method": "fedgmr", "gmr-capacity-kind": "disk"})
+    assert parse_run_config({"method": "fedgmr"}).capacity_kind == "bandwidth"
+    with pytest.raises(ConfigError, match="capacity-kind"):
+        parse_run_config({"method": "fedgmr", "capacity-kind": "disk"})
 
 
 def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
@@ -120,7 +126,7 @@ def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
         assert all(b >= a for a, b in zip(density[key], density[key][1:]))
     method.node_joined("mem", {})  # the node restarted without the key: the default applies again
     assert method.capacity_kind("mem") == "bandwidth"
-    memory_run = create_method(parse_run_config({"method": "fedgmr", "gmr-capacity-kind": "memory"}))
+    memory_run = create_method(parse_run_config({"method": "fedgmr", "capacity-kind": "memory"}))
     assert memory_run.capacity_kind("anyone") == "memory" and memory_run.capacity_kind(None) == "memory"
 
 
@@ -145,7 +151,7 @@ def test_discovery_hands_each_node_capacity_kind_to_the_method():
     from tests.inprocess_grid import InProcessGrid
 
     node = {"num-partitions": 2, "capacity": 0.25, "device": "cpu"}
-    run = {"method": "fedgmr", "dataset": "digits", "gmr-capacity-kind": "bandwidth"}
+    run = {"method": "fedgmr", "dataset": "digits", "capacity-kind": "bandwidth"}
     grid = InProcessGrid(
         {1: {**node, "partition-id": 0, "capacity-kind": "memory"}, 2: {**node, "partition-id": 1}}, run
     )

@@ -10,7 +10,8 @@ from torch import nn
 from common.data.arrays import ArrayDataset
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
-from common.training.loop import attach_masks, effective_tensors, local_classes, local_logits
+from common.training.accumulators import effective_tensors
+from common.training.loop import attach_masks, local_classes, local_logits
 
 
 def _data(n: int, channels: int, side: int, classes: int, seed: int) -> ArrayDataset:

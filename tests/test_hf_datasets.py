@@ -130,7 +130,7 @@ def test_loader_rejects_wrong_schema(tmp_path):
 def test_cifar10_fixture_trains_through_the_client_code(fixtures):
     disk, _, _ = fixtures["cifar10"]
     run = parse_run_config({"dataset": "cifar10", "data-path": str(disk), "partitioner": "iid", "batch-size": 8})
-    data = derive_local_data(run, NodeConfig(0, 2, 0.5))
+    data = derive_local_data(run, NodeConfig(partition_id=0, num_partitions=2, capacity=0.5))
     model = build_model("cnn", 10, 3, 0)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
@@ -148,11 +148,11 @@ def test_femnist_natural_partition_is_one_writer_per_client(fixtures):
     writers = len(np.unique(pool.groups))
     seen = []
     for pid in range(writers):
-        data = derive_local_data(run, NodeConfig(pid, writers, 1.0))
+        data = derive_local_data(run, NodeConfig(partition_id=pid, num_partitions=writers, capacity=1.0))
         seen.append(len(data.train) + len(data.test))
     assert sum(seen) == len(pool)
     with pytest.raises(ValueError, match="groups"):
-        derive_local_data(run, NodeConfig(0, writers + 1, 1.0))
+        derive_local_data(run, NodeConfig(partition_id=0, num_partitions=writers + 1, capacity=1.0))
 
 
 def test_text_and_natural_partition_config_guards():
@@ -180,7 +180,7 @@ def test_a_node_decodes_only_its_own_partition_and_gets_what_the_whole_pool_gave
     monkeypatch.setattr(hf, "_convert", lambda n, ds, encode=None: decoded.append(len(ds)) or convert(n, ds, encode))
     for pid in range(parts):
         decoded.clear()
-        data = derive_local_data(run, NodeConfig(pid, parts, 1.0))
+        data = derive_local_data(run, NodeConfig(partition_id=pid, num_partitions=parts, capacity=1.0))
         idx = partition_indices(pool.y, partitioner, parts, pid, run.seed, run.dirichlet_alpha, groups=pool.groups)
         assert decoded == [idx.size]  # the partition's rows only, not the pool's
         got = np.concatenate([data.train.y, data.test.y])

@@ -11,7 +11,8 @@ from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.data.datasets import load_dataset
 from common.models.architectures import build_model, model_layout, trainable_arrays
-from common.training.loop import TrainConfig, local_classes, local_logits, train_masked, train_small
+from common.training.loop import TrainConfig, local_classes, local_logits, train_masked
+from common.training.structured import train_small
 
 CPU = torch.device("cpu")
 

@@ -68,7 +68,7 @@ def test_make_optimizer_kinds_and_settings():
 
 
 def test_optimizer_key_reaches_local_training_and_bad_values_fail_naming_it():
-    node = NodeConfig(0, 1, 1.0)
+    node = NodeConfig(partition_id=0, num_partitions=1, capacity=1.0)
     assert round_train_config(parse_run_config({}), node, 1).optimizer == "sgd"
     assert round_train_config(parse_run_config({"optimizer": "adamw"}), node, 1).optimizer == "adamw"
     with pytest.raises(ConfigError, match="optimizer"):

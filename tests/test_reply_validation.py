@@ -221,7 +221,9 @@ def test_node_config_shape_mismatch_is_reported():
 
     with pytest.raises(ConfigError, match="capacity"):
         parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": "1/2"})
-    assert parse_node_config({"partition-id": 1, "num-partitions": 2, "capacity": 1}) == NodeConfig(1, 2, 1.0)
+    assert parse_node_config({"partition-id": 1, "num-partitions": 2, "capacity": 1}) == NodeConfig(
+        partition_id=1, num_partitions=2, capacity=1.0
+    )
 
 
 def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):

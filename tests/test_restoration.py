@@ -191,7 +191,7 @@ def test_sync_strategy_masks_grow_with_rounds(kind):
         "gmr-selection": "random",
         "gmr-restore-rounds": 3,
         "gmr-start": 0.5,
-        "gmr-capacity-kind": kind,
+        "capacity-kind": kind,
     }
     cfg = parse_run_config({"method": "fedgmr", **options})
     strategy = SubmodelStrategy(cfg, layout)

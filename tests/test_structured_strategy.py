@@ -19,7 +19,8 @@ from common.submodels.channel_scores import kept_count
 from common.submodels.channel_slicing import selection_of_mask, sliced_layout
 from common.submodels.width import group_sizes
 from common.training.evaluation import CentralEvaluator
-from common.training.loop import TrainConfig, train_small
+from common.training.loop import TrainConfig
+from common.training.structured import train_small
 from common.wire import protocol as P
 from common.wire.validation import SentSubmodel
 from server.replies import ReplyParts

@@ -55,7 +55,7 @@ def test_fisher_submodel_of_fasttext_learns_news_topics_through_the_client_code(
     run = parse_run_config(
         {"dataset": "ag_news", "model": "fasttext", "data-path": str(disk), "batch-size": 16, "seed": 1}
     )
-    data = derive_local_data(run, NodeConfig(0, 2, 0.0625))
+    data = derive_local_data(run, NodeConfig(partition_id=0, num_partitions=2, capacity=0.0625))
     model = build_model("fasttext", data.train.num_classes, 1, run.seed)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))

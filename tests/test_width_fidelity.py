@@ -99,7 +99,7 @@ def test_hidden_linear_output_is_not_divided_by_the_rate_unless_asked(model_name
 
     monkeypatch.setattr(heterofl, "train_masked", spy)
     for scaler_linear, fc1_rate in ((False, 1.0), (True, 0.25)):
-        key = "heterofl-scaler-linear"
+        key = "width-scaler-linear"
         r = _round(parse_run_config({"method": "heterofl", "model": model_name, key: scaler_linear}), 1 / 16)
         r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
         model, seen = models.pop(), {}
@@ -161,7 +161,7 @@ def test_heterofl_client_trains_with_the_scaler_and_evaluates_without(monkeypatc
     evaluated = r.method.client_model(r.received, r.data)
     assert {m.rate for m in evaluated.modules() if isinstance(m, Scaler)} == {1.0}
 
-    off = parse_run_config({"method": "heterofl", "model": "cnn-bn", "heterofl-scaler": False})
+    off = parse_run_config({"method": "heterofl", "model": "cnn-bn", "width-scaler": False})
     r = _round(off, gamma=1 / 16)
     seen.clear()
     r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
@@ -408,7 +408,7 @@ def test_fedrolex_server_aggregates_as_published_and_keeps_its_counts():
     restored.load_state(method.state_bytes())
     assert np.array_equal(restored.counts, layout.flatten(pub_counts)[restored.counted].astype(np.int64))
     assert restored.counts.max() > 1
-    uniform = create_method(parse_run_config({"method": "fedrolex", "fedrolex-weighting": "uniform"}))
+    uniform = create_method(parse_run_config({"method": "fedrolex", "width-weighting": "uniform"}))
     assert uniform.state_bytes() == b""
 
 
@@ -456,7 +456,8 @@ def _metrics(upd) -> dict[str, float]:
 def test_reply_carries_classes_and_the_server_cuts_the_classifier_to_them(name):
     run = parse_run_config({"method": name, "model": "cnn-bn", "momentum": 0.0})
     r = _round(run, gamma=1 / 4)
-    upd = r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
+    cfg = TrainConfig(epochs=1, batch_size=16, lr=0.05, label_mask=run.label_mask)  # the run's: `auto` = on
+    upd = r.method.client_train(r.received, r.data, cfg, CPU)
     assert upd.arrays[P.CLASSES].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
     cls = class_of_position(r.method.layout)
     sent_idx = np.flatnonzero(r.mask)
@@ -482,9 +483,9 @@ def test_published_elements_can_be_switched_off():
             "method": "heterofl",
             "model": "cnn-bn",
             "momentum": 0.0,
-            "heterofl-label-mask": False,
-            "heterofl-label-split": False,
-            "heterofl-weighting": "examples",
+            "label-mask": False,
+            "width-label-split": False,
+            "width-weighting": "examples",
         }
     )
     r = _round(run, gamma=1 / 4)
@@ -496,28 +497,40 @@ def test_published_elements_can_be_switched_off():
     assert reply.update.indices.size == r.mask.sum() and reply.update.weight == len(r.data)
 
 
-def test_width_keys_are_per_method_and_checked():
-    run = parse_run_config({"method": "fedrolex", "fedrolex-scaler": False})
-    assert run.options("fedrolex").scaler is False and run.options("heterofl").scaler is True
-    defaults = parse_run_config({}).options("heterofl")
-    assert (defaults.scaler, defaults.label_mask, defaults.label_split, defaults.clip_grad, defaults.weighting) == (
-        True,
-        True,
-        True,
-        1.0,
-        "uniform",
-    )
-    assert defaults.scaler_linear is False
-    rolex = parse_run_config({}).options("fedrolex")
-    assert (rolex.scaler, rolex.scaler_linear, rolex.weighting, rolex.roll) == (True, False, "avg", "down")
-    with pytest.raises(ConfigError, match="heterofl-weighting"):
-        parse_run_config({"heterofl-weighting": "avg"})  # the published HeteroFL counts every holder once
-    with pytest.raises(ConfigError, match="fedrolex-roll"):
-        parse_run_config({"fedrolex-roll": "left"})
-    with pytest.raises(ConfigError, match="heterofl-weighting"):
-        parse_run_config({"heterofl-weighting": "median"})
-    with pytest.raises(ConfigError, match="fedrolex-label-split"):
-        parse_run_config({"fedrolex-label-split": "yes"})
+def test_width_keys_are_shared_by_both_width_methods_with_their_published_defaults():
+    width = parse_run_config({"method": "fedrolex", "width-scaler": False}).options("width")
+    assert width.scaler is False
+    heterofl, fedrolex = (create_method(parse_run_config({"method": m})) for m in ("heterofl", "fedrolex"))
+    o = heterofl.opts
+    assert (o.scaler, o.scaler_linear, o.label_split, o.roll) == (True, False, True, "down")
+    assert (heterofl.weighting, fedrolex.weighting) == ("uniform", "avg")  # width-weighting = "auto"
+    for run in (heterofl.run, fedrolex.run):  # the common keys' `auto`: the published local training
+        assert (run.label_mask, run.clip_grad_norm) == (True, 1.0)
+    with pytest.raises(ConfigError, match="width-weighting"):
+        parse_run_config({"method": "heterofl", "width-weighting": "avg"})  # HeteroFL counts every holder once
+    assert create_method(parse_run_config({"method": "fedrolex", "width-weighting": "uniform"})).weighting == "uniform"
+    with pytest.raises(ConfigError, match="width-roll"):
+        parse_run_config({"width-roll": "left"})
+    with pytest.raises(ConfigError, match="width-weighting"):
+        parse_run_config({"width-weighting": "median"})
+    with pytest.raises(ConfigError, match="width-label-split"):
+        parse_run_config({"width-label-split": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("heterofl-clip-grad", "clip-grad-norm"),
+        ("fedrolex-label-mask", "label-mask"),
+        ("heterofl-scaler", "width-scaler"),
+        ("fedrolex-roll", "width-roll"),
+        ("gmr-server-lr", "server-lr"),
+        ("gmr-capacity-kind", "capacity-kind"),
+    ],
+)
+def test_a_merged_key_is_refused_naming_the_key_that_replaced_it(old, new):
+    with pytest.raises(ConfigError, match=f"{old} is now {new}"):
+        parse_run_config({old: 1.0})
 
 
 @pytest.mark.parametrize("clip", [0.01, 0.0])
@@ -537,10 +550,11 @@ def test_gradient_clipping_bounds_a_step(clip):
 
 
 def test_clip_keys_reach_local_training(monkeypatch):
-    """``clip-grad-norm`` clips any method's local steps; the width methods use their own key instead."""
-    node = NodeConfig(0, 1, 1.0)
+    """``clip-grad-norm`` clips any method's local steps; ``auto`` is 1 for the width methods, 0 for the others."""
+    node = NodeConfig(partition_id=0, num_partitions=1, capacity=1.0)
     assert round_train_config(parse_run_config({"clip-grad-norm": 0.5}), node, 1).clip_grad_norm == 0.5
     assert round_train_config(parse_run_config({}), node, 1).clip_grad_norm == 0.0
+    assert round_train_config(parse_run_config({"method": "heterofl"}), node, 1).clip_grad_norm == 1.0
     with pytest.raises(ConfigError, match="clip-grad-norm"):
         parse_run_config({"clip-grad-norm": -1.0})
     run = parse_run_config({"method": "heterofl", "model": "cnn-bn", "clip-grad-norm": 0.5})
@@ -556,4 +570,4 @@ def test_clip_keys_reach_local_training(monkeypatch):
 
     monkeypatch.setattr(heterofl, "train_masked", spy)
     r.method.client_train(r.received, r.data, round_train_config(run, node, 1), CPU)
-    assert seen == [1.0]
+    assert seen == [0.5]  # one key: the run's setting, never overridden by the method

@@ -97,7 +97,7 @@ def test_fedrolex_window_is_the_published_roll(model_name, gamma):
     x = layout.flatten(trainable_arrays(model))
     rolex = create_method(parse_run_config({"method": "fedrolex", "model": model_name}))
     hetero = create_method(parse_run_config({"method": "heterofl", "model": model_name}))
-    up = create_method(parse_run_config({"method": "fedrolex", "model": model_name, "fedrolex-roll": "up"}))
+    up = create_method(parse_run_config({"method": "fedrolex", "model": model_name, "width-roll": "up"}))
     for m in (rolex, hetero, up):
         m.start_server(layout)
     assert np.array_equal(rolex.mask_for("a", 1, gamma, x)[0], hetero.mask_for("a", 1, gamma, x)[0])

@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from common.config.capacity import CAPACITY_KINDS, parse_capacity_list
-from common.config.schema import ConfigError
+from common.config.schema import ConfigError, Schema
 from common.data.client_seed import client_seed
 from common.training.catalog import DEVICES
 
@@ -30,51 +31,71 @@ def _num(key: str, value: Any, lo: float, hi: float, lo_open: bool = False, inte
     return int(value) if integer else float(value)
 
 
-@dataclass(frozen=True)
-class NodeConfig:
-    """Validated SuperNode configuration (``--node-config``).
+def _node_field(default: Any, required: str, allowed: str, description: str) -> Any:
+    """A node-config key: its default, when it is required, what it accepts, and its meaning (README's table)."""
+    return Field(default, description=description, json_schema_extra={"required": required, "allowed": allowed})
 
-    Parameters
-    ----------
-    partition_id : int
-        This node's data partition, in ``[0, num_partitions)``.
-    num_partitions : int
-        Number of partitions the training pool is split into.
-    capacity : float or None
-        Fraction of the global model this node can hold, in (0, 1]; ``None``
-        for ``capacity=auto``: the ClientApp measures its device and maps it to
-        a share (``client.capacity_probe``).
-    device : str
-        ``auto`` (cuda, then mps, then cpu), or a fixed ``cpu`` / ``cuda`` / ``mps``.
-    client_id : str
-        Stable name of this client; the server keys its Fisher state by it, so a
-        restarted SuperNode (new node id) is recognised. Default: ``partition-<id>``.
-    bench_delay_s : float
-        TEST/BENCHMARK KNOB ONLY (``bench-delay-s``): extra seconds the node waits per
-        local epoch, to emulate a slower device in wall-clock comparisons. Default 0.
-    capacity_kind : str or None
-        What ``capacity`` limits (``capacity-kind``): ``bandwidth`` (a slow link: FedGMR may grow
-        the submodel past it, to the full model) or ``memory`` (a hard cap). ``None``: the run's
-        default (``gmr-capacity-kind``).
-    data_path : str
-        The node's own data (``data-path``, read in ``dataset = "node"`` runs): a folder or file on this
-        machine (:mod:`common.data.node_data`). Such a node needs no partition (``partition_id`` ``None``) unless
-        it also takes part in runs on a shared dataset.
-    label_column, input_column : str
-        Tables only (``label-column``, ``input-column``): the label column (default ``label``) and the
-        image or text column (default: found by its usual names).
+
+class NodeConfig(Schema):
+    """Validated SuperNode configuration (``--node-config``), built by :func:`parse_node_config`.
+
+    The field descriptions are the README's node-config table (``fibos docs``); ``capacity`` is ``None`` for
+    ``capacity=auto`` (the ClientApp measures its device, :mod:`client.capacity_probe`), ``partition_id`` and
+    ``num_partitions`` are ``None`` for a node that only has its own data, and ``capacity_kind`` ``None`` leaves
+    it to the run's ``capacity-kind``.
     """
 
-    partition_id: int | None
-    num_partitions: int | None
-    capacity: float | None
-    device: str = "auto"
-    client_id: str = ""
-    bench_delay_s: float = 0.0
-    capacity_kind: str | None = None
-    data_path: str = ""
-    label_column: str = "label"
-    input_column: str = ""
+    partition_id: int | None = _node_field(
+        None, "yes, without `data-path`", "`[0, num-partitions)`", "this node's partition of the run's shared dataset"
+    )
+    num_partitions: int | None = _node_field(
+        None, "yes, without `data-path`", ">= 1", "partitions the training pool is split into"
+    )
+    data_path: str = _node_field(
+        "",
+        'for `dataset = "node"` runs',
+        "path on the node's machine",
+        "the node's own data instead of a partition (see \"Train on your nodes' own data\")",
+    )
+    label_column: str = _node_field(
+        "label", "no (`label`)", "column name", "tables (Parquet, CSV, `save_to_disk`): the label column"
+    )
+    input_column: str = _node_field(
+        "",
+        "no (`image`/`img`, or `text`/`sentence`/`content`)",
+        "column name",
+        "tables: the image column (images, or file paths relative to the table) or text column",
+    )
+    capacity: float | None = _node_field(
+        None,
+        "yes, unless the run sets `capacity-mix` (a node with `data-path` always)",
+        '(0, 1] or `"auto"`',
+        'fraction of the global model this node holds; `"auto"` measures the device (see "Adding a real client")',
+    )
+    device: Literal[DEVICES] = _node_field(  # type: ignore[valid-type]
+        "auto", "no (`auto`)", ", ".join(f"`{d}`" for d in DEVICES), "`auto`: CUDA, then MPS, then CPU"
+    )
+    client_id: str = _node_field(
+        "",
+        "no (`partition-<id>`, or `<host>:<data-path>`)",
+        "string",
+        "stable name; the server keys this client's Fisher state by it, so a restarted SuperNode (new node id) "
+        "keeps it",
+    )
+    bench_delay_s: float = _node_field(
+        0.0,
+        "no (0)",
+        "[0, 3600]",
+        "TEST/BENCHMARK KNOB: extra seconds per local epoch, to emulate a slower device (`docs/FEDGMR.md`)",
+    )
+    capacity_kind: Literal[CAPACITY_KINDS] | None = _node_field(  # type: ignore[valid-type]
+        None,
+        "no (the run's `capacity-kind`)",
+        ", ".join(f"`{k}`" for k in CAPACITY_KINDS),
+        "what `capacity` limits: `bandwidth` (a slow link; FedGMR may restore the submodel past it, up to "
+        "`gmr-ceiling`) or `memory` (a hard cap); FedGMR reads it (`docs/FEDGMR.md`), the other methods treat "
+        "every capacity as a cap",
+    )
 
     @property
     def key(self) -> str:
@@ -145,14 +166,14 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     if kind is not None and kind not in CAPACITY_KINDS:
         raise ConfigError(f"capacity-kind={kind!r}: allowed values are {', '.join(CAPACITY_KINDS)}")
     return NodeConfig(
-        partition_id,
-        num_partitions,
-        capacity,
-        str(device),
-        client_id,
-        delay,
-        kind,
-        str(data_path),
-        str(raw.get("label-column", "label")),
-        str(raw.get("input-column", "")),
+        partition_id=partition_id,
+        num_partitions=num_partitions,
+        capacity=capacity,
+        device=str(device),
+        client_id=client_id,
+        bench_delay_s=delay,
+        capacity_kind=kind,
+        data_path=str(data_path),
+        label_column=str(raw.get("label-column", "label")),
+        input_column=str(raw.get("input-column", "")),
     )

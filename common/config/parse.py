@@ -14,6 +14,21 @@ from common.config.run import RunConfig, common_keys, describe_error
 from common.config.schema import ConfigError, KeyGroup, kebab
 from common.methods import method_class, registry
 
+#: Keys that were merged into or renamed to another: refused with the new name, so that an old setting is
+#: never silently ignored.
+RENAMED_KEYS: dict[str, str] = {
+    "heterofl-clip-grad": "clip-grad-norm",
+    "fedrolex-clip-grad": "clip-grad-norm",
+    "heterofl-label-mask": "label-mask",
+    "fedrolex-label-mask": "label-mask",
+    "gmr-server-lr": "server-lr",
+    "gmr-capacity-kind": "capacity-kind",
+    **{f"{m}-{k}": f"width-{k}" for m in ("heterofl", "fedrolex") for k in ("scaler", "scaler-linear", "label-split")},
+    "heterofl-weighting": "width-weighting",
+    "fedrolex-weighting": "width-weighting",
+    "fedrolex-roll": "width-roll",
+}
+
 
 def key_groups() -> dict[str, KeyGroup]:
     """Every key group of the registered methods by name, in registration order (a shared group once)."""
@@ -42,6 +57,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     common = common_keys()
     values: dict[str, dict[str, Any]] = {name: {} for name in groups}
     unknown = []
+    renamed = sorted(k for k in raw if k in RENAMED_KEYS)
+    if renamed:
+        raise ConfigError("; ".join(f"{k} is now {RENAMED_KEYS[k]}: set {RENAMED_KEYS[k]} instead" for k in renamed))
     for key, value in raw.items():
         if key in common:
             continue
@@ -67,8 +85,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(describe_error(err, raw)) from None
     if run.method not in registry():
         raise ConfigError(f"method={run.method!r}: allowed values are {', '.join(registry())}")
+    cls = method_class(run.method)
+    auto = {k: v for k, v in cls.auto_settings(run).items() if getattr(run, k) == "auto"}
+    run = run.model_copy(update=auto)
     try:
-        method_class(run.method).check_run(run)
+        cls.check_run(run)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return run

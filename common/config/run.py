@@ -14,11 +14,11 @@ A bad value fails fast with a :class:`ConfigError` that names the key, the value
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from common.config.capacity import parse_capacity_list
+from common.config.capacity import CAPACITY_KINDS, parse_capacity_list
 from common.config.schema import Schema, kebab
 from common.data.catalog import DATASETS, HUB_DATASET_NAMES, NODE_DATASET, PARTITIONERS, TEXT_DATASETS, parse_classes
 from common.models.catalog import EMBEDDING_RULES, MODELS, PRETRAINED_MODELS, TEXT_MODELS
@@ -129,20 +129,33 @@ class RunConfig(Schema):
         0.0, ge=0, le=1, description="client weight decay (SGD's L2 term; AdamW's decoupled decay)"
     )
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
-    clip_grad_norm: float = Field(
-        0.0,
-        ge=0,
-        le=1000,
+    # The three keys below default to `auto`: the method's own value (Method.auto_settings), resolved by
+    # common.config.parse, so that one key serves every method and the published defaults differ where they do.
+    clip_grad_norm: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] = Field(
+        "auto",
         description="largest L2 norm of a local step's gradient (larger ones are scaled down to it); 0 = no "
-        "clipping; any method (`heterofl` and `fedrolex` use their own `*-clip-grad`, published default 1)",
+        "clipping; `auto`: 1 for `heterofl` and `fedrolex` (their published local training), 0 for the others",
+        json_schema_extra={"allowed": "`auto`, [0, 1000]"},
     )
-    label_mask: bool = Field(
-        False,
+    label_mask: bool | Literal["auto"] = Field(
+        "auto",
         description="local training sets the logits of classes absent from the client's own data to 0, so a "
         "client never trains other clients' classes toward \"no\" (the label masking of HeteroFL's and "
-        "FedRolex's published code); any method",
+        "FedRolex's published code); `auto`: on for `heterofl` and `fedrolex`, off for the others",
+        json_schema_extra={"allowed": "`auto`, true, false"},
     )
-    server_lr: float = Field(1.0, gt=0, le=10, description="server step `eta_g`")
+    server_lr: Annotated[float, Field(gt=0, le=10)] | Literal["auto"] = Field(
+        "auto",
+        description="server step `eta_g`; `auto`: 1, and 0.5 for FedGMR's asynchronous loop (`gmr-mode = "
+        '"async"`: the step applied to each weighted reply)',
+        json_schema_extra={"allowed": "`auto`, (0, 10]"},
+    )
+    capacity_kind: Literal[CAPACITY_KINDS] = Field(  # type: ignore[valid-type]
+        "bandwidth",
+        description="what a node's capacity limits when its node config sets no `capacity-kind`: bandwidth (a "
+        "slow link: a method may grow the node's submodel past it, as FedGMR's restoration does toward "
+        "`gmr-ceiling`) or memory (a hard cap on what the node holds)",
+    )
     eval_every: int = Field(
         5, ge=0, le=100_000, description="federated evaluation every N rounds (and the last); 0 = never"
     )
@@ -290,20 +303,24 @@ class RunConfig(Schema):
 
 
 def describe_error(err: ValidationError, raw: Mapping[str, Any], prefix: str = "") -> str:
-    """A ``ValidationError`` as one line per problem, each naming the run-config key."""
-    lines = []
+    """A ``ValidationError`` as one line per problem, each naming the run-config key.
+
+    A key whose type is a choice (a number or ``auto``) fails once per alternative; those are one problem,
+    its messages joined by "or".
+    """
+    by_key: dict[str, list[str]] = {}
     for e in err.errors(include_url=False):
         loc = [str(p) for p in e["loc"] if isinstance(p, str)]
         msg = e["msg"].removeprefix("Value error, ")
         if not loc:
-            lines.append(msg)
+            by_key.setdefault("", []).append(msg)
             continue
         key = prefix + loc[0]
         value = raw.get(key, e.get("input"))
         if e["type"] == "literal_error":
             msg = "allowed values are " + msg.removeprefix("Input should be ").replace("'", "")
-        lines.append(f"{key}={value!r}: {msg}")
-    return "; ".join(lines)
+        by_key.setdefault(f"{key}={value!r}: ", []).append(msg)
+    return "; ".join(head + " or ".join(msgs) for head, msgs in by_key.items())
 
 
 def common_keys() -> set[str]:

@@ -195,6 +195,14 @@ class Method:
         return (KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name), *cls.shared_key_groups)
 
     @classmethod
+    def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
+        """The method's values of the common keys a run leaves at ``auto`` (by field name).
+
+        The base values hold for most methods; a method whose published code differs overrides them.
+        """
+        return {"clip_grad_norm": 0.0, "label_mask": False, "server_lr": 1.0}
+
+    @classmethod
     def check_run(cls, run: RunConfig) -> None:
         """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
 

@@ -40,7 +40,6 @@ from common.aggregation.masked import aggregate_masked
 from common.aggregation.update_means import participant_mean_step
 from common.config.schema import Schema
 from common.data.arrays import ArrayDataset
-from common.methods import register
 from common.methods.base import Accepted, Download, LocalUpdate, Received
 from common.methods.channels import ChannelMethod
 from common.models.architectures import build_model
@@ -64,7 +63,8 @@ from common.submodels.channel_slicing import (
     sliced_layout,
 )
 from common.submodels.width import TensorChannels, channel_graph, group_sizes
-from common.training.loop import SmallTrainResult, TrainConfig, train_small
+from common.training.loop import TrainConfig
+from common.training.structured import SmallTrainResult, train_small
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
 
@@ -136,7 +136,6 @@ def reply_arrays(
     return {**result.params, **{P.score_name(group): s.astype(np.float32) for group, s in sums.items()}}
 
 
-@register
 class CAHFP(ChannelMethod):
     """Curvature-aware structured pruning with physically smaller client models."""
 

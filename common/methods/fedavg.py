@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from common.methods import register
 from common.methods.masked import MaskedMethod
 
 
-@register
 class FedAvg(MaskedMethod):
     """The full model for everyone; the mask-aware mean is then plain FedAvg."""
 

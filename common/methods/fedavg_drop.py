@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from common.methods import register
 from common.methods.fedavg import FedAvg
 
 
-@register
 class FedAvgDrop(FedAvg):
     """FedAvg that leaves out every node below capacity 1."""
 

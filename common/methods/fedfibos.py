@@ -34,7 +34,6 @@ from common.fisher.held_masks import HeldMasks, append_arrays
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
 from common.fisher.selection import select_mask
-from common.methods import register
 from common.methods.masked import FisherRankedMethod
 from common.models.layout import ParamLayout
 
@@ -53,7 +52,6 @@ class FedFIbOSOptions(Schema):
     )
 
 
-@register
 class FedFIbOS(FisherRankedMethod):
     """Fisher-ranked element-wise submodels (this product's method)."""
 

@@ -3,7 +3,7 @@
 Each client starts from a fraction ``gmr-start`` of its capacity (1: the capacity itself) and grows until
 ``gmr-ceiling`` (the full model by default) when its capacity is a bandwidth limit, or until
 ``min(gmr-ceiling, capacity)`` when it is a memory limit (``capacity-kind`` in the node config, else
-``gmr-capacity-kind``). By default the published code's rules: a client steps up once its training loss has
+``capacity-kind``). By default the published code's rules: a client steps up once its training loss has
 not improved for ``gmr-patience`` rounds (``gmr-schedule = "patience"``, steps ``gmr-restore-step``), and
 holds a per-tensor magnitude core (``gmr-min-density``) plus the positions of largest ``|x|`` in one
 ranking shared by every client, so the submodels of a round nest (``gmr-selection = "magnitude"``,
@@ -27,7 +27,6 @@ from common.aggregation.asynchronous import AsyncStep, apply_async_update
 from common.aggregation.masked import MaskedUpdate
 from common.config.capacity import CAPACITY_KINDS
 from common.config.schema import Schema
-from common.methods import register
 from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
 from common.models.layout import ParamLayout
@@ -61,11 +60,6 @@ class FedGMROptions(Schema):
         gt=0,
         le=1,
         description="density the submodels grow toward; never above the capacity of a `memory`-kind node",
-    )
-    capacity_kind: Literal[CAPACITY_KINDS] = Field(  # type: ignore[valid-type]
-        "bandwidth",
-        description="what a node's capacity limits when its node config sets no `capacity-kind`: bandwidth "
-        "(the paper's setting: restoration grows past it to `gmr-ceiling`) or memory (a hard cap)",
     )
     patience: int = Field(
         5,
@@ -106,18 +100,16 @@ class FedGMROptions(Schema):
     max_staleness: int = Field(
         10, ge=0, le=1_000_000, description="async: replies more than this many applied updates old are dropped"
     )
-    server_lr: float = Field(0.5, gt=0, le=10, description="async: server step applied to each (weighted) reply")
     eval_updates: int = Field(
         0, ge=0, le=1_000_000, description="async: central evaluation every N applied updates; 0 = once per node count"
     )
 
 
-@register
 class FedGMR(FisherRankedMethod):
     """Gradual model restoration (synchronous rounds, or asynchronous with :mod:`server.async_strategy`)."""
 
     name = "fedgmr"
-    bench_variants = ("gmr-capacity-kind=memory",)  # capacity-limited, beside the published bandwidth kind
+    bench_variants = ("capacity-kind=memory",)  # capacity-limited, beside the published bandwidth kind
     summary = (
         "a submodel that grows over training from `gmr-start * gamma` toward `gmr-ceiling` (bandwidth-limited "
         "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), stepping up when its loss stops "
@@ -136,7 +128,9 @@ class FedGMR(FisherRankedMethod):
     def describe(self) -> str:
         """Method, the Fisher settings, the default capacity kind, the schedule and the selection rule."""
         o = self.opts
-        return f"{super().describe()} capacity-kind={o.capacity_kind} schedule={o.schedule} selection={o.selection}"
+        return (
+            f"{super().describe()} capacity-kind={self.run.capacity_kind} schedule={o.schedule} selection={o.selection}"
+        )
 
     def node_joined(self, key: str, info: Mapping[str, Any]) -> None:
         """Record the node's ``capacity-kind`` (an unknown value is logged and the run's default used)."""
@@ -146,17 +140,23 @@ class FedGMR(FisherRankedMethod):
         elif kind in CAPACITY_KINDS:
             self.kinds[key] = str(kind)
         else:
-            logger.log(WARNING, "client %s reports capacity-kind=%r; using %s", key, kind, self.opts.capacity_kind)
+            logger.log(WARNING, "client %s reports capacity-kind=%r; using %s", key, kind, self.run.capacity_kind)
             self.kinds.pop(key, None)
 
     def capacity_kind(self, key: str | None) -> str:
-        """What the capacity of client ``key`` limits: its own report, else ``gmr-capacity-kind``."""
-        return self.kinds.get(key, self.opts.capacity_kind) if key is not None else self.opts.capacity_kind
+        """What the capacity of client ``key`` limits: its own report, else the run's ``capacity-kind``."""
+        return self.kinds.get(key, self.run.capacity_kind) if key is not None else self.run.capacity_kind
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
         """Only with ``gmr-selection = "fisher"``."""
         return run.options(cls.name).selection == "fisher"
+
+    @classmethod
+    def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
+        """The asynchronous loop steps 0.5 of each weighted reply, its long-standing default (docs/FEDGMR.md)."""
+        settings = super().auto_settings(run)
+        return {**settings, "server_lr": 0.5} if run.options(cls.name).mode == "async" else settings
 
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
@@ -245,5 +245,5 @@ class FedGMR(FisherRankedMethod):
         """One reply applied on arrival, weighted by staleness and overlap; ``TooStale`` beyond the limit."""
         o = self.opts
         return apply_async_update(
-            x, last_changed, version, update, sent_version, o.server_lr, o.staleness_exponent, o.max_staleness
+            x, last_changed, version, update, sent_version, self.run.server_lr, o.staleness_exponent, o.max_staleness
         )

@@ -2,13 +2,13 @@
 
 As the published code (AIoT-MLSys-Lab/FedRolex, ``resnet_server.py``, ``ResnetServerRoll``) computes it:
 
-* **window** (``fedrolex-roll``): ``split_model`` keeps in every hidden layer of ``c`` channels the window
+* **window** (``width-roll``): ``split_model`` keeps in every hidden layer of ``c`` channels the window
   ``torch.roll(arange(c), t mod c)[:ceil(r c)]``, ``t`` the server's round counter (0 in the first round).
   A positive roll moves every entry ``t`` places up, so the window is the ``ceil(r c)`` consecutive
   channels from ``-t mod c``: round 1 here (``t = 0``) is HeteroFL's static slice, and the window moves
   one channel *down* each round (``down``, the default). ``up`` starts ``round mod c`` channels in and
   moves up (the reading this product used before).
-* **aggregation** (``fedrolex-weighting``): ``combine`` with the default ``--weighting avg`` counts every
+* **aggregation** (``width-weighting``): ``combine`` with the default ``--weighting avg`` counts every
   holder of a hidden weight once, but weights each holder of a classifier entry or of a 1-D tensor by
   that entry's running update count (``tmp_counts``: 1 + the updates it has received), and because the
   server swaps in the count dict it increments after the first tensor, the count also grows with each
@@ -16,45 +16,26 @@ As the published code (AIoT-MLSys-Lab/FedRolex, ``resnet_server.py``, ``ResnetSe
   :func:`common.aggregation.update_means.update_count_mean_step`). ``uniform`` counts every holder once, as HeteroFL.
 
 Everything else is HeteroFL's, with the same published defaults (its ``config.yml``: ``norm: bn``,
-``scale: 1``, ``mask: 1``; ``combine`` with ``label_split``), under the keys ``fedrolex-*``.
+``scale: 1``, ``mask: 1``; ``combine`` with ``label_split``), under the same keys ``width-*``.
 """
 
 from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import Field
 
 from common.aggregation.masked import MaskedUpdate
 from common.aggregation.update_means import update_count_mean_step
-from common.methods import register
-from common.methods.heterofl import HeteroFL, WidthOptions
+from common.methods.heterofl import HeteroFL
 from common.models.layout import ParamLayout
 from common.submodels.label_split import class_of_position
 
 if TYPE_CHECKING:
-    from common.config.run import RunConfig
-
-
-class FedRolexOptions(WidthOptions):
-    """HeteroFL's published elements, and FedRolex's window direction and aggregation weights."""
-
-    weighting: Literal["avg", "uniform", "examples"] = Field(  # type: ignore[assignment]
-        "avg",
-        description="aggregation weight of a node: avg (published `--weighting avg`: hidden weights count once, "
-        "classifier entries and 1-D tensors weigh their running update count, which grows with each node "
-        "already added in the round), uniform (every node counts once), or its training examples",
-    )
-    roll: Literal["down", "up"] = Field(
-        "down",
-        description="window direction: down (published `torch.roll(arange(c), t)[:k]`, t = round - 1: round 1 "
-        "keeps the first channels, then the window moves one channel down each round) or up (starts "
-        "`round mod c` channels in and moves up)",
-    )
+    pass
 
 
 def count_weighted_positions(layout: ParamLayout) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
@@ -78,7 +59,6 @@ def count_weighted_positions(layout: ParamLayout) -> tuple[NDArray[np.int64], ND
     return positions, positions < first
 
 
-@register
 class FedRolex(HeteroFL):
     """Rolling-window width submodels."""
 
@@ -87,12 +67,7 @@ class FedRolex(HeteroFL):
         "a window of `ceil(r c)` channels rolled by one channel each round (FedRolex), with HeteroFL's "
         "scaler, masked cross-entropy and label-split classifier aggregation"
     )
-    options = FedRolexOptions
-    options_prefix = "fedrolex-"
-
-    def __init__(self, run: RunConfig) -> None:
-        super().__init__(run)
-        self.opts: FedRolexOptions = run.options(self.name) or FedRolexOptions()
+    default_weighting = "avg"
 
     def describe(self) -> str:
         """Method, the published elements switched on, and the window direction."""
@@ -115,15 +90,15 @@ class FedRolex(HeteroFL):
         self.counts = np.ones(self.counted.size, dtype=np.int64)
 
     def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
-        """``fedrolex-weighting``: the published ``avg`` (advancing the counts), or HeteroFL's holder mean."""
-        if self.opts.weighting != "avg":
+        """``width-weighting``: the published ``avg`` (advancing the counts), or HeteroFL's holder mean."""
+        if self.weighting != "avg":
             return super().mean_step(x, updates)
         new, self.counts = update_count_mean_step(x, updates, self.counted, self.counts, self.fixed, self.run.server_lr)
         return new
 
     def state_bytes(self) -> bytes:
         """The update counts of the count-weighted positions (empty unless ``avg``)."""
-        if self.opts.weighting != "avg":
+        if self.weighting != "avg":
             return b""
         buf = io.BytesIO()
         np.savez(buf, counted=self.counted, counts=self.counts)

@@ -35,7 +35,6 @@ from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.update_means import nonzero_mean_step
 from common.config.schema import Schema
 from common.data.arrays import ArrayDataset
-from common.methods import register
 from common.methods.base import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
 from common.models.architectures import build_run_model, load_flat
@@ -71,7 +70,6 @@ class FIARSEOptions(Schema):
     )
 
 
-@register
 class FIARSE(MaskedMethod):
     """Threshold submodels, in-round re-masking, non-zero-count aggregation."""
 

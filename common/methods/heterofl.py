@@ -3,16 +3,18 @@
 The channel graph of the architecture (:mod:`common.submodels.width`) keeps residual sums and their
 shortcuts on the same channels; input and output channels of the model stay whole. Besides the
 slice, the published code (diaoenmao/HeteroFL, ``src/config.yml`` with ``norm: bn``, ``scale: 1``,
-``mask: 1``) has the elements below, each a key here with the published default (``heterofl-*``;
-FedRolex has the same keys under ``fedrolex-*``):
+``mask: 1``) has the elements below, each a key here with the published default (``width-*``, shared
+with FedRolex, or a common key whose ``auto`` is the published value):
 
 * ``scaler``: in local training every convolution's output is divided by the submodel's width rate
   (:class:`common.models.architectures.Scaler`); the client reads the rate off the mask it was sent
   (:func:`common.submodels.width.held_width`). Evaluation is unscaled. The published convolutional model
   scales its conv blocks only (conv -> scaler -> norm); the CNNs' hidden linear layer, which has no
   norm after it and no published counterpart, is scaled only with ``scaler-linear``.
-* ``label-mask``: masked cross-entropy, the logits of classes absent from the client's data set to 0.
-* ``clip-grad``: local training clips each step's gradient to L2 norm 1 (``clip_grad_norm_``).
+* ``label-mask`` (common, ``auto`` = on): masked cross-entropy, the logits of classes absent from the
+  client's data set to 0.
+* ``clip-grad-norm`` (common, ``auto`` = 1): local training clips each step's gradient to L2 norm 1
+  (``clip_grad_norm_``).
 * ``label-split``: the client reports which classes it holds (``classes`` in the reply) and the
   server averages each classifier row only over the clients that hold its class
   (:mod:`common.submodels.label_split`).
@@ -29,17 +31,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from pydantic import Field
 
-from common.config.schema import Schema
+from common.config.schema import KeyGroup, Schema
 from common.data.arrays import ArrayDataset
 from common.fisher.codec import encode_fisher
-from common.methods import register
 from common.methods.base import LocalUpdate, Received
 from common.methods.channels import ChannelMethod
 from common.methods.masked import MaskedMethod, decode_received
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 
 class WidthOptions(Schema):
-    """The published elements of the width methods, each with the published default."""
+    """The published elements of the two width methods (``width-*``), each with the published default."""
 
     scaler: bool = Field(
         True,
@@ -68,30 +69,28 @@ class WidthOptions(Schema):
         description="with the scaler, also divide the hidden linear layer's output (`fc1` of the CNNs, no norm "
         "after it) by the width rate; the published convolutional model scales its conv blocks only",
     )
-    label_mask: bool = Field(
-        True,
-        description="masked cross-entropy: logits of classes absent from the node's data set to 0 "
-        "(published `mask: 1`; the common `label-mask` does the same for any method)",
-    )
     label_split: bool = Field(
         True,
         description="average each classifier row only over the nodes that hold its class (nodes report their classes)",
     )
-    clip_grad: float = Field(
-        1.0,
-        ge=0,
-        le=1000,
-        description="largest L2 norm of a local step's gradient (published: `clip_grad_norm_(..., 1)` in local "
-        "training); 0 = no clipping",
+    weighting: Literal["auto", "uniform", "examples", "avg"] = Field(
+        "auto",
+        description="aggregation weight of a node: uniform (HeteroFL's published `combine`: every node counts "
+        "once), its training examples, or avg (FedRolex's published `--weighting avg`: hidden weights count once, "
+        "classifier entries and 1-D tensors weigh their running update count, which grows with each node already "
+        "added in the round; `fedrolex` only); `auto`: uniform for `heterofl`, avg for `fedrolex`",
     )
-    weighting: Literal["uniform", "examples"] = Field(
-        "uniform",
-        description="aggregation weight of a node: uniform (published: every node counts once), or its "
-        "training examples",
+    roll: Literal["down", "up"] = Field(
+        "down",
+        description="`fedrolex`'s window direction: down (published `torch.roll(arange(c), t)[:k]`, t = round - 1: "
+        "round 1 keeps the first channels, then the window moves one channel down each round) or up (starts "
+        "`round mod c` channels in and moves up)",
     )
 
 
-@register
+WIDTH_KEYS = KeyGroup("width", "width-", WidthOptions, "Width methods: published elements")
+
+
 class HeteroFL(ChannelMethod, MaskedMethod):
     """First-channels width submodels."""
 
@@ -100,20 +99,37 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)`, with HeteroFL's scaler, "
         "masked cross-entropy and label-split classifier aggregation"
     )
-    options = WidthOptions
-    options_prefix = "heterofl-"
+    shared_key_groups = (WIDTH_KEYS,)
+    #: The aggregation weighting ``width-weighting = "auto"`` stands for.
+    default_weighting: ClassVar[str] = "uniform"
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
-        self.opts: WidthOptions = run.options(self.name) or WidthOptions()
+        self.opts: WidthOptions = run.options(WIDTH_KEYS.name)
+        self.weighting = self.opts.weighting if self.opts.weighting != "auto" else self.default_weighting
+
+    @classmethod
+    def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
+        """The published local training clips each step's gradient at norm 1 and masks absent labels."""
+        return {**super().auto_settings(run), "clip_grad_norm": 1.0, "label_mask": True}
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """``avg`` weighting is FedRolex's running update counts, which HeteroFL does not keep."""
+        super().check_run(run)
+        if run.options(WIDTH_KEYS.name).weighting == "avg" and cls.default_weighting != "avg":
+            raise ValueError(
+                f"width-weighting='avg' is FedRolex's running update counts, which {cls.name} does not keep "
+                "(uniform or examples)"
+            )
 
     def describe(self) -> str:
         """Method and the published elements switched on."""
         o = self.opts
         return (
             f"method={self.name} scaler={o.scaler} scaler-linear={o.scaler_linear} "
-            f"label-mask={o.label_mask or self.run.label_mask} "
-            f"label-split={o.label_split} clip-grad={o.clip_grad:g} weighting={o.weighting}"
+            f"label-mask={self.run.label_mask} "
+            f"label-split={o.label_split} clip-grad={self.run.clip_grad_norm:g} weighting={self.weighting}"
         )
 
     def roll(self, server_round: float) -> int:
@@ -145,7 +161,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         if arrays is not None and self.opts.label_split:
             arrays = dict(arrays)
             if P.CLASSES not in arrays:
-                raise ReplyError(f"array {P.CLASSES!r} missing ({self.options_prefix}label-split is on)")
+                raise ReplyError(f"array {P.CLASSES!r} missing (width-label-split is on)")
             try:
                 flags = check_class_flags(arrays.pop(P.CLASSES), self.num_classes)
             except ValueError as err:
@@ -154,7 +170,7 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         update = reply.update
         if flags is not None:
             update = restrict_to_classes(update, self.position_class, flags)
-        if self.opts.weighting != "examples":
+        if self.weighting != "examples":
             update = replace(update, weight=1.0)
         return replace(reply, update=update)
 
@@ -168,7 +184,6 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         if self.opts.scaler:
             rate = held_width(layout, channel_graph(self.run.model, layout), mask)
             set_scaler_rate(model, rate, hidden_linear=self.opts.scaler_linear)
-        cfg = replace(cfg, label_mask=cfg.label_mask or self.opts.label_mask, clip_grad_norm=self.opts.clip_grad)
         encoding = self.upload_encoding(self.run)
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=encoding != "none")
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}

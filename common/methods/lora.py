@@ -26,7 +26,6 @@ from torch import nn
 from common.aggregation.masked import MaskedUpdate
 from common.config.schema import ConfigError, Schema
 from common.fisher.codec import encode_fisher
-from common.methods import register
 from common.methods.base import LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.models.architectures import build_run_model
@@ -44,7 +43,8 @@ from common.submodels.lora_ranks import (
     lora_rank,
     rank_mask,
 )
-from common.training.loop import GradientMoments, TrainConfig, train_loop
+from common.training.accumulators import GradientMoments
+from common.training.loop import TrainConfig, train_loop
 from common.wire import protocol as P
 
 if TYPE_CHECKING:
@@ -82,7 +82,6 @@ class LoRAOptions(Schema):
     )
 
 
-@register
 class LoRA(FisherRankedMethod):
     """LoRA adapters of capacity-proportional rank on a frozen pretrained model."""
 

@@ -16,7 +16,7 @@ method) unless ``-c`` says otherwise; the model without normalisation that earli
 
 A method may carry run-config keys of its own after ``+``: ``fedfibos+fisher-every=1`` is a row of
 its own beside ``fedfibos``, which is how one command compares a method's variants (the Fisher
-ablation) or runs FedGMR twice: capacity-limited (``fedgmr+gmr-capacity-kind=memory``) and as
+ablation) or runs FedGMR twice: capacity-limited (``fedgmr+capacity-kind=memory``) and as
 published (``fedgmr``, whose ``bandwidth`` clients grow to the full model). By default every
 method runs, FedGMR both ways.
 

@@ -133,7 +133,8 @@ def measure(
 
     from common.models.architectures import build_model, model_layout
     from common.models.structured import build_structured_model
-    from common.training.loop import TrainConfig, as_input, attach_masks, train_masked, train_small
+    from common.training.loop import TrainConfig, as_input, attach_masks, train_masked
+    from common.training.structured import train_small
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = _data(model, examples, seed)

@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
+from common.config.node import NodeConfig
 from common.config.parse import key_groups
 from common.config.run import RunConfig
 from common.config.schema import KeyGroup, kebab
@@ -30,6 +31,7 @@ from common.methods import registry
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_START = "[tool.flwr.app.config]\n"
 README_START = "| key | default | allowed | meaning |\n"
+NODE_START = "| key | required | allowed | meaning |\n"
 METHODS_START = "| `method` | submodel of a client with capacity `gamma` |\n"
 LAYOUT_START = "## Layout\n"
 #: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
@@ -133,6 +135,15 @@ def readme_table() -> str:
     return "".join(rows)
 
 
+def node_table() -> str:
+    """The README's node-config table: key, when it is required, allowed values, meaning."""
+    rows = [NODE_START, "|---|---|---|---|\n"]
+    for name, field in NodeConfig.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        rows.append(f"| `{kebab(name)}` | {extra['required']} | {extra['allowed']} | {field.description} |\n")
+    return "".join(rows)
+
+
 def methods_table() -> str:
     """README's table of methods, from each registered method's ``summary``."""
     rows = [METHODS_START, "|---|---|\n"]
@@ -182,7 +193,12 @@ def expected_files() -> dict[Path, str]:
         pyproject: _replace_block(pyproject.read_text(), MANIFEST_START, manifest_block(), "\n["),
         readme: _replace_block(
             _replace_block(
-                _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+                _replace_block(
+                    _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+                    NODE_START,
+                    node_table(),
+                    "\n\n",
+                ),
                 METHODS_START,
                 methods_table(),
                 "\n\n",
