@@ -86,8 +86,7 @@ def train(msg: Message, context: Context) -> Message:
         )
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     peak_mib = peak.peak_mib if peak.peak_bytes else None
-    encoding = update.fisher_encoding if update.fisher_encoding is not None else method.upload_encoding(run)
-    return train_reply(msg, update, got.round, got.digest, encoding, peak_mib)
+    return train_reply(msg, update, got.round, got.digest, peak_mib)
 
 
 @app.evaluate()

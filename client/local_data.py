@@ -60,7 +60,7 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         "partitioner": run.partitioner,
         "alpha": run.dirichlet_alpha,
         "classes": run.classes_per_client,
-        "node": asdict(node) | {"capacity": None, "device": None},
+        "node": node.model_dump() | {"capacity": None, "device": None},
         # The node's own data: the run's label space and input shape, and the folder as it is now (an edit
         # to the folder is a new entry).
         "node_data": [run.classes, run.image_size, run.image_channels, folder_fingerprint(node.data_path)]

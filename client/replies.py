@@ -17,7 +17,6 @@ def train_reply(
     update: LocalUpdate,
     server_round: int,
     mask_digest: str,
-    fisher_encoding: str,
     peak_rss_mib: float | None = None,
 ) -> Message:
     """Reply to ``msg`` with the method's local ``update``.
@@ -32,8 +31,6 @@ def train_reply(
         The round the submodel was sent for.
     mask_digest : str
         Digest of the mask (or kept channels) the server sent, echoed back.
-    fisher_encoding : str
-        Fisher upload encoding used (``none`` for methods that upload none).
     peak_rss_mib : float or None
         The client process's peak resident memory while it trained, in MiB; ``None`` sends no value.
     """
@@ -49,9 +46,7 @@ def train_reply(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),
             P.METRICS: MetricRecord(metrics),
-            P.META: ConfigRecord(
-                {"round": server_round, "mask-digest": mask_digest, "fisher-encoding": fisher_encoding}
-            ),
+            P.META: ConfigRecord({"round": server_round, "mask-digest": mask_digest}),
         }
     )
     return Message(content, reply_to=msg)

@@ -215,7 +215,7 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
                 raise ReplyError(parts.error)
             if parts.node_id != d.node_id:
                 raise ReplyError(f"reply comes from node {parts.node_id}, the message went to node {d.node_id}")
-            reply = self.method.validate(parts.arrays, parts.metrics, parts.meta, d.sent, self.x)
+            reply = self.method.validate(parts.records, d.sent, self.x)
             step = self.async_method.apply_async(self.x, self.last_changed, self.version, reply.update, d.version)
         except (ReplyError, TooStale) as err:
             log(WARNING, "update from node %d (dispatch %d) rejected: %s", d.node_id, d.sent.round, err)

@@ -9,7 +9,7 @@ from typing import Any
 from flwr.app import Message
 from numpy.typing import NDArray
 
-from common.wire.validation import ReplyError, SentSubmodel
+from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel
 
 
 @dataclass
@@ -37,6 +37,11 @@ class ReplyParts:
     error: str | None = None
     nbytes: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> ReplyRecords:
+        """The records a method validates (:meth:`common.methods.base.Method.validate`)."""
+        return ReplyRecords(self.arrays, self.metrics, self.meta)
 
 
 def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key: str | None) -> ReplyParts:

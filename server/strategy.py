@@ -392,7 +392,7 @@ class SubmodelStrategy(Strategy):
             info = self.clients.get(p.node_id)
             try:
                 sent = expected_sent(p, self.sent, accepted)
-                reply = self.method.validate(p.arrays, p.metrics, p.meta, sent, self.x)
+                reply = self.method.validate(p.records, sent, self.x)
             except ReplyError as err:
                 log(WARNING, "round %d: reply from node %d rejected: %s", server_round, p.node_id, err)
                 if info is not None and info.status in ("no reply",):

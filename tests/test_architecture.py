@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("server", "client", "common")
@@ -18,12 +22,13 @@ def _is_type_checking(node: ast.If) -> bool:
     return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """Project modules imported anywhere in ``tree`` (functions included), except under ``if TYPE_CHECKING``."""
+def _imports(tree: ast.AST, modules: set[str], type_only: bool = False) -> set[str]:
+    """Project modules imported anywhere in ``tree`` (functions included); under ``if TYPE_CHECKING`` too with
+    ``type_only``."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             for child in node.orelse:
                 visit(child)
             return
@@ -39,10 +44,10 @@ def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules}
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     modules = set(files)
-    return {name: _imports(ast.parse(path.read_text()), modules) - {name} for name, path in files.items()}
+    return {name: _imports(ast.parse(path.read_text()), modules, type_only) - {name} for name, path in files.items()}
 
 
 def test_server_and_client_do_not_import_each_other_and_common_imports_neither():
@@ -58,8 +63,9 @@ def test_server_and_client_do_not_import_each_other_and_common_imports_neither()
     assert bad == []
 
 
-def test_no_import_cycle():
-    graph = _graph()
+@pytest.mark.parametrize("type_only", [False, True], ids=["run-time", "type-only-included"])
+def test_no_import_cycle(type_only):
+    graph = _graph(type_only)
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     cycles = []
 
@@ -106,3 +112,36 @@ def test_the_fab_holds_exactly_what_the_server_and_client_apps_import():
     included = {_module_name(ROOT / n) for n in names if n.endswith(".py")}
     assert needed - included == set(), "the apps import modules the FAB lacks"
     assert {m for m in included - needed if not m.startswith("common")} == set(), "operator tools in the FAB"
+
+
+def test_no_folder_holds_more_than_fifteen_modules():
+    crowded = {}
+    for pkg in PACKAGES:
+        for folder in [ROOT / pkg, *(p for p in (ROOT / pkg).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+            modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+            if len(modules) > 15:
+                crowded[str(folder.relative_to(ROOT))] = len(modules)
+    assert crowded == {}
+
+
+def test_the_shared_layers_hold_nothing_method_specific():
+    """The wire format, the training loop and the config schema import no method and no submodel rule."""
+    graph = _graph(type_only=True)
+    shared = [m for m in graph if m.startswith(("common.wire", "common.training", "common.config"))]
+    bad = {
+        m: sorted(d for d in graph[m] if d.startswith(("common.methods", "common.submodels")))
+        for m in shared
+        if m != "common.config.parse"  # parsing needs the registry (and only the registry)
+    }
+    assert {m: d for m, d in bad.items() if d} == {}
+    assert {d for d in graph["common.config.parse"] if d.startswith("common.methods")} == {"common.methods"}
+
+
+def test_the_config_schema_loads_neither_torch_nor_the_methods():
+    code = (
+        "import sys, common.config.run, common.config.node;"
+        "from common.config.run import RunConfig; RunConfig.model_validate({'lr': 0.05});"
+        "print(sorted(m for m in ('torch', 'numpy', 'common.methods', 'flwr') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

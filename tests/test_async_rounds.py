@@ -37,7 +37,7 @@ def _parts(d, delta=None, **meta):
         node_id=d.node_id,
         arrays={"delta": np.full(k, 0.1, dtype=np.float32) if delta is None else delta},
         metrics={"num-examples": 50, "train-loss": 1.0, "train-seconds": 2.0, "fisher-seconds": 0.0},
-        meta={"round": d.sent.round, "mask-digest": d.sent.digest, "fisher-encoding": "none", **meta},
+        meta={"round": d.sent.round, "mask-digest": d.sent.digest, **meta},
         nbytes=4 * k,
     )
 

@@ -188,7 +188,7 @@ def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estima
         if len(refreshes) == 1:  # the warm-up's
             return update
         arrays = {P.DELTA: update.arrays[P.DELTA]}
-        return type(update)(arrays, update.num_examples, update.loss, update.train_seconds, 0.0, "none")
+        return type(update)(arrays, update.num_examples, update.loss, update.train_seconds, 0.0)
 
     monkeypatch.setattr(MaskedMethod, "client_train", forgetful)
     x_after_round: list[np.ndarray] = []

@@ -57,7 +57,7 @@ def _setup():
             node_id=node_id,
             arrays=arrays,
             metrics={"num-examples": len(data), "train-loss": 1.0, "train-seconds": 0.5, "fisher-seconds": 0.01},
-            meta={"round": ROUND, "mask-digest": payload.digest, "fisher-encoding": "masked"},
+            meta={"round": ROUND, "mask-digest": payload.digest},
         )
     return strategy, replies
 
@@ -107,7 +107,6 @@ CATALOGUE = {
     "missing meta record": _drop("meta"),
     "round not sent": _set("meta", "round", ROUND - 1),
     "mask not sent": _set("meta", "mask-digest", "0123456789abcdef"),
-    "wrong fisher encoding": _set("meta", "fisher-encoding", "dense"),
     "wrong array name": _mutate_arrays(lambda a: a.update({"weights": a.pop(P.DELTA)})),
     "extra array": _mutate_arrays(lambda a: a.update({"extra": np.zeros(3, np.float32)})),
     "delta count differs from mask": _mutate_arrays(lambda a: a.update({P.DELTA: a[P.DELTA][:-1]})),
@@ -235,9 +234,7 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     assert s.method.upload_encoding(s.cfg) == "none"
     lean = copy.deepcopy(replies[GOOD])
     lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
-    lean.meta["fisher-encoding"] = "none"
-    heavy = copy.deepcopy(replies[OTHER])
-    heavy.meta["fisher-encoding"] = "none"  # still carries fisher.* arrays: rejected
+    heavy = copy.deepcopy(replies[OTHER])  # still carries fisher.* arrays: rejected
     accepted = s.apply_train_replies(ROUND, [lean, heavy])
     assert len(accepted) == 1 and accepted[0].fisher is None
     assert s.method.state_bytes() == b""  # magnitude ranking keeps no Fisher

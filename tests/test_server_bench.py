@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from common.config.run import RunConfig
+from common.config.parse import parse_run_config
 from server.benchmarks.server_bench import (
     STEPS,
     capacities_for,
@@ -32,8 +32,10 @@ def test_capacities_cycle():
 def test_round_memory_counts_each_reply_and_the_stored_estimates():
     # Two clients of d = 100 at capacities 1 and 1/4: masks and decoded Fisher 5 bytes per position each,
     # indices and deltas 12 bytes per kept position (100 + 25); both stored in fp32 plus 12 bytes per position.
-    assert round_memory(100, [1.0, 0.25], 2, RunConfig()) == {"replies": 2500.0, "fisher_state": 2000.0}
-    small = RunConfig(fisher_memory_mb=1, fisher_precision="fp16")  # a budget of 3 estimates (the floor)
+    assert round_memory(100, [1.0, 0.25], 2, parse_run_config({})) == {"replies": 2500.0, "fisher_state": 2000.0}
+    small = parse_run_config(
+        {"fisher-memory-mb": 1.0, "fisher-precision": "fp16"}
+    )  # a budget of 3 estimates (the floor)
     assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18
 
 

@@ -11,7 +11,10 @@ from hypothesis import strategies as st
 from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
 from common.models.structured import build_structured_model, skeleton_layout
 from common.submodels.channel_slicing import (
+    channels_digest,
     check_selection,
+    decode_channels,
+    encode_channels,
     reconstruct,
     selection_mask,
     selection_of_mask,
@@ -20,7 +23,6 @@ from common.submodels.channel_slicing import (
     sliced_shapes,
 )
 from common.submodels.width import channel_graph, group_sizes, width_mask
-from common.wire import protocol as P
 
 MODELS = {"cnn": (1, 8), "resnet18": (3, 32)}
 
@@ -179,11 +181,11 @@ def test_channel_indices_travel_in_the_narrowest_dtype_and_decode_strictly(full)
     _, _, layout, graph, _ = full
     sizes = group_sizes(layout, graph)
     selection = _random_selection(sizes, 0.5, 8)
-    wire = P.encode_channels(selection, sizes)
+    wire = encode_channels(selection, sizes)
     assert all(a.dtype == np.uint8 if sizes[g] <= 256 else a.dtype == np.uint16 for g, a in wire.items())
-    back = P.decode_channels(wire, sizes)
+    back = decode_channels(wire, sizes)
     assert all(np.array_equal(back[g], selection[g]) for g in sizes)
     g0 = next(iter(sizes))
     with pytest.raises(ValueError, match=g0):
-        P.decode_channels({**wire, g0: wire[g0].astype(np.int64)}, sizes)
-    assert P.channels_digest(wire) != P.channels_digest({**wire, g0: wire[g0][:-1]})
+        decode_channels({**wire, g0: wire[g0].astype(np.int64)}, sizes)
+    assert channels_digest(wire) != channels_digest({**wire, g0: wire[g0][:-1]})

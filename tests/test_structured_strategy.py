@@ -12,7 +12,7 @@ from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from common.data.datasets import load_dataset
 from common.data.partitioning import partition_indices
-from common.methods.cahfp import reply_arrays
+from common.methods.cahfp import SCORE_PREFIX, reply_arrays, score_name
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.models.structured import build_structured_model
 from common.submodels.channel_scores import kept_count
@@ -57,7 +57,7 @@ def _setup():
             node_id=node_id,
             arrays=reply_arrays(small_layout, strategy.method.graph, payload.records[P.SUBMODEL], result),
             metrics={"num-examples": len(data), "train-loss": result.loss, "train-seconds": 0.5, "fisher-seconds": 0.0},
-            meta={"round": ROUND, "mask-digest": payload.digest, "fisher-encoding": "none"},
+            meta={"round": ROUND, "mask-digest": payload.digest},
         )
     return strategy, replies
 
@@ -102,7 +102,7 @@ def test_valid_replies_are_reconstructed_and_aggregated_mask_aware(base):
     den = np.zeros(strategy.layout.size)
     for node_id, r in replies.items():
         mask = strategy.sent[node_id].mask
-        small = {n: a for n, a in r.arrays.items() if not n.startswith(P.SCORE_PREFIX)}
+        small = {n: a for n, a in r.arrays.items() if not n.startswith(SCORE_PREFIX)}
         trained = np.concatenate([small[n].reshape(-1) for n in strategy.layout.names])
         num[mask] += weights[node_id] * (trained - strategy.x[mask])
         den[mask] += weights[node_id]
@@ -123,7 +123,7 @@ def test_channels_held_by_nobody_keep_global_values_and_scores(base):
     for g, idx in selection.items():
         measured = s.method.state.measured[g]
         assert measured[idx].all() and measured.sum() == idx.size
-        expected = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        expected = replies[SMALL].arrays[score_name(g)].astype(np.float64)
         np.testing.assert_array_equal(s.method.state.score[g][idx], expected)
 
 
@@ -134,7 +134,7 @@ def _with_options(strategy, **changes):
 
 
 def _trained_flat(strategy, reply):
-    small = {n: a for n, a in reply.arrays.items() if not n.startswith(P.SCORE_PREFIX)}
+    small = {n: a for n, a in reply.arrays.items() if not n.startswith(SCORE_PREFIX)}
     return np.concatenate([small[n].reshape(-1) for n in strategy.layout.names])
 
 
@@ -172,10 +172,10 @@ def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
         assert source == "client"
         picks[node_id] = selection_of_mask(strategy.layout, strategy.method.graph, mask)
     for g, n in sizes.items():
-        large = replies[LARGE].arrays[P.score_name(g)].astype(np.float64)  # LARGE held every channel
+        large = replies[LARGE].arrays[score_name(g)].astype(np.float64)  # LARGE held every channel
         # SMALL: its own score where it held the channel, else the pooled one (the example-weighted mean of
         # both clients' scores), rescaled by sum(own) / sum(pooled) over the channels SMALL held
-        small = replies[SMALL].arrays[P.score_name(g)].astype(np.float64)
+        small = replies[SMALL].arrays[score_name(g)].astype(np.float64)
         w_small, w_large = replies[SMALL].metrics["num-examples"], replies[LARGE].metrics["num-examples"]
         pooled = large.copy()
         pooled[small_held[g]] = (w_small * small + w_large * large[small_held[g]]) / (w_small + w_large)
@@ -192,7 +192,7 @@ def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
 
 
 def _tensor_name(r):
-    return next(n for n in r.arrays if not n.startswith(P.SCORE_PREFIX))
+    return next(n for n in r.arrays if not n.startswith(SCORE_PREFIX))
 
 
 def _with(fn):
@@ -211,14 +211,14 @@ BAD = {
     "small tensor NaN": _with(lambda a, n: a.update({n: np.full_like(a[n], np.nan)})),
     "small tensor missing": _with(lambda a, n: a.pop(n)),
     "extra array": _with(lambda a, n: a.update({"extra": np.zeros(2, np.float32)})),
-    "score group missing": _with(lambda a, n: a.pop(P.score_name("conv2"))),
-    "score length": _with(lambda a, n: a.update({P.score_name("fc1"): a[P.score_name("fc1")][:-1]})),
-    "score NaN": _with(lambda a, n: a.update({P.score_name("conv1"): np.full_like(a[P.score_name("conv1")], np.nan)})),
-    "score dtype": _with(lambda a, n: a.update({P.score_name("conv1"): a[P.score_name("conv1")].astype(np.float64)})),
+    "score group missing": _with(lambda a, n: a.pop(score_name("conv2"))),
+    "score length": _with(lambda a, n: a.update({score_name("fc1"): a[score_name("fc1")][:-1]})),
+    "score NaN": _with(lambda a, n: a.update({score_name("conv1"): np.full_like(a[score_name("conv1")], np.nan)})),
+    "score dtype": _with(lambda a, n: a.update({score_name("conv1"): a[score_name("conv1")].astype(np.float64)})),
     "no arrays": lambda r: (setattr(r, "arrays", None), r)[1],
     "wrong round": lambda r: (r.meta.update({"round": ROUND + 1}), r)[1],
     "wrong digest": lambda r: (r.meta.update({"mask-digest": "0" * 16}), r)[1],
-    "fisher payload claimed": lambda r: (r.meta.update({"fisher-encoding": "masked"}), r)[1],
+    "fisher payload sent": _with(lambda a, n: a.update({"fisher.values": np.ones(3, np.float32)})),
     "zero examples": lambda r: (r.metrics.update({"num-examples": 0}), r)[1],
 }
 
@@ -280,7 +280,7 @@ def test_curvature_selected_small_submodels_learn_in_process():
                     i,
                     reply_arrays(small_layout, s.method.graph, payload.records[P.SUBMODEL], result),
                     {**metrics, "fisher-seconds": 0.0},
-                    {"round": rnd, "mask-digest": payload.digest, "fisher-encoding": "none"},
+                    {"round": rnd, "mask-digest": payload.digest},
                 )
             )
         assert len(s.apply_train_replies(rnd, replies)) == 3

@@ -34,6 +34,7 @@ from common.models.layout import ParamLayout, TensorSpec
 from common.models.structured import build_structured_model
 from common.submodels.channel_slicing import selection_of_mask, slice_arrays
 from common.submodels.label_split import (
+    CLASSES,
     check_class_flags,
     class_of_position,
     num_outputs,
@@ -43,7 +44,7 @@ from common.submodels.label_split import (
 from common.submodels.width import channel_graph, held_width, width_mask, width_ratio
 from common.training.loop import TrainConfig, round_train_config, train_masked
 from common.wire import protocol as P
-from common.wire.validation import ReplyError, SentSubmodel, TrainReply
+from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel, TrainReply
 
 CPU = torch.device("cpu")
 RATES = [1.0, 0.5, 0.25, 0.125]
@@ -433,7 +434,7 @@ class Round:
         return SentSubmodel(1, 3, self.mask, self.received.digest, len(self.data))
 
 
-META = {"round": 3, "fisher-encoding": "none"}
+META = {"round": 3}
 
 
 def _round(run, gamma) -> Round:
@@ -458,23 +459,23 @@ def test_reply_carries_classes_and_the_server_cuts_the_classifier_to_them(name):
     r = _round(run, gamma=1 / 4)
     cfg = TrainConfig(epochs=1, batch_size=16, lr=0.05, label_mask=run.label_mask)  # the run's: `auto` = on
     upd = r.method.client_train(r.received, r.data, cfg, CPU)
-    assert upd.arrays[P.CLASSES].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
+    assert upd.arrays[CLASSES].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
     cls = class_of_position(r.method.layout)
     sent_idx = np.flatnonzero(r.mask)
     absent_rows = (cls[sent_idx] >= 0) & ~np.isin(cls[sent_idx], [3, 7])
     # Masked cross-entropy (on by default): absent classes' rows are not trained at all.
     assert np.all(upd.arrays[P.DELTA][absent_rows] == 0) and np.any(upd.arrays[P.DELTA][~absent_rows] != 0)
     meta = META | {"mask-digest": r.received.digest}
-    reply = r.method.validate(upd.arrays, _metrics(upd), meta, r.sent(), r.x)
+    reply = r.method.validate(ReplyRecords(upd.arrays, _metrics(upd), meta), r.sent(), r.x)
     kept = cls[reply.update.indices]
     assert set(np.unique(kept[kept >= 0])) == {3, 7}
     assert reply.update.weight == 1.0  # published weighting: every client counts once
     assert reply.update.indices.size == sent_idx.size - absent_rows.sum()
-    missing = {k: v for k, v in upd.arrays.items() if k != P.CLASSES}
+    missing = {k: v for k, v in upd.arrays.items() if k != CLASSES}
     with pytest.raises(ReplyError, match="classes"):
-        r.method.validate(missing, _metrics(upd), meta, r.sent(), r.x)
+        r.method.validate(ReplyRecords(missing, _metrics(upd), meta), r.sent(), r.x)
     with pytest.raises(ReplyError, match="no class"):
-        r.method.validate(missing | {P.CLASSES: np.zeros(10, np.uint8)}, _metrics(upd), meta, r.sent(), r.x)
+        r.method.validate(ReplyRecords(missing | {CLASSES: np.zeros(10, np.uint8)}, _metrics(upd), meta), r.sent(), r.x)
 
 
 def test_published_elements_can_be_switched_off():
@@ -490,10 +491,11 @@ def test_published_elements_can_be_switched_off():
     )
     r = _round(run, gamma=1 / 4)
     upd = r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
-    assert P.CLASSES not in upd.arrays
+    assert CLASSES not in upd.arrays
     cls = class_of_position(r.method.layout)[np.flatnonzero(r.mask)]
     assert np.any(upd.arrays[P.DELTA][(cls >= 0) & ~np.isin(cls, [3, 7])] != 0)  # absent classes pushed down
-    reply = r.method.validate(upd.arrays, _metrics(upd), META | {"mask-digest": r.received.digest}, r.sent(), r.x)
+    meta = META | {"mask-digest": r.received.digest}
+    reply = r.method.validate(ReplyRecords(upd.arrays, _metrics(upd), meta), r.sent(), r.x)
     assert reply.update.indices.size == r.mask.sum() and reply.update.weight == len(r.data)
 
 

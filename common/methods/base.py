@@ -32,7 +32,7 @@ from common.aggregation.asynchronous import AsyncStep
 from common.aggregation.masked import MaskedUpdate
 from common.config.schema import KeyGroup, Schema
 from common.models.layout import ParamLayout
-from common.wire.validation import SentSubmodel, TrainReply
+from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -119,8 +119,6 @@ class LocalUpdate:
         Wall-clock seconds of local training, statistics included.
     fisher_seconds : float
         Seconds of the statistics (Fisher, curvature) accumulated inside training.
-    fisher_encoding : str or None
-        The Fisher encoding of ``arrays`` when it is not the run's (``none``: not asked this round).
     """
 
     arrays: dict[str, NDArray]
@@ -128,7 +126,6 @@ class LocalUpdate:
     loss: float
     train_seconds: float
     fisher_seconds: float
-    fisher_encoding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -314,15 +311,12 @@ class Method:
         """
         return FisherRequest({}) if self.upload_encoding(self.run) != "none" else None
 
-    def validate(
-        self,
-        arrays: Mapping[str, NDArray] | None,
-        metrics: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        sent: SentSubmodel,
-        x: NDArray[np.float32],
-    ) -> TrainReply:
-        """Check a TRAIN reply against what was ``sent`` and decode it; ``ReplyError`` says why not."""
+    def validate(self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]) -> TrainReply:
+        """Check a TRAIN reply against what was ``sent`` and decode it; ``ReplyError`` says why not.
+
+        The method owns its reply's payload: it packs it (:meth:`client_train`) and checks and decodes it
+        here, so the shared layers (:mod:`common.wire`) know only what every masked reply carries.
+        """
         raise NotImplementedError
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:

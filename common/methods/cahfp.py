@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -55,7 +55,12 @@ from common.submodels.channel_scores import (
     score_capacity,
 )
 from common.submodels.channel_slicing import (
+    CHANNELS,
+    CHANNELS_KIND,
+    channels_digest,
     check_small_arrays,
+    decode_channels,
+    encode_channels,
     reconstruct,
     selection_mask,
     selection_of_mask,
@@ -66,10 +71,26 @@ from common.submodels.width import TensorChannels, channel_graph, group_sizes
 from common.training.loop import TrainConfig
 from common.training.structured import SmallTrainResult, train_small
 from common.wire import protocol as P
-from common.wire.validation import ReplyError, SentSubmodel, TrainReply, check_meta, validate_train_reply
+from common.wire.validation import (
+    ReplyError,
+    ReplyRecords,
+    SentSubmodel,
+    TrainReply,
+    check_meta,
+    validate_train_reply,
+)
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
+
+
+#: A reply's channel scores travel as one array per channel group, named ``score.<group>``.
+SCORE_PREFIX = "score."
+
+
+def score_name(group: str) -> str:
+    """Array name of a group's channel scores in a CA-HFP reply."""
+    return SCORE_PREFIX + group
 
 
 class CAHFPOptions(Schema):
@@ -133,7 +154,7 @@ def reply_arrays(
     g = small_layout.flatten(result.grad_mean)
     h = small_layout.flatten(result.fisher)
     sums = channel_scores(small_layout, graph, g, h, small_layout.flatten(received))
-    return {**result.params, **{P.score_name(group): s.astype(np.float32) for group, s in sums.items()}}
+    return {**result.params, **{score_name(group): s.astype(np.float32) for group, s in sums.items()}}
 
 
 class CAHFP(ChannelMethod):
@@ -183,36 +204,30 @@ class CAHFP(ChannelMethod):
         """The small model's tensors and the kept channel indices per group."""
         selection = selection_of_mask(self.layout, self.graph, mask)
         arrays = slice_arrays(self.layout, self.graph, selection, self.layout.unflatten(x))
-        channels = P.encode_channels(selection, self.sizes)
+        channels = encode_channels(selection, self.sizes)
         return Download(
-            {P.SUBMODEL: arrays, P.CHANNELS: channels},
-            P.CHANNELS_KIND,
-            P.channels_digest(channels),
+            {P.SUBMODEL: arrays, CHANNELS: channels},
+            CHANNELS_KIND,
+            channels_digest(channels),
             int(sum(a.nbytes for a in arrays.values())),
             int(sum(a.nbytes for a in channels.values())),
         )
 
-    def validate(
-        self,
-        arrays: Mapping[str, NDArray] | None,
-        metrics: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        sent: SentSubmodel,
-        x: NDArray[np.float32],
-    ) -> StructuredReply:
+    def validate(self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]) -> StructuredReply:
         """Check the small tensors and channel scores against what was sent, reconstruct the full update."""
-        check_meta(meta, sent)
+        arrays = reply.arrays
+        check_meta(reply.meta, sent)
         if arrays is None:
             raise ReplyError(f"array record {P.UPDATE!r} missing")
         selection = selection_of_mask(self.layout, self.graph, sent.mask)
-        tensors = {n: a for n, a in arrays.items() if not n.startswith(P.SCORE_PREFIX)}
-        score_arrays = {n: a for n, a in arrays.items() if n.startswith(P.SCORE_PREFIX)}
-        expected = {P.score_name(g) for g in self.sizes}
+        tensors = {n: a for n, a in arrays.items() if not n.startswith(SCORE_PREFIX)}
+        score_arrays = {n: a for n, a in arrays.items() if n.startswith(SCORE_PREFIX)}
+        expected = {score_name(g) for g in self.sizes}
         if set(score_arrays) != expected:
             raise ReplyError(f"channel scores {sorted(score_arrays)} differ from the expected {sorted(expected)}")
         scores = {}
         for g, idx in selection.items():
-            s = np.asarray(score_arrays[P.score_name(g)])
+            s = np.asarray(score_arrays[score_name(g)])
             if s.dtype != np.float32 or s.shape != idx.shape or not np.all(np.isfinite(s)):
                 raise ReplyError(
                     f"scores of group {g!r} must be {idx.size} finite float32 values, got {s.dtype}{list(s.shape)}"
@@ -223,7 +238,7 @@ class CAHFP(ChannelMethod):
         except ValueError as err:
             raise ReplyError(f"small model rejected: {err}") from err
         delta = (full[mask] - x[mask]).astype(np.float32)
-        base = validate_train_reply({P.DELTA: delta}, metrics, meta, sent, self.layout, self.upload_encoding(self.run))
+        base, _ = validate_train_reply(ReplyRecords({P.DELTA: delta}, reply.metrics, reply.meta), sent, self.layout)
         report = ChannelReport(selection, scores, base.update.weight)
         return StructuredReply(base.update, base.fisher, base.metrics, report)
 
@@ -251,11 +266,11 @@ class CAHFP(ChannelMethod):
             raise ValueError(
                 f"server model has d={received.d} but this node builds d={layout.size}: run configs differ"
             )
-        if received.kind != P.CHANNELS_KIND:
-            raise ValueError(f"method cahfp expects a {P.CHANNELS_KIND!r} submodel, got mask-kind {received.kind!r}")
+        if received.kind != CHANNELS_KIND:
+            raise ValueError(f"method cahfp expects a {CHANNELS_KIND!r} submodel, got mask-kind {received.kind!r}")
         graph = channel_graph(self.run.model, layout)
-        channels = dict(received.records[P.CHANNELS])
-        selection = P.decode_channels(channels, group_sizes(layout, graph))
+        channels = dict(received.records[CHANNELS])
+        selection = decode_channels(channels, group_sizes(layout, graph))
         arrays = dict(received.records[P.SUBMODEL])
         check_small_arrays(layout, graph, selection, arrays)
         small_layout = sliced_layout(layout, graph, selection)

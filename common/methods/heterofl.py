@@ -29,7 +29,6 @@ statistics of each test batch. The table of published elements: ``docs/FIDELITY.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -46,11 +45,11 @@ from common.methods.channels import ChannelMethod
 from common.methods.masked import MaskedMethod, decode_received
 from common.models.architectures import set_scaler_rate
 from common.models.layout import ParamLayout
-from common.submodels.label_split import check_class_flags, class_of_position, num_outputs, restrict_to_classes
+from common.submodels.label_split import CLASSES, check_class_flags, class_of_position, num_outputs, restrict_to_classes
 from common.submodels.width import channel_graph, held_width, width_mask, width_ratio
 from common.training.loop import TrainConfig, train_masked
 from common.wire import protocol as P
-from common.wire.validation import ReplyError, SentSubmodel, TrainReply
+from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -148,31 +147,25 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         self.position_class = class_of_position(layout)
         self.num_classes = num_outputs(layout)
 
-    def validate(
-        self,
-        arrays: Mapping[str, NDArray] | None,
-        metrics: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        sent: SentSubmodel,
-        x: NDArray[np.float32],
-    ) -> TrainReply:
+    def validate(self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]) -> TrainReply:
         """The masked reply; with label split, its ``classes`` too, and the classifier rows cut to them."""
         flags = None
+        arrays = reply.arrays
         if arrays is not None and self.opts.label_split:
             arrays = dict(arrays)
-            if P.CLASSES not in arrays:
-                raise ReplyError(f"array {P.CLASSES!r} missing (width-label-split is on)")
+            if CLASSES not in arrays:
+                raise ReplyError(f"array {CLASSES!r} missing (width-label-split is on)")
             try:
-                flags = check_class_flags(arrays.pop(P.CLASSES), self.num_classes)
+                flags = check_class_flags(arrays.pop(CLASSES), self.num_classes)
             except ValueError as err:
                 raise ReplyError(str(err)) from err
-        reply = super().validate(arrays, metrics, meta, sent, x)
-        update = reply.update
+        checked = super().validate(ReplyRecords(arrays, reply.metrics, reply.meta), sent, x)
+        update = checked.update
         if flags is not None:
             update = restrict_to_classes(update, self.position_class, flags)
         if self.weighting != "examples":
             update = replace(update, weight=1.0)
-        return replace(reply, update=update)
+        return replace(checked, update=update)
 
     # -------------------------------------------------------------- client side
     def client_train(
@@ -190,5 +183,5 @@ class HeteroFL(ChannelMethod, MaskedMethod):
         arrays.update(encode_fisher(result.fisher, mask, layout, encoding))
         if self.opts.label_split:
             counts = np.bincount(train.y, minlength=train.num_classes)[: train.num_classes]
-            arrays[P.CLASSES] = (counts > 0).astype(np.uint8)
+            arrays[CLASSES] = (counts > 0).astype(np.uint8)
         return LocalUpdate(arrays, result.num_examples, result.loss, result.train_seconds, result.fisher_seconds)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from logging import INFO, getLogger
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.data.arrays import ArrayDataset
-from common.fisher.codec import encode_fisher
+from common.fisher.codec import decode_fisher, encode_fisher, expected_names
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.state import FisherState, fisher_capacity
 from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
@@ -38,7 +39,7 @@ from common.models.layout import ParamLayout
 from common.training.loop import TrainConfig, local_classes, train_masked
 from common.wire import protocol as P
 from common.wire.protocol import decode_submodel, encode_submodel
-from common.wire.validation import SentSubmodel, TrainReply, validate_train_reply
+from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel, TrainReply, validate_train_reply
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -90,18 +91,16 @@ class MaskedMethod(Method):
             int(payload.mask_data.nbytes),
         )
 
-    def validate(
-        self,
-        arrays: Mapping[str, NDArray] | None,
-        metrics: Mapping[str, Any] | None,
-        meta: Mapping[str, Any] | None,
-        sent: SentSubmodel,
-        x: NDArray[np.float32],
-    ) -> TrainReply:
+    def validate(self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]) -> TrainReply:
         """Delta of exactly the positions sent, the Fisher payload of the run's encoding (if asked), sane metrics."""
         assert self.layout is not None, "start_server() first"
         encoding = self.upload_encoding(self.run) if sent.fisher else "none"
-        return validate_train_reply(arrays, metrics, meta, sent, self.layout, encoding)
+        checked, payload = validate_train_reply(reply, sent, self.layout, expected_names(encoding))
+        try:
+            fisher = decode_fisher(payload, sent.mask, self.layout, encoding)
+        except ValueError as err:
+            raise ReplyError(f"fisher payload rejected: {err}") from err
+        return replace(checked, fisher=fisher)
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
         """Apply :meth:`mean_step` to the accepted updates, then fold each reply into the method's state."""
@@ -163,7 +162,7 @@ class MaskedMethod(Method):
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
         arrays.update(encode_fisher(fisher, mask, layout, encoding))
         seconds = result.train_seconds + (fisher_seconds if point is not None else 0.0)
-        return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds, encoding)
+        return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds)
 
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The architecture holding the received values (zero outside the mask)."""

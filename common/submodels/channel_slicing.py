@@ -24,6 +24,10 @@ from numpy.typing import NDArray
 from common.models.layout import ParamLayout, TensorSpec
 from common.submodels.channel_scores import ChannelSelection
 from common.submodels.width import TensorChannels, channel_mask, group_sizes
+from common.wire.mask_codec import index_dtype, mask_digest
+
+CHANNELS = "submodel-channels"
+CHANNELS_KIND = "channels"  # the "mask-kind" of a channel-sliced submodel
 
 
 def check_selection(selection: Mapping[str, NDArray], sizes: Mapping[str, int]) -> ChannelSelection:
@@ -182,3 +186,25 @@ def reconstruct(
     full = np.array(x, dtype=np.float32, copy=True)
     full[mask] = values
     return full, mask
+
+
+def encode_channels(selection: ChannelSelection, sizes: Mapping[str, int]) -> dict[str, NDArray]:
+    """Kept channels per group in the narrowest unsigned dtype for the group's size."""
+    selection = check_selection(selection, sizes)
+    return {g: selection[g].astype(index_dtype(n)) for g, n in sizes.items()}
+
+
+def decode_channels(arrays: Mapping[str, NDArray], sizes: Mapping[str, int]) -> ChannelSelection:
+    """Inverse of :func:`encode_channels`; raises ``ValueError`` naming the bad group."""
+    for g, a in arrays.items():
+        if g in sizes and np.asarray(a).dtype != index_dtype(sizes[g]):
+            raise ValueError(f"group {g!r}: channel indices must be {index_dtype(sizes[g])}, got {np.asarray(a).dtype}")
+    return check_selection(arrays, sizes)
+
+
+def channels_digest(channels: Mapping[str, NDArray]) -> str:
+    """Digest of encoded kept channels (group names and indices); a reply echoes it."""
+    data = b"".join(
+        f"{g}:{np.asarray(a).dtype.str}:".encode() + np.ascontiguousarray(a).tobytes() for g, a in channels.items()
+    )
+    return mask_digest(CHANNELS_KIND, np.frombuffer(data, dtype=np.uint8))

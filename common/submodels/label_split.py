@@ -23,6 +23,9 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate
 from common.models.layout import ParamLayout
 
+#: Name of the reply array in which a client reports the classes it holds (uint8, 1 per class present).
+CLASSES = "classes"
+
 
 def output_layer(layout: ParamLayout) -> tuple[str, str | None]:
     """Names of the classifier's weight and bias (``None`` when it has no bias).

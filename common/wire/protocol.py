@@ -1,4 +1,4 @@
-"""Names and layout of what server and clients exchange (Message API records).
+"""Names and layout of what server and clients exchange (Message API records), for every method.
 
 Server -> client (TRAIN and EVALUATE)::
 
@@ -9,7 +9,7 @@ Server -> client (TRAIN and EVALUATE)::
     arrays "fisher-at": values float32[d-k]  TRAIN of a Fisher refresh (``fisher-estimator = "global"``):
                         the global values outside the mask, so the node measures its Fisher at the full
                         global model; then (and with the other estimators) the reply carries the Fisher
-                        payload, otherwise none (meta ``fisher-encoding = "none"``)
+                        payload, otherwise none
 
 A TRAIN message of round 0 is the Fisher warm-up (``fisher-warmup``): the node takes no local
 step and replies with a zero delta and its Fisher at the received weights.
@@ -17,24 +17,17 @@ step and replies with a zero delta and its Fisher at the received weights.
 Client -> server (TRAIN)::
 
     arrays "update":    delta   float32[k]   trained minus received, same order
-                        fisher.*             the Fisher payload (common.fisher.codec)
-                        classes uint8[C]     HeteroFL / FedRolex with label split: 1 per class in the
-                                             client's training data (common.submodels.label_split)
+                        ...                  the method's own payload: the Fisher of the Fisher-ranked
+                                             methods (common.fisher.codec), the classes a width-method
+                                             client holds (common.submodels.label_split)
     metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds,
                         peak-rss-mib (optional: the client process's peak resident MiB while training)
-    config "meta":      round, mask-digest, fisher-encoding
+    config "meta":      round, mask-digest
 
-CA-HFP (``method = "cahfp"``) sends a physically smaller model instead (TRAIN and EVALUATE)::
-
-    arrays "submodel":           <tensor name>  float32[small shape]   one per trainable tensor
-    arrays "submodel-channels":  <group>        uint{8,16,32}[k_g]     kept channels, increasing
-    config "submodel-config":    mask-kind = "channels", mask-digest, d, round
-
-and its TRAIN reply carries the trained small model and the channel scores::
-
-    arrays "update":    <tensor name>   float32[small shape]   trained values (not a delta)
-                        score.<group>   float32[k_g]           curvature score of each kept channel
-    metrics, config "meta" as above (fisher-encoding "none")
+A method packs its own payload (``Method.client_train``) and checks it (``Method.validate``); it may send a
+submodel of another shape altogether, as CA-HFP's physically smaller model (``common.methods.cahfp``, with
+its channel records in ``common.submodels.channel_slicing``). What every reply shares is checked by
+``common.wire.validation``.
 
 Client -> server (EVALUATE)::
 
@@ -55,15 +48,12 @@ and a misconfigured node::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-from common.submodels.channel_scores import ChannelSelection
-from common.submodels.channel_slicing import check_selection
-from common.wire.mask_codec import decode_mask, encode_mask, index_dtype, mask_digest
+from common.wire.mask_codec import decode_mask, encode_mask, mask_digest
 
 SUBMODEL = "submodel"
 SUBMODEL_CONFIG = "submodel-config"
@@ -74,12 +64,8 @@ METRICS = "metrics"
 META = "meta"
 PROFILE = "profile"
 DELTA = "delta"
-CLASSES = "classes"
 VALUES = "values"
 MASK = "mask"
-CHANNELS = "submodel-channels"
-CHANNELS_KIND = "channels"  # the "mask-kind" of a channel-sliced submodel
-SCORE_PREFIX = "score."
 
 
 @dataclass(frozen=True)
@@ -128,30 +114,3 @@ def decode_submodel(
     dense = np.zeros(d, dtype=np.float32)
     dense[mask] = values
     return dense, mask
-
-
-def encode_channels(selection: ChannelSelection, sizes: Mapping[str, int]) -> dict[str, NDArray]:
-    """Kept channels per group in the narrowest unsigned dtype for the group's size."""
-    selection = check_selection(selection, sizes)
-    return {g: selection[g].astype(index_dtype(n)) for g, n in sizes.items()}
-
-
-def decode_channels(arrays: Mapping[str, NDArray], sizes: Mapping[str, int]) -> ChannelSelection:
-    """Inverse of :func:`encode_channels`; raises ``ValueError`` naming the bad group."""
-    for g, a in arrays.items():
-        if g in sizes and np.asarray(a).dtype != index_dtype(sizes[g]):
-            raise ValueError(f"group {g!r}: channel indices must be {index_dtype(sizes[g])}, got {np.asarray(a).dtype}")
-    return check_selection(arrays, sizes)
-
-
-def channels_digest(channels: Mapping[str, NDArray]) -> str:
-    """Digest of encoded kept channels (group names and indices); a reply echoes it."""
-    data = b"".join(
-        f"{g}:{np.asarray(a).dtype.str}:".encode() + np.ascontiguousarray(a).tobytes() for g, a in channels.items()
-    )
-    return mask_digest(CHANNELS_KIND, np.frombuffer(data, dtype=np.uint8))
-
-
-def score_name(group: str) -> str:
-    """Array name of a group's channel scores in a CA-HFP reply."""
-    return SCORE_PREFIX + group

@@ -8,7 +8,7 @@ are exactly as if it had never arrived.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.aggregation.masked import MaskedUpdate
-from common.fisher.codec import decode_fisher, expected_names
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 
@@ -57,6 +56,21 @@ class SentSubmodel:
 
 
 @dataclass(frozen=True)
+class ReplyRecords:
+    """What a TRAIN reply carries, taken out of its Message without trusting it.
+
+    Parameters
+    ----------
+    arrays, metrics, meta : Mapping or None
+        The reply's update arrays, metrics record and meta record (``None`` when absent).
+    """
+
+    arrays: Mapping[str, NDArray] | None
+    metrics: Mapping[str, Any] | None
+    meta: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
 class TrainReply:
     """A validated training reply."""
 
@@ -93,38 +107,36 @@ def check_examples(metrics: Mapping[str, Any], upper: int) -> int:
 
 
 def validate_train_reply(
-    arrays: Mapping[str, NDArray] | None,
-    metrics: Mapping[str, Any] | None,
-    meta: Mapping[str, Any] | None,
+    reply: ReplyRecords,
     sent: SentSubmodel,
     layout: ParamLayout,
-    fisher_encoding: str,
-) -> TrainReply:
-    """Check a TRAIN reply against what was sent and decode it.
+    payload: Collection[str] = (),
+) -> tuple[TrainReply, dict[str, NDArray]]:
+    """Check the parts of a TRAIN reply every masked method shares: meta, delta, metrics.
 
     Parameters
     ----------
-    arrays : Mapping[str, NDArray] or None
-        The reply's ``update`` arrays, already deserialised.
-    metrics : Mapping or None
-        The reply's ``metrics`` record.
-    meta : Mapping or None
-        The reply's ``meta`` record.
+    reply : ReplyRecords
+        The reply's records, already deserialised.
     sent : SentSubmodel
         What this node was sent this round.
     layout : ParamLayout
         The model layout.
-    fisher_encoding : str
-        The encoding clients upload (``RunConfig.upload_encoding``).
+    payload : Collection[str]
+        Names of the method's own arrays the reply must carry besides ``delta`` (e.g. the Fisher payload);
+        the method decodes them.
+
+    Returns
+    -------
+    The reply with its update and metrics (``fisher`` ``None``), and the method's own arrays by name.
     """
-    check_meta(meta, sent)
-    if meta.get("fisher-encoding") != fisher_encoding:
-        raise ReplyError(f"fisher-encoding {meta.get('fisher-encoding')!r} differs from the run's {fisher_encoding!r}")
+    arrays, metrics = reply.arrays, reply.metrics
+    check_meta(reply.meta, sent)
     if arrays is None:
         raise ReplyError(f"array record {P.UPDATE!r} missing")
     if metrics is None:
         raise ReplyError(f"metric record {P.METRICS!r} missing")
-    expected = {P.DELTA} | expected_names(fisher_encoding)
+    expected = {P.DELTA, *payload}
     if set(arrays) != expected:
         raise ReplyError(f"update arrays {sorted(arrays)} differ from the expected {sorted(expected)}")
     total = sum(int(np.asarray(a).nbytes) for a in arrays.values())
@@ -138,15 +150,6 @@ def validate_train_reply(
         )
     if delta.size and not (np.isfinite(delta.min()) and np.isfinite(delta.max())):  # reductions, no temporary
         raise ReplyError("delta contains NaN or Inf")
-    try:
-        fisher = decode_fisher(
-            {n: a for n, a in arrays.items() if n != P.DELTA},
-            sent.mask,
-            layout,
-            fisher_encoding,
-        )
-    except ValueError as err:
-        raise ReplyError(f"fisher payload rejected: {err}") from err
     n = check_examples(metrics, sent.max_examples)
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
@@ -154,7 +157,7 @@ def validate_train_reply(
     if "peak-rss-mib" in metrics:  # optional: a client on a platform without /proc or resource sends none
         values["peak-rss-mib"] = _finite_number(metrics, "peak-rss-mib")
     update = MaskedUpdate(np.flatnonzero(sent.mask), delta.copy(), float(n))
-    return TrainReply(update, fisher, values)
+    return TrainReply(update, None, values), {name: arrays[name] for name in payload}
 
 
 def validate_evaluate_reply(

@@ -54,11 +54,12 @@ from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level, trim_count
 from common.fisher.selection import budget, select_mask
 from common.fisher.state import FisherState, fisher_capacity
+from common.methods import create_method
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.protocol import encode_submodel
-from common.wire.validation import SentSubmodel, TrainReply, validate_train_reply
+from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
 from server.persistence import save_checkpoint
 
 #: (key, label) of the timed steps, in the order a round runs them.
@@ -231,10 +232,12 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     metrics = {"num-examples": 100, "train-loss": 1.0, "train-seconds": 1.0, "fisher-seconds": 0.1}
     replies: list[TrainReply] = []
 
+    method = create_method(parse_run_config({"fisher-encoding": "masked"}))  # decodes the payload encoded above
+    method.start_server(layout)
+
     def validate() -> None:
         for s, a in zip(sent, arrays):
-            meta = {"round": rnd, "mask-digest": s.digest, "fisher-encoding": "masked"}
-            replies.append(validate_train_reply(a, metrics, meta, s, layout, "masked"))
+            replies.append(method.validate(ReplyRecords(a, metrics, {"round": rnd, "mask-digest": s.digest}), s, x))
 
     t.project["validate"] = timed(validate)
     t.anchor["validate"] = None
