@@ -34,6 +34,17 @@ README_START = "| key | default | allowed | meaning |\n"
 NODE_START = "| key | required | allowed | meaning |\n"
 METHODS_START = "| `method` | submodel of a client with capacity `gamma` |\n"
 LAYOUT_START = "## Layout\n"
+#: How to read the house, above the generated list of packages.
+LAYOUT_GUIDE = (
+    "The ServerApp (`server/app.py`) runs rounds through the strategy (`server/strategy.py`), which asks the run's "
+    "method (`common/methods/`) what each node is sent and how replies change the global model; the ClientApp "
+    "(`client/app.py`) asks the same method how a node trains. The rest of `common/` is what methods are built "
+    "from, grouped by concern; operator commands and benchmarks sit apart from the apps, in `server/commands/` and "
+    "`server/benchmarks/`, and are not in the Flower app bundle. `tests/test_architecture.py` holds the rules: "
+    "`server/` and `client/` never import each other, `common/` imports neither, no import cycle (type-only "
+    "imports included), the shared layers (`common/config`, `common/wire`, `common/training`) import no method, "
+    "the config schema loads neither torch nor the methods, and no folder holds more than 15 modules.\n"
+)
 #: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
 PACKAGES = (
     "server",
@@ -158,7 +169,7 @@ def _first_line(path: Path) -> str:
 
 def layout_section() -> str:
     """README's layout section: each package with the first line of its docstring, and its modules' names."""
-    lines = [LAYOUT_START, "\n", "```\n"]
+    lines = [LAYOUT_START, "\n", textwrap.fill(LAYOUT_GUIDE, 110) + "\n", "\n", "```\n"]
     for folder in PACKAGES:
         lines.append(f"{folder + '/':<20}{_first_line(ROOT / folder / '__init__.py')}\n")
         names = [p.stem for p in sorted((ROOT / folder).glob("*.py")) if p.name != "__init__.py"]
