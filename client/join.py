@@ -1,6 +1,6 @@
 """Add a real client to a running federation: key pair, registration, SuperNode, in one command.
 
-    python -m client.join --name lab-pi-1 --superlink fleet.example.org:8000 \\
+    fibos join --name lab-pi-1 --superlink fleet.example.org:8000 \\
         --root-certificates ca.crt --control-api 127.0.0.1:9093 \\
         --partition-id 4 --num-partitions 5 --capacity auto
 
@@ -80,7 +80,7 @@ def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m client.join``)."""
+    """Command-line entry point (``fibos join``; also ``python -m client.join``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True, help="this client's name (key file, registration, client-id)")
     ap.add_argument("--superlink", required=True, help="HOST:PORT of the Fleet API (the compose gateway: port 8000)")
