@@ -112,6 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_config(args)
     except (ConfigError, ValueError) as err:
         ap.error(str(err))
+    if args.data_path and not Path(args.data_path).expanduser().exists():
+        # The SuperNode runs its ClientApp here: a wrong path would surface only in the server's log, as this
+        # node excluded from each round. A dry run may be prepared for another machine: there it is a warning.
+        missing = f"--data-path {args.data_path}: no such file or folder on this machine"
+        if not args.dry_run:
+            ap.error(missing)
+        print(f"warning: {missing}", file=sys.stderr)
 
     key = args.keys / args.name
     pub = key.with_name(f"{args.name}.pub")

@@ -114,3 +114,17 @@ def test_a_run_that_could_not_be_stopped_is_said_to_run_on(monkeypatch, capsys, 
     assert control.main(argv) == 1
     err = capsys.readouterr().err
     assert "run 7 could not be stopped (Run 7 not found); it may still run: `flwr stop 7` ends it" in err
+
+
+def test_a_joining_nodes_missing_data_folder_is_refused_before_anything_is_made(tmp_path: Path, capsys) -> None:
+    from client.join import main as join_main
+
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    data = tmp_path / "no-such-data"
+    argv = ["--name", "edge-07", "--superlink", "127.0.0.1:1", "--root-certificates", str(tmp_path / "ca.crt")]
+    argv += ["--no-register", "--capacity", "1", "--data-path", str(data), "--keys", str(tmp_path / "keys")]
+    with pytest.raises(SystemExit) as refused:
+        join_main(argv)
+    assert refused.value.code == 2
+    assert f"--data-path {data}: no such file or folder on this machine" in capsys.readouterr().err
+    assert not (tmp_path / "keys").exists()
