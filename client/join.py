@@ -1,6 +1,6 @@
 """Add a real client to a running federation: key pair, registration, SuperNode, in one command.
 
-    python -m client.join --name lab-pi-1 --superlink fleet.example.org:8000 \\
+    fibos join --name lab-pi-1 --superlink fleet.example.org:8000 \\
         --root-certificates ca.crt --control-api 127.0.0.1:9093 \\
         --partition-id 4 --num-partitions 5 --capacity auto
 
@@ -82,7 +82,7 @@ def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m client.join``)."""
+    """Command-line entry point (``fibos join``; also ``python -m client.join``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--name", required=True, help="this client's name (key file, registration, client-id)")
     ap.add_argument("--superlink", required=True, help="HOST:PORT of the Fleet API (the compose gateway: port 8000)")
@@ -114,6 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_config(args)
     except (ConfigError, ValueError) as err:
         ap.error(str(err))
+    if args.data_path and not Path(args.data_path).expanduser().exists():
+        # The SuperNode runs its ClientApp here: a wrong path would surface only in the server's log, as this
+        # node excluded from each round. A dry run may be prepared for another machine: there it is a warning.
+        missing = f"--data-path {args.data_path}: no such file or folder on this machine"
+        if not args.dry_run:
+            ap.error(missing)
+        print(f"warning: {missing}", file=sys.stderr)
 
     key = args.keys / args.name
     pub = key.with_name(f"{args.name}.pub")

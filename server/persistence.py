@@ -153,6 +153,25 @@ def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fishe
 UNREADABLE_NPZ = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
 
 
+#: How every zip archive, hence every ``.npz``, begins.
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _refuse_non_zip(path: Path) -> None:
+    """Raise ``ValueError`` naming ``path`` when it is non-empty but not a zip archive.
+
+    ``np.load`` takes a file with neither the zip nor the ``.npy`` signature for a pickle and says only that
+    it "contains pickled (object) data": true of nothing here, and no hint that the file is damaged.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP_MAGIC))
+    except OSError:
+        return  # np.load reports it, naming the file
+    if head and head != ZIP_MAGIC:
+        raise ValueError(f"{path} is unreadable (not an .npz archive: it begins with {head!r}, not {ZIP_MAGIC!r})")
+
+
 def check_checkpoint(path: Path) -> tuple[int, int]:
     """``(round, parameters)`` of the checkpoint at ``path``, once it is known to be whole enough to load.
 
@@ -162,6 +181,7 @@ def check_checkpoint(path: Path) -> tuple[int, int]:
 
     Raises ``ValueError`` naming the file and what is wrong with it.
     """
+    _refuse_non_zip(path)
     try:
         with np.load(path) as z:
             server_round, x = int(z["round"]), z["x"]
@@ -192,6 +212,7 @@ def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
     Raises ``ValueError`` naming the file when it is unreadable, or the chunk when one is missing or does
     not match its hash. Reads the earlier single-file layout (the state inside ``checkpoint.npz``) too.
     """
+    _refuse_non_zip(path)
     try:
         with np.load(path) as z:
             server_round, x = int(z["round"]), z["x"].astype(np.float32)

@@ -66,6 +66,7 @@ def test_join_waits_for_a_superlink_that_is_not_up_then_starts_nothing(tmp_path:
     assert code != 0
     assert elapsed >= 4.0  # it used to give up at once
     err = capfd.readouterr().err  # the registration's own messages come from its process
-    assert f"waiting up to 4 s for the SuperLink's Control API at 127.0.0.1:{port}" in err
+    # No "waiting up to 4 s" line is asserted: on a loaded machine flwr's first try alone can take 4 s, and then
+    # the wait ends after it (the line itself is checked above, with a fake flwr).
     assert f"the SuperLink's Control API at 127.0.0.1:{port} did not answer within 4 s" in err
     assert "registration failed; nothing was started" in err

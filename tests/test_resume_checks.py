@@ -54,6 +54,11 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
         [f"{CHECKPOINT} is unreadable (BadZipFile"],
     ),
     "garbled checkpoint": (lambda f: _garble(f / CHECKPOINT), [f"{CHECKPOINT} is unreadable"]),
+    # np.load takes a file without the zip signature for a pickle ("contains pickled (object) data").
+    "checkpoint that is no archive": (
+        lambda f: (f / CHECKPOINT).write_bytes(b"\x93garbage" * 40),
+        [f"{CHECKPOINT} is unreadable (not an .npz archive: it begins with"],
+    ),
     "missing chunk": (
         lambda f: next(chunk_store(f / CHECKPOINT).iterdir()).unlink(),
         ["its state chunk", "is missing from"],

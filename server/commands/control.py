@@ -28,9 +28,11 @@ from pathlib import Path
 
 from common.config.schema import ConfigError
 from server.commands.launcher import (
+    RunTimeout,
     check_run_config,
     flower_env,
     parse_overrides,
+    positive_seconds,
     run_federation_command,
     toml_overrides,
 )
@@ -51,6 +53,9 @@ def control_env(args: argparse.Namespace, home: Path) -> dict[str, str]:
     certs = None if args.insecure else args.root_certificates
     if certs is None and not args.insecure:
         raise SystemExit("error: give --root-certificates CA.crt (TLS), or --insecure for a SuperLink without TLS")
+    if certs is not None and not certs.is_file():
+        # flwr would report it only as a SuperLink that does not answer, after the whole --wait.
+        raise SystemExit(f"error: --root-certificates {certs}: no such file")
     (home / "config.toml").write_text(connection_toml(args.connection, args.superlink, certs))
     return flower_env(home)
 
@@ -114,6 +119,9 @@ def wait_for_control_api(env: dict[str, str], connection: str, timeout: float, s
 
 def register(args: argparse.Namespace) -> int:
     """Register each public key; a key the SuperLink already holds counts as registered (reruns are safe)."""
+    missing = [str(pub) for pub in args.public_keys if not pub.is_file()]
+    if missing:  # before the wait: a wrong path must not cost --wait seconds, nor register the other keys
+        raise SystemExit(f"error: no such public key file: {', '.join(missing)}")
     with tempfile.TemporaryDirectory(prefix="fibos-control-") as home:
         return _register(args, control_env(args, Path(home)))
 
@@ -161,6 +169,12 @@ def submit(args: argparse.Namespace) -> int:
         run_federation_command(
             cmd, env, log, args.timeout, lambda line: print(line, flush=True), connection=args.connection
         )
+    except RunTimeout as err:
+        # Stopping `flwr run --stream` only stops following the run: the SuperLink would go on running it.
+        stopped = stop_run(env, args.connection, err.run_id)
+        print(f"error: the run exceeded --timeout {args.timeout:g} s; {stopped}", file=sys.stderr)
+        print(f"(full log: {log})", file=sys.stderr)
+        return 1
     except (RuntimeError, TimeoutError) as err:
         print(f"error: {err}", file=sys.stderr)
         print(log.read_text()[-4000:], file=sys.stderr)
@@ -169,8 +183,31 @@ def submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def stop_run(env: dict[str, str], connection: str, run_id: int | None) -> str:
+    """Stop run ``run_id`` on the SuperLink (``flwr stop``); says what became of it, for the operator.
+
+    Parameters
+    ----------
+    env : dict
+        Flower environment whose ``config.toml`` holds ``connection``.
+    connection : str
+        The connection the run was submitted through.
+    run_id : int or None
+        The run, or None when its log stream never said its id (then nothing can be stopped).
+    """
+    if run_id is None:
+        return "its run id was never printed, so it could not be stopped: see `flwr ls` on the SuperLink"
+    try:
+        why = unanswered(_flwr(env, "stop", str(run_id), connection, "--format", "json", timeout=60.0))
+    except subprocess.TimeoutExpired:
+        why = "no reply within 60 s"
+    if not why:
+        return f"run {run_id} was stopped on the SuperLink"
+    return f"run {run_id} could not be stopped ({why}); it may still run: `flwr stop {run_id}` ends it"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.commands.control``)."""
+    """Command-line entry point (``fibos control``; also ``python -m server.commands.control``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     for name, helptext in (("register", "register SuperNode public keys"), ("submit", "submit a run and follow it")):
@@ -190,7 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sm = sub.choices["submit"]
     sm.add_argument("--app", type=Path, default=Path("."), help="the Flower app folder (with pyproject.toml)")
     sm.add_argument("--run-config", "-c", action="append", default=[], help="run-config overrides 'k=v k2=v2'")
-    sm.add_argument("--timeout", type=float, default=86_400.0, help="seconds before the run is given up")
+    sm.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=86_400.0,
+        help="seconds the run may take, counted by the clock; then it is stopped on the SuperLink",
+    )
     args = ap.parse_args(argv)
     return register(args) if args.command == "register" else submit(args)
 

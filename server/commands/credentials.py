@@ -13,7 +13,7 @@ binary needed, so it also runs in a one-shot container):
 
 Usage::
 
-    python -m server.commands.credentials --out certs --san superlink --san localhost --san 127.0.0.1 --node node1
+    fibos credentials --out certs --san superlink --san localhost --san 127.0.0.1 --node node1
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def chown_tree(paths: Sequence[Path], owner: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m server.commands.credentials``)."""
+    """Command-line entry point (``fibos credentials``; also ``python -m server.commands.credentials``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for the files")
     ap.add_argument(

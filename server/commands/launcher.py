@@ -107,10 +107,37 @@ def parse_capacities(text: str) -> list[float]:
     return out
 
 
+def positive_seconds(text: str) -> float:
+    """``"20"`` -> ``20.0``: a number of seconds above zero (argparse type for ``--timeout``)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0 or seconds == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return seconds
+
+
+def check_results_folder(results_dir: Path, flag: str = "--results") -> None:
+    """Refuse a results folder that cannot be one: an existing file, or a path through a file.
+
+    Creating it would fail only once the launch has begun, with an ``OSError`` far from the flag.
+    """
+    for path in (results_dir, *results_dir.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "is a file" if path == results_dir else f"lies under {path}, which is a file"
+                raise ConfigError(f"{flag} {results_dir} {what}, not a folder; give a folder")
+            return
+
+
 def app_run_config(app_dir: Path) -> dict[str, object]:
     """The app's run-config defaults (``[tool.flwr.app.config]`` of its pyproject.toml), as Flower reads them."""
     from flwr.common.config import flatten_dict, get_project_config
 
+    if not (app_dir / "pyproject.toml").is_file():
+        # Flower's own error is a FileNotFoundError traceback; the operator gave a wrong folder.
+        raise ConfigError(f"{app_dir} holds no pyproject.toml: it is not a Flower app folder")
     return dict(flatten_dict(get_project_config(app_dir)["tool"]["flwr"]["app"].get("config", {})))
 
 
@@ -458,6 +485,7 @@ class LocalFederation:
         with ``tensorboard=true``, that the tensorboard package is installed: :func:`check_tensorboard`).
         Starts nothing.
         """
+        check_results_folder(results_dir)
         flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
         if self.simulation:
             flags["capacity-mix"] = ("--capacities", ",".join(repr(float(c)) for c in self.capacities))
@@ -602,6 +630,18 @@ class Deadline(threading.Timer):
             signal_group(self.proc, signal.SIGKILL)
 
 
+class RunTimeout(TimeoutError):
+    """A run that took longer than its timeout; its ``flwr`` command was stopped.
+
+    The run on the SuperLink ends only with the SuperLink (``fibos local``) or when it is stopped
+    (``flwr stop``, as ``fibos control submit`` does): ``run_id`` is the run's, when its log stream said it.
+    """
+
+    def __init__(self, message: str, run_id: int | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class _RunLog:
     """The lines of one run's log streams: kept in the log file, round lines and problems echoed, failures noted."""
 
@@ -668,8 +708,8 @@ def run_federation_command(
 
     Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
     ServerApp raised): the message carries the last error line of the log (the exception that ended the
-    ServerApp), so the operator sees why without opening the log. Raises ``TimeoutError`` once it has run
-    ``timeout`` s (it is stopped then, whether or not it prints anything).
+    ServerApp), so the operator sees why without opening the log. Raises :class:`RunTimeout` (a ``TimeoutError``)
+    once it has run ``timeout`` s (the command is stopped then, whether or not it prints anything).
 
     ``connection``: the SuperLink connection the run was submitted to. Then the end of the log stream is not
     taken for the end of the run: the run's status is read from the SuperLink (:mod:`server.commands.run_status`); a run
@@ -694,7 +734,7 @@ def run_federation_command(
             if not expired:
                 time.sleep(2.0)  # a stream that ends at once must not turn into a busy loop
     if expired:
-        raise TimeoutError(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}")
+        raise RunTimeout(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}", log.run_id)
     if status is not None and status.finished and not status.succeeded:
         why = log.last_exception or status.details or log.last_error
         raise RuntimeError(f"the run failed ({status.status}): {why}\n(full log: {log_path})")
@@ -708,7 +748,7 @@ def run_federation_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``fibos-local`` / ``python -m server.commands.launcher``)."""
+    """Command-line entry point (``fibos local``; also ``python -m server.commands.launcher``)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--capacities",
@@ -732,9 +772,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=3600.0,
-        help="seconds before the run is stopped",
+        help="seconds the run may take, counted by the clock from its submission; then every process is stopped",
     )
     parser.add_argument(
         "--delays",
@@ -771,7 +811,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; every process was stopped", file=sys.stderr)
         return 130
-    except (RuntimeError, TimeoutError) as err:
+    except (RuntimeError, OSError) as err:  # TimeoutError is an OSError; an OSError names its file
         print(f"error: {err}", file=sys.stderr)
         return 1
     print()
