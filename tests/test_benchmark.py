@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from common.config.parse import default_run_config
 from server.benchmarks.benchmark import (
     LAST_ROUNDS,
     MethodSpec,
@@ -17,6 +18,7 @@ from server.benchmarks.benchmark import (
     main,
     run_row,
     settings_differ,
+    stored_folder,
     summarise,
 )
 
@@ -148,6 +150,17 @@ def test_reuse_only_takes_runs_with_the_same_settings():
     assert settings_differ({"method": "fedfibos", "local-epochs": 1, "seed": 0}, stored) == ""
     diff = settings_differ({"method": "fedfibos", "local-epochs": 3, "fisher-trim": 0.45}, stored)
     assert "local-epochs: 1 stored, 3 planned" in diff and "fisher-trim" in diff and "method" not in diff
+
+
+def test_a_run_stored_under_a_renamed_key_is_reused_under_the_new_name(tmp_path):
+    legacy = tmp_path / "digits-iid-s0-fedgmr+gmr-capacity-kind=memory"
+    legacy.mkdir()
+    assert stored_folder(tmp_path, "digits-iid-s0-fedgmr+capacity-kind=memory") == legacy
+    assert stored_folder(tmp_path, "digits-iid-s0-fedfibos") == tmp_path / "digits-iid-s0-fedfibos"
+    stored = default_run_config().flat() | {"method": "fedgmr", "gmr_capacity_kind": "memory"}
+    del stored["capacity_kind"]  # what a run stored before the key was renamed holds
+    assert settings_differ({"method": "fedgmr", "capacity-kind": "memory"}, stored) == ""
+    assert "capacity-kind" in settings_differ({"method": "fedgmr", "capacity-kind": "bandwidth"}, stored)
 
 
 def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):

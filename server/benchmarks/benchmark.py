@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.config.parse import config_from_flat, parse_run_config
+from common.config.parse import RENAMED_KEYS, config_from_flat, parse_run_config
 from common.config.run import RunConfig
 from common.config.schema import ConfigError
 from common.fisher.codec import FISHER_ENCODINGS
@@ -338,14 +338,32 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
 
 
 def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
-    """The planned run-config keys whose value differs from a stored run's settings (``""`` when none)."""
+    """The planned run-config keys whose value differs from a stored run's settings (``""`` when none).
+
+    A run stored before a key was renamed (:data:`~common.config.parse.RENAMED_KEYS`) is read under the new name.
+    """
     planned = parse_run_config(cfg).flat()
     diffs = []
     for key in sorted(cfg):
         attr = key.replace("-", "_")
-        if stored.get(attr) != planned[attr]:
-            diffs.append(f"{key}: {stored.get(attr)!r} stored, {planned[attr]!r} planned")
+        value = stored.get(attr)
+        if attr not in stored:
+            old = [o.replace("-", "_") for o, new in RENAMED_KEYS.items() if new == key]
+            value = next((stored[o] for o in old if o in stored), None)
+        if value != planned[attr]:
+            diffs.append(f"{key}: {value!r} stored, {planned[attr]!r} planned")
     return "; ".join(diffs)
+
+
+def stored_folder(runs: Path, name: str) -> Path:
+    """The folder of run ``name``, or the one an earlier release named it by, before its keys were renamed."""
+    folder = runs / name
+    if not folder.exists():
+        for old, new in RENAMED_KEYS.items():
+            legacy = runs / name.replace(f"+{new}=", f"+{old}=")
+            if legacy != folder and legacy.exists():
+                return legacy
+    return folder
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -434,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed: list[str] = []
     started = time.monotonic()
     for i, (name, cfg, label) in enumerate(plan, 1):
-        folder = args.out / "runs" / name
+        folder = stored_folder(args.out / "runs", name) if args.reuse else args.out / "runs" / name
         if args.reuse and (folder / "model.pt").exists():
             metrics = json.loads((folder / "metrics.json").read_text())
             differs = settings_differ(cfg, metrics["run"])
