@@ -322,6 +322,34 @@ class Method:
         """The model a node evaluates: the received submodel (``train`` gives the label space)."""
         raise NotImplementedError
 
+    # ------------------------------------------------- server-side round hooks
+    # What the synchronous strategy asks at fixed points of its rounds, so that it names no method's rule.
+    def runs_warmup(self) -> bool:
+        """Whether the run opens with round 0's Fisher warm-up, whose replies :meth:`warm_up` receives.
+
+        Default: when the run asks for it (``fisher-warmup``) and this method ranks by a Fisher that can be
+        measured untrained (:attr:`RunConfig.warms_up <common.config.run.RunConfig.warms_up>`).
+        """
+        return self.run.warms_up
+
+    def participation_requirement(self) -> str:
+        """What a node needs to take part (:meth:`participates`), named when no discovered node can (``""``: none)."""
+        return ""
+
+    def round_entries(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, Any]:
+        """The method's own entries of a round's record, measured after aggregation, before central evaluation.
+
+        Parameters
+        ----------
+        x : NDArray[float32]
+            The global model after the round's aggregation.
+        levels : Sequence[float]
+            The capacity of every discovered node.
+
+        Default: ``prior_influence``, the share of a level's mask one client could flip (:meth:`prior_influence`).
+        """
+        return {"prior_influence": self.prior_influence(x, levels)}
+
 
 @runtime_checkable
 class AsynchronousMethod(Protocol):
