@@ -4,7 +4,7 @@
 refreshed before each round), the method may open with a Fisher warm-up, and every round is
 :meth:`~SubmodelStrategy.configure_train`, the exchange, :meth:`~SubmodelStrategy.aggregate_train`, central
 evaluation and, on evaluation rounds, :meth:`configure_evaluate` / :meth:`aggregate_evaluate`; each round ends
-with its record (:mod:`server.strategies.round_records`) and its progress line.
+with its record (:mod:`server.strategy_core.round_records`) and its progress line.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from common.wire import protocol as P
 from common.wire.validation import ReplyError, TrainReply
 from server.grid_io import exchange
 from server.replies import ReplyParts, expected_sent, reply_parts
-from server.strategies.base import EvaluateFn, SubmodelStrategyBase
-from server.strategies.round_records import RoundProgress, note_accepted, opening_record, round_record
+from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
+from server.strategy_core.round_records import RoundProgress, note_accepted, opening_record, round_record
 
 
 class SubmodelStrategy(SubmodelStrategyBase, Strategy):
@@ -152,7 +152,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         warmup = None
         if self.method.runs_warmup():
             warmup = self.fisher_warmup(grid, timeout)
-            log(INFO, "[round 0/%d] Fisher warm-up: %d of %d nodes replied", num_rounds, warmup["replies"], warmup["sent"])
+            log(
+                INFO,
+                "[round 0/%d] Fisher warm-up: %d of %d nodes replied",
+                num_rounds,
+                warmup["replies"],
+                warmup["sent"],
+            )
         central = self.central_evaluation(0)
         if not central:
             return
@@ -281,9 +287,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             self.opening_round(grid, num_rounds, timeout)
         progress = RoundProgress(num_rounds)
         for server_round in range(self.first_round, num_rounds + 1):
-            record = self.run_round(
-                grid, server_round, num_rounds, timeout, train_config, evaluate_config, result
-            )
+            record = self.run_round(grid, server_round, num_rounds, timeout, train_config, evaluate_config, result)
             progress.log(record)
             if self.on_round:
                 self.on_round(record)

@@ -35,6 +35,7 @@ FOLDERS = {
     "common/methods": "one module per method (the `method` key) behind one interface, and the registry",
     "client": "the ClientApp and what only a node does",
     "server": "the ServerApp, its strategies, and the operator's local tools",
+    "server/strategy_core": "what both strategies are built from: nodes, submodel messages, evaluations, records",
     "server/benchmarks": "benchmarks, analyses and docs generators (not in the Flower app bundle)",
 }
 
