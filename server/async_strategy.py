@@ -51,7 +51,8 @@ from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel
 from server.grid_io import exchange
 from server.replies import ReplyParts, reply_parts
-from server.strategy import ClientRound, EvaluateFn, SubmodelStrategy, progress_line
+from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
+from server.strategy_core.round_records import ClientRound, async_record, note_accepted, progress_line, update_line
 
 # Seconds between checks of the SuperLink's node list (departed / new nodes).
 REFRESH_SECONDS = 5.0
@@ -85,8 +86,31 @@ class Dispatch:
     warned: bool = False
 
 
-class AsyncSubmodelStrategy(SubmodelStrategy):
+@dataclass(frozen=True)
+class AsyncPlan:
+    """How long an asynchronous run lasts, fixed when training starts.
+
+    Parameters
+    ----------
+    total_updates : int
+        Applied updates after which the run stops (``num-rounds`` times the nodes found at discovery).
+    eval_every : int
+        Applied updates between central evaluations.
+    total_evals : int
+        Evaluations the run makes after the initial one (for the progress line).
+    """
+
+    total_updates: int
+    eval_every: int
+    total_evals: int
+
+
+class AsyncSubmodelStrategy(SubmodelStrategyBase):
     """Asynchronous rounds for a method that can apply one reply at a time (see the module docstring).
+
+    A sibling of :class:`~server.strategy.SubmodelStrategy` (the same nodes, messages, records
+    and evaluations), not a Flower ``Strategy``: Flower's ``configure_train`` / ``aggregate_train`` are steps
+    of a round, and this loop has none.
 
     Parameters
     ----------
@@ -133,7 +157,7 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
 
     def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
         """The node's mask at the current :meth:`clock` (``server_round`` is only a dispatch number here)."""
-        prof = self.nodes[node_id]
+        prof = self.registry.nodes[node_id]
         return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x)
 
     def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
@@ -172,7 +196,7 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
     def idle_participants(self) -> list[int]:
         """Connected, usable nodes without a message in flight."""
         busy = self.busy()
-        return [nid for nid in self.participants() if nid not in busy]
+        return [nid for nid in self.registry.participants() if nid not in busy]
 
     def warn_late(self, timeout: float) -> None:
         """Log (once per message) nodes silent for more than ``timeout`` s.
@@ -195,11 +219,19 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
                 )
 
     def drop_departed(self) -> None:
-        """Forget messages to nodes that left the federation (after :meth:`refresh_nodes`)."""
-        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.nodes]:
+        """Forget messages to nodes that left the federation (after :meth:`NodeRegistry.refresh`)."""
+        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.registry.nodes]:
             d = self.in_flight.pop(mid)
             d.info.status = "no reply: node left"
             self.window.append({**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version})
+
+    def refresh(self, timeout: float) -> None:
+        """Follow the SuperLink's node list, forget departed nodes' messages, and send work to every idle node."""
+        self.registry.refresh(self.grid, min(timeout, 60.0))
+        self.drop_departed()
+        self.dispatch(self.idle_participants())
+        if not self.in_flight:
+            raise RuntimeError("no node is left to train: every node departed or failed")
 
     # ----------------------------------------------------------------- replies
     def handle(self, msg: Message, d: Dispatch) -> bool:
@@ -224,14 +256,31 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
             self.server_seconds += time.perf_counter() - t0
             return False
         self.x, self.last_changed, self.version = step.x, step.last_changed, step.version
-        if d.node_id in self.nodes:
-            self.async_method.observe(Accepted(d.node_id, self.nodes[d.node_id].key, reply), int(self.clock()) + 1)
-        info = d.info
-        self.record_reply(info, parts, reply)
+        nodes = self.registry.nodes
+        if d.node_id in nodes:
+            self.async_method.observe(Accepted(d.node_id, nodes[d.node_id].key, reply), int(self.clock()) + 1)
+        note_accepted(d.info, parts.nbytes, reply)
         entry.update(staleness=step.staleness, overlap=step.overlap, weight=step.weight, version=step.version)
-        self.window.append({**asdict(info), **entry})
+        self.window.append({**asdict(d.info), **entry})
         self.server_seconds += time.perf_counter() - t0
         return True
+
+    def on_reply(self, msg: Message, d: Dispatch, plan: AsyncPlan, timeout: float) -> None:
+        """Apply one reply; log it, record an evaluation when one is due, and give its node new work."""
+        if self.handle(msg, d):
+            log(INFO, "%s", update_line(self.window[-1], self.version, plan.total_updates, self.elapsed()))
+            if self.version >= plan.total_updates:
+                t_end = time.perf_counter()  # before the local evaluation, which is not training time
+                local = self.local_evaluation(timeout) if self.cfg.eval_every else None
+                self.record(plan.total_evals, local, t_end)
+            elif self.version % plan.eval_every == 0:
+                self.record(plan.total_evals)
+        if self.version >= plan.total_updates:
+            return
+        # An error reply (node crashed, or unreachable) waits for the next node refresh instead of
+        # being re-sent at once: re-sending to a dead node would spin on error replies.
+        if d.node_id in self.registry.nodes and not msg.has_error():
+            self.dispatch([d.node_id])
 
     def record(
         self, total_evals: int, local: dict[str, float] | None = None, now: float | None = None
@@ -251,25 +300,19 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
         central = self.central_evaluation(self.version)
         self.server_seconds += time.perf_counter() - t0
         now = time.perf_counter() if now is None else now
-        applied = [c for c in self.window if c["status"] == "ok"]
-        record = {
-            "round": self.evals,
-            "mode": "async",
-            "updates": self.version,
-            "wall_seconds": now - self.t_start if self.evals else 0.0,
-            "global": central,
-            "local": local,
-            "federated": self.take_federated(),
-            "replies": len(applied),
-            "sent": len(self.window),
-            "clients": self.window,
-            "nodes_in": self.take_nodes_in(),
-            "nodes_out": self.take_nodes_out(),
-            "staleness_max": max((c["staleness"] for c in applied), default=0),
-            "staleness_mean": float(np.mean([c["staleness"] for c in applied])) if applied else 0.0,
-            "server_seconds": self.server_seconds,
-            "round_seconds": now - self.last_record_at if self.evals else 0.0,
-        }
+        record = async_record(
+            self.evals,
+            updates=self.version,
+            wall_seconds=now - self.t_start if self.evals else 0.0,
+            central=central,
+            local=local,
+            federated=self.take_federated(),
+            window=self.window,
+            nodes_in=self.registry.take_nodes_in(),
+            nodes_out=self.registry.take_nodes_out(),
+            server_seconds=self.server_seconds,
+            round_seconds=now - self.last_record_at if self.evals else 0.0,
+        )
         log(INFO, "%s", progress_line(record, total_evals) + f" | {record['updates']} updates")
         self.records.append(record)
         if self.on_round:
@@ -279,6 +322,21 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
         return record
 
     # -------------------------------------------------------------------- loop
+    def plan(self, num_rounds: int) -> AsyncPlan:
+        """The run's length for the participants found at discovery (logged)."""
+        self.nodes_at_start = len(self.registry.participants())
+        total_updates = num_rounds * self.nodes_at_start
+        eval_every = self.async_method.eval_updates() or self.nodes_at_start
+        log(
+            INFO,
+            "asynchronous %s: %d nodes, %d updates, evaluation every %d",
+            self.method.name,
+            self.nodes_at_start,
+            total_updates,
+            eval_every,
+        )
+        return AsyncPlan(total_updates, eval_every, math.ceil(total_updates / eval_every))
+
     def start(
         self,
         grid: Grid,
@@ -312,58 +370,34 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
         self.evaluate_fn = evaluate_fn
         self.train_config = train_config or ConfigRecord()
         self.evaluate_config = evaluate_config or ConfigRecord()
-        result = Result(arrays=initial_arrays)
         x0 = self._flat(initial_arrays)
         self.summary()
-        self.join_nodes(self.grid, timeout)
+        self.registry.join(self.grid, timeout)
         self.x = x0.copy()
-        self.nodes_at_start = len(self.participants())
-        total_updates = num_rounds * self.nodes_at_start
-        eval_every = self.async_method.eval_updates() or self.nodes_at_start
-        total_evals = math.ceil(total_updates / eval_every)
-        log(
-            INFO,
-            "asynchronous %s: %d nodes, %d updates, evaluation every %d",
-            self.method.name,
-            self.nodes_at_start,
-            total_updates,
-            eval_every,
-        )
-        self.record(total_evals)
+        plan = self.plan(num_rounds)
+        self.record(plan.total_evals)
         self.t_start = self.last_record_at = time.perf_counter()
         self.dispatch(self.idle_participants())
         next_refresh = time.monotonic() + REFRESH_SECONDS
-        while self.version < total_updates:
+        while self.version < plan.total_updates:
             if time.monotonic() >= next_refresh or not self.in_flight:
-                self.refresh_nodes(self.grid, min(timeout, 60.0))
-                self.drop_departed()
-                self.dispatch(self.idle_participants())
+                self.refresh(timeout)
                 next_refresh = time.monotonic() + REFRESH_SECONDS
-                if not self.in_flight:
-                    raise RuntimeError("no node is left to train: every node departed or failed")
             replies = list(self.grid.pull_messages(list(self.in_flight)))
             for msg in replies:
                 d = self.in_flight.pop(msg.metadata.reply_to_message_id, None)
-                if d is None:
-                    continue
-                if self.handle(msg, d):
-                    log(INFO, "%s", update_line(self.window[-1], self.version, total_updates, self.elapsed()))
-                    if self.version >= total_updates:
-                        t_end = time.perf_counter()  # before the local evaluation, which is not training time
-                        local = self.local_evaluation(timeout) if self.cfg.eval_every else None
-                        self.record(total_evals, local, t_end)
-                    elif self.version % eval_every == 0:
-                        self.record(total_evals)
-                if self.version >= total_updates:
+                if d is not None:
+                    self.on_reply(msg, d, plan, timeout)
+                if self.version >= plan.total_updates:
                     break
-                # An error reply (node crashed, or unreachable) waits for the next node refresh instead of
-                # being re-sent at once: re-sending to a dead node would spin on error replies.
-                if d.node_id in self.nodes and not msg.has_error():
-                    self.dispatch([d.node_id])
             self.warn_late(timeout)
             if not replies:
                 time.sleep(self.cfg.poll_interval)
-        result.arrays = self.to_arrays(self.x)
+        return self.result()
+
+    def result(self) -> Result:
+        """Flower's Result of the run: the final model and every evaluation record's figures."""
+        result = Result(arrays=self.to_arrays(self.x))
         for rec in self.records:
             if rec["global"]:
                 result.evaluate_metrics_serverapp[rec["round"]] = MetricRecord(
@@ -386,12 +420,3 @@ class AsyncSubmodelStrategy(SubmodelStrategy):
         local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
         log(INFO, "asynchronous %s: local accuracy %.4f", self.method.name, local["accuracy"])
         return local
-
-
-def update_line(entry: dict[str, Any], applied: int, total: int, seconds: float) -> str:
-    """One progress line per applied update."""
-    return (
-        f"[update {applied}/{total}] node {entry['node_id']} capacity {entry['capacity']:g} "
-        f"density {entry['density']:.3f} staleness {entry['staleness']} overlap {entry['overlap']:.2f} "
-        f"weight {entry['weight']:.3f} | {seconds:.1f} s"
-    )

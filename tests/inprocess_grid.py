@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from common.config.run import RunConfig
-    from server.strategy import EvaluateFn, SubmodelStrategy
+    from server.async_strategy import AsyncSubmodelStrategy
+    from server.strategy import SubmodelStrategy
+    from server.strategy_core.base import EvaluateFn
 
 RUN_ID = 1
 SERVER_NODE_ID = 1  # the SuperLink's own id as a message source
@@ -111,7 +113,7 @@ class InProcessFederation:
 
     cfg: RunConfig
     grid: InProcessGrid
-    strategy: SubmodelStrategy
+    strategy: SubmodelStrategy | AsyncSubmodelStrategy
     records: list[dict[str, Any]]
     x0: NDArray[np.float32]
     evaluate_fn: EvaluateFn | None
@@ -126,13 +128,11 @@ def inprocess_federation(
 
     ``node_configs``: each node's own ``--node-config`` instead (e.g. a ``data-path``; ``capacities`` then only
     names the node ids). Every round's record is appended to ``records``; ``x0`` is the run's initial flat model;
-    ``evaluate_fn`` is ``None`` when the server holds no test set. The set-up is the ServerApp's own
-    (:func:`server.app.global_model`).
+    ``evaluate_fn`` is ``None`` when the server holds no test set. The federation is the ServerApp's own
+    (:func:`server.federation.build_federation`): an asynchronous method gets the asynchronous strategy.
     """
     from common.config.parse import parse_run_config
-    from common.methods import create_method
-    from server.app import global_model
-    from server.strategy import SubmodelStrategy
+    from server.federation import build_federation
 
     cfg = parse_run_config(dict(run_config))
     nodes = node_configs or {
@@ -140,8 +140,6 @@ def inprocess_federation(
         for i, (nid, g) in enumerate(capacities.items())
     }
     grid = InProcessGrid(nodes, run_config)
-    method = create_method(cfg)
-    x0, layout, evaluate_fn = global_model(cfg, method, "cpu")
     records: list[dict] = []
-    strategy = SubmodelStrategy(cfg, layout, method, on_round=records.append)
-    return InProcessFederation(cfg, grid, strategy, records, x0, evaluate_fn)
+    federation = build_federation(cfg, "cpu", on_round=records.append)
+    return InProcessFederation(cfg, grid, federation.strategy, records, federation.x0, federation.evaluate_fn)

@@ -10,7 +10,8 @@ from common.models.layout import ParamLayout
 from common.wire.validation import SentSubmodel
 from server.async_strategy import AsyncSubmodelStrategy, Dispatch
 from server.replies import ReplyParts
-from server.strategy import ClientRound, NodeProfile
+from server.strategy_core.node_registry import NodeProfile
+from server.strategy_core.round_records import ClientRound
 
 LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 
@@ -19,7 +20,7 @@ LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 def loop():
     cfg = parse_run_config({"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "server-lr": 0.5})
     strategy = AsyncSubmodelStrategy(cfg, LAYOUT)
-    strategy.nodes = {1: NodeProfile(1.0, "cpu", 50, 10, "a"), 2: NodeProfile(0.5, "cpu", 50, 10, "b")}
+    strategy.registry.nodes = {1: NodeProfile(1.0, "cpu", 50, 10, "a"), 2: NodeProfile(0.5, "cpu", 50, 10, "b")}
     strategy.x = np.random.default_rng(0).normal(size=LAYOUT.size).astype(np.float32)
     return strategy
 
@@ -27,7 +28,9 @@ def loop():
 def _dispatch(loop, node_id, seq):
     mask, source = loop.node_mask(node_id, seq)
     k = int(mask.sum())
-    info = ClientRound(node_id, loop.nodes[node_id].capacity, "cpu", source, k, k / LAYOUT.size, 0, 0, 0, "bits")
+    info = ClientRound(
+        node_id, loop.registry.nodes[node_id].capacity, "cpu", source, k, k / LAYOUT.size, 0, 0, 0, "bits"
+    )
     return Dispatch(node_id, SentSubmodel(node_id, seq, mask, f"digest-{seq}", 50), loop.version, 0.0, info)
 
 

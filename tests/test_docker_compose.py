@@ -49,7 +49,7 @@ from pathlib import Path
 import pytest
 
 from common.config.parse import default_run_config
-from common.methods import method_class
+from common.methods import create_method
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fibos-dockertest"
@@ -299,7 +299,7 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     # Crash one SuperNode while it trains in round KILL_ROUND: SIGKILL to its process from the host
     # (what an OOM kill or a power cut looks like), so the restart policy, not an operator, acts.
     # Round 0's Fisher warm-up reaches each node as a train message too.
-    warmup_messages = 1 if method_class(default_run_config().method).warms_up(default_run_config()) else 0
+    warmup_messages = 1 if create_method(default_run_config()).runs_warmup() else 0
     compose.wait_log(KILLED, "Receiving: train message", KILL_ROUND + warmup_messages, timeout=900)
     pid = compose.state(KILLED)["Pid"]
     os.kill(pid, 9)

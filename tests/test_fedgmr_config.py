@@ -156,6 +156,6 @@ def test_discovery_hands_each_node_capacity_kind_to_the_method():
         {1: {**node, "partition-id": 0, "capacity-kind": "memory"}, 2: {**node, "partition-id": 1}}, run
     )
     strategy = SubmodelStrategy(parse_run_config(run), model_layout(build_model("cnn", 10, 1, 0)))
-    strategy.discover(grid, 30.0)
-    kinds = {nid: strategy.method.capacity_kind(strategy.nodes[nid].key) for nid in (1, 2)}
+    strategy.registry.discover(grid, 30.0)
+    kinds = {nid: strategy.method.capacity_kind(strategy.registry.nodes[nid].key) for nid in (1, 2)}
     assert kinds == {1: "memory", 2: "bandwidth"}

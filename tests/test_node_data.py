@@ -340,7 +340,7 @@ FEDERATED = {
 def test_without_a_server_test_set_the_round_line_and_summary_show_the_nodes_figures():
     from server.benchmarks.report import summary_table
     from server.federated_evaluation import global_figures
-    from server.strategy import progress_line
+    from server.strategy_core.round_records import progress_line
 
     line = progress_line(_record(FEDERATED), 3)
     assert "[round 2/3] on nodes: global acc 0.7500 loss 0.5000 | per capacity 1:0.750 0.25:0.500" in line

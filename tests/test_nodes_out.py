@@ -64,7 +64,7 @@ def test_excluded_departed_and_unavailable_nodes_are_recorded_with_reasons(tmp_p
     assert set(first) == {(13, "excluded"), (14, "excluded")}
     assert "capacity=2.0" in first[13, "excluded"]["reason"]
     assert UNAVAILABLE in first[14, "excluded"]["reason"]
-    assert strategy.excluded == {13, 14}  # never the SuperLink's id
+    assert strategy.registry.excluded == {13, 14}  # never the SuperLink's id
     assert records[1]["nodes_out"] == [
         {"node_id": 12, "client_key": "edge-12", "event": "departed", "reason": "no longer connected to the SuperLink"}
     ]

@@ -106,7 +106,7 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
     warmup = [m for m in trained if int(m.content.config_records["submodel-config"]["round"]) == 0]
     assert len(warmup) == 6  # the Fisher warm-up asks every node that can train
     assert len(trained) - len(warmup) == 3 * 3
-    keys = {nid: strategy.nodes[nid].key for nid in capacities}
+    keys = {nid: strategy.registry.nodes[nid].key for nid in capacities}
     for rec in records[1:]:
         expected = sample_clients(list(keys.values()), 0.5, 2, 5, rec["round"])
         assert sorted(keys[c["node_id"]] for c in rec["clients"]) == expected

@@ -19,7 +19,9 @@ from common.training.loop import TrainConfig, train_masked
 from common.wire import protocol as P
 from common.wire.validation import SentSubmodel, validate_evaluate_reply, validate_profile
 from server.replies import ReplyParts
-from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
+from server.strategy import SubmodelStrategy
+from server.strategy_core.node_registry import NodeProfile
+from server.strategy_core.round_records import ClientRound
 
 ROUND = 3
 GOOD, OTHER = 11, 2**63 + 5  # Flower node ids are unsigned 64-bit
@@ -35,7 +37,7 @@ def _setup():
     replies = {}
     for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
-        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
+        strategy.registry.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
         mask, _ = strategy.node_mask(node_id, ROUND)
         from common.wire.protocol import encode_submodel
 

@@ -182,7 +182,8 @@ def test_restoration_state_restarts_a_client_whose_capacity_changed():
 @pytest.mark.parametrize("kind", ["memory", "bandwidth"])
 def test_sync_strategy_masks_grow_with_rounds(kind):
     from common.config.parse import parse_run_config
-    from server.strategy import NodeProfile, SubmodelStrategy
+    from server.strategy import SubmodelStrategy
+    from server.strategy_core.node_registry import NodeProfile
 
     layout = _layout()
     # the paper's text: a linear schedule and random restoration (the defaults are the published code's)
@@ -195,7 +196,7 @@ def test_sync_strategy_masks_grow_with_rounds(kind):
     }
     cfg = parse_run_config({"method": "fedgmr", **options})
     strategy = SubmodelStrategy(cfg, layout)
-    strategy.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
+    strategy.registry.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
     strategy.x = np.random.default_rng(1).normal(size=layout.size).astype(np.float32)
     for node_id, capacity in ((7, 0.5), (9, 1.0)):
         masks = [strategy.node_mask(node_id, rnd)[0] for rnd in range(1, 6)]

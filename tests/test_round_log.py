@@ -12,7 +12,7 @@ from pathlib import Path
 
 from server.commands.launcher import run_federation_command
 from server.round_log import RoundLog, read_rounds
-from server.strategy import progress_line
+from server.strategy_core.round_records import progress_line
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,9 @@ from common.training.structured import train_small
 from common.wire import protocol as P
 from common.wire.validation import SentSubmodel
 from server.replies import ReplyParts
-from server.strategy import ClientRound, NodeProfile, SubmodelStrategy
+from server.strategy import SubmodelStrategy
+from server.strategy_core.node_registry import NodeProfile
+from server.strategy_core.round_records import ClientRound
 
 ROUND = 2
 SMALL, LARGE = 11, 12
@@ -43,7 +45,7 @@ def _setup():
     for part, node_id in enumerate((SMALL, LARGE)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
         gamma = GAMMA[node_id]
-        strategy.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
+        strategy.registry.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
         mask, source = strategy.node_mask(node_id, ROUND)
         assert source == "norm"  # nothing measured yet
         payload = strategy.method.encode(strategy.x, mask)
@@ -162,7 +164,7 @@ def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
     strategy, replies = base
     s = _with_options(strategy, scores="client")
     s.apply_train_replies(ROUND, list(replies.values()))
-    key = {n: s.nodes[n].key for n in (SMALL, LARGE)}
+    key = {n: s.registry.nodes[n].key for n in (SMALL, LARGE)}
     assert set(s.method.client_scores.clients) == set(key.values())
     sizes = group_sizes(strategy.layout, strategy.method.graph)
     small_held = selection_of_mask(strategy.layout, strategy.method.graph, strategy.sent[SMALL].mask)
@@ -259,7 +261,7 @@ def test_curvature_selected_small_submodels_learn_in_process():
     capacities = (1.0, 0.25, 0.0625)
     datas = [split.train.subset(partition_indices(split.train.y, "iid", 3, i, 42)) for i in range(3)]
     for i, gamma in enumerate(capacities):
-        s.nodes[i] = NodeProfile(gamma, "cpu", len(datas[i]), 1, f"p{i}")
+        s.registry.nodes[i] = NodeProfile(gamma, "cpu", len(datas[i]), 1, f"p{i}")
     for rnd in (1, 2):
         s.sent, s.clients, replies = {}, {}, []
         for i, gamma in enumerate(capacities):

@@ -15,7 +15,8 @@ from common.models.architectures import build_model, load_flat, model_layout, tr
 from common.models.layout import ParamLayout
 from common.submodels.label_split import output_layer
 from common.submodels.width import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
-from server.strategy import NodeProfile, SubmodelStrategy
+from server.strategy import SubmodelStrategy
+from server.strategy_core.node_registry import NodeProfile
 
 GRAPH = SMALL_CNN_GRAPH
 
@@ -162,16 +163,20 @@ def test_strategy_dispatches_mask_by_method(cnn, method, source):
     model, layout = cnn
     s = SubmodelStrategy(parse_run_config({"method": method}), layout)
     s.x = layout.flatten(trainable_arrays(model))
-    s.nodes = {1: NodeProfile(1.0, "cpu", 10, 2), 2: NodeProfile(0.25, "cpu", 10, 2)}
+    s.registry.nodes = {1: NodeProfile(1.0, "cpu", 10, 2), 2: NodeProfile(0.25, "cpu", 10, 2)}
     mask, got = s.node_mask(2, 3)
     assert got == source
     assert mask.mean() == (1.0 if method == "fedavg" else pytest.approx(0.25, abs=0.07))
-    assert s.participants() == [1, 2]
+    assert s.registry.participants() == [1, 2]
 
 
 def test_fedavg_drop_trains_only_full_capacity_nodes(cnn):
     _, layout = cnn
     s = SubmodelStrategy(parse_run_config({"method": "fedavg-drop"}), layout)
-    s.nodes = {5: NodeProfile(0.5, "cpu", 10, 2), 7: NodeProfile(1.0, "cpu", 10, 2), 9: NodeProfile(1.0, "cpu", 1, 1)}
-    assert s.participants() == [7, 9]
+    s.registry.nodes = {
+        5: NodeProfile(0.5, "cpu", 10, 2),
+        7: NodeProfile(1.0, "cpu", 10, 2),
+        9: NodeProfile(1.0, "cpu", 1, 1),
+    }
+    assert s.registry.participants() == [7, 9]
     assert s.node_mask(5, 1)[0].all()

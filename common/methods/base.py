@@ -213,13 +213,6 @@ class Method:
         """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
         return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
 
-    @classmethod
-    def warms_up(cls, run: RunConfig) -> bool:
-        """Whether round 0 is a Fisher warm-up: asked for, and the run ranks by a Fisher measured untrained."""
-        fisher = run.options("fisher")
-        # The warm-up takes no step, so a `path` estimate (squared training gradients) would be empty.
-        return cls.reads_fisher(run) and fisher.warmup and fisher.estimator != "path"
-
     @property
     def asynchronous(self) -> bool:
         """Whether the run applies replies on arrival instead of in rounds (see :mod:`server.async_strategy`)."""
@@ -344,6 +337,36 @@ class Method:
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The model a node evaluates: the received submodel (``train`` gives the label space)."""
         raise NotImplementedError
+
+    # ------------------------------------------------- server-side round hooks
+    # What the synchronous strategy asks at fixed points of its rounds, so that it names no method's rule.
+    def runs_warmup(self) -> bool:
+        """Whether the run opens with round 0's Fisher warm-up, whose replies :meth:`warm_up` receives.
+
+        Default: when the run asks for it (``fisher-warmup``) and this method ranks by a Fisher that can be
+        measured untrained.
+        """
+        fisher = self.run.options("fisher")
+        # The warm-up takes no step, so a `path` estimate (squared training gradients) would be empty.
+        return self.reads_fisher(self.run) and fisher.warmup and fisher.estimator != "path"
+
+    def participation_requirement(self) -> str:
+        """What a node needs to take part (:meth:`participates`), named when no discovered node can (``""``: none)."""
+        return ""
+
+    def round_entries(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, Any]:
+        """The method's own entries of a round's record, measured after aggregation, before central evaluation.
+
+        Parameters
+        ----------
+        x : NDArray[float32]
+            The global model after the round's aggregation.
+        levels : Sequence[float]
+            The capacity of every discovered node.
+
+        Default: ``prior_influence``, the share of a level's mask one client could flip (:meth:`prior_influence`).
+        """
+        return {"prior_influence": self.prior_influence(x, levels)}
 
 
 @runtime_checkable

@@ -14,3 +14,7 @@ class FedAvgDrop(FedAvg):
     def participates(self, capacity: float) -> bool:
         """Only nodes that hold the full model."""
         return capacity >= 1.0
+
+    def participation_requirement(self) -> str:
+        """Capacity 1: a node that cannot hold the full model is left out."""
+        return "needs capacity 1"

@@ -48,6 +48,7 @@ LAYOUT_GUIDE = (
 #: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
 PACKAGES = (
     "server",
+    "server/strategy_core",
     "client",
     "common",
     "common/methods",

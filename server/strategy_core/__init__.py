@@ -1,0 +1,4 @@
+"""What the synchronous strategy (:mod:`server.strategy`) and the asynchronous one (:mod:`server.async_strategy`)
+are built from: the nodes (:mod:`~server.strategy_core.node_registry`), the per-node submodel Messages and the
+evaluations (:mod:`~server.strategy_core.base`), and the records each round leaves
+(:mod:`~server.strategy_core.round_records`)."""

@@ -1,0 +1,273 @@
+"""What the synchronous and the asynchronous strategy share: the global model, the Messages that carry a node's
+submodel, the nodes' own evaluation and the server's central evaluation.
+
+Everything that differs between methods is asked of the run's :class:`~common.methods.base.Method`; the nodes
+are the :class:`~server.strategy_core.node_registry.NodeRegistry`'s. The two strategies differ in when they send
+and how they fold replies in: rounds (:mod:`server.strategy`) or every reply on arrival
+(:mod:`server.async_strategy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from numpy.typing import NDArray
+
+from common.config.run import RunConfig
+from common.methods import create_method
+from common.methods.base import Method
+from common.models.layout import ParamLayout
+from common.wire import protocol as P
+from common.wire.validation import ReplyError, SentSubmodel, validate_evaluate_reply
+from server.federated_evaluation import NodeEvaluation, federated_figures
+from server.mask_stability import MaskHistory, per_capacity_means
+from server.replies import expected_sent, reply_parts
+from server.strategy_core.node_registry import NodeRegistry
+from server.strategy_core.round_records import ClientRound
+
+#: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``, ``loss``).
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
+    """Named numpy arrays as an ArrayRecord (each made contiguous, as Flower serialises it)."""
+    return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
+
+
+class SubmodelStrategyBase:
+    """The global model as a flat vector, the nodes, and per-node submodel Messages (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Validated run configuration.
+    layout : ParamLayout
+        Flat layout of the global model.
+    method : Method, optional
+        The method (default: the one ``cfg.method`` names, from the registry).
+    on_round : Callable, optional
+        Called with each round's record (a JSON-ready dict, :mod:`server.strategy_core.round_records`).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        layout: ParamLayout,
+        method: Method | None = None,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.method = method if method is not None else create_method(cfg)
+        self.method.start_server(layout)
+        self.on_round = on_round
+        self.evaluate_fn: EvaluateFn | None = None
+        self.registry = NodeRegistry(cfg, self.method)
+        self.federated: dict[str, Any] | None = None  # the last evaluation round's node-measured figures
+        self.sent: dict[int, SentSubmodel] = {}
+        self.sent_eval: dict[int, SentSubmodel] = {}
+        self.clients: dict[int, ClientRound] = {}
+        self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
+        self.mask_history = MaskHistory(layout.size)
+
+    def summary(self) -> None:
+        """Log the strategy's configuration."""
+        log(INFO, "%s: %s d=%d", type(self).__name__, self.method.describe(), self.layout.size)
+
+    # ------------------------------------------------------------ the model
+    def _flat(self, arrays: ArrayRecord) -> NDArray[np.float32]:
+        return self.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
+
+    def to_arrays(self, flat: NDArray[np.float32]) -> ArrayRecord:
+        """The flat vector as an ArrayRecord of named tensors."""
+        return array_record(self.layout.unflatten(flat))
+
+    def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
+        """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
+        raise NotImplementedError
+
+    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+        """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- messages
+    def submodel_message(
+        self,
+        node_id: int,
+        server_round: int,
+        message_type: str,
+        store: dict[int, SentSubmodel],
+        mask_and_source: tuple[NDArray[np.bool_], str] | None = None,
+        config: ConfigRecord | None = None,
+    ) -> tuple[Message, ClientRound]:
+        """The Message carrying a node's submodel, and its bookkeeping entry; records what was sent in ``store``.
+
+        Parameters
+        ----------
+        node_id : int
+            Destination.
+        server_round : int
+            Written to the message's ``round`` (a dispatch number in asynchronous runs).
+        message_type : str
+            ``MessageType.TRAIN`` or ``MessageType.EVALUATE``.
+        store : dict
+            Where the :class:`SentSubmodel` is kept, to check the reply against.
+        mask_and_source : tuple, optional
+            The mask to send (default: :meth:`node_mask` for ``server_round``).
+        config : ConfigRecord, optional
+            Extra settings for the node (``train_config`` / ``evaluate_config`` of ``start``), sent as
+            the ``config`` record when not empty.
+        """
+        prof = self.registry.nodes[node_id]
+        mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
+        download = self.method.encode(self.x, mask)
+        records = {name: array_record(arrays) for name, arrays in download.records.items()}
+        request = None
+        if message_type == MessageType.TRAIN:
+            request = self.method.fisher_request(prof.key, server_round, self.x, mask)
+        if request is not None and request.arrays:
+            records[P.FISHER_AT] = array_record(request.arrays)
+        round_config = ConfigRecord(
+            {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
+        )
+        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train, request is not None)
+        k = int(mask.sum())
+        info = ClientRound(
+            node_id=node_id,
+            client_key=prof.key,
+            capacity=prof.capacity,
+            device=prof.device,
+            mask_source=source,
+            selected=k,
+            density=k / self.layout.size,
+            bytes_down=sum(r.count_bytes() for r in records.values()),
+            values_bytes=download.values_bytes,
+            mask_bytes=download.mask_bytes,
+            mask_kind=download.kind,
+            capacity_source=prof.capacity_source,
+            fisher_asked=request is not None,
+            fisher_at_bytes=records[P.FISHER_AT].count_bytes() if P.FISHER_AT in records else 0,
+        )
+        if message_type == MessageType.TRAIN:
+            info.mask_overlap = self.mask_history.observe(prof.key, mask)
+            info.layer_positions = self.layout.count_per_tensor(mask)
+        content = RecordDict({**records, P.SUBMODEL_CONFIG: round_config})
+        if config:
+            content[P.CONFIG] = config
+        return Message(content=content, dst_node_id=node_id, message_type=message_type), info
+
+    # ------------------------------------------------- the nodes' evaluation
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Each node evaluates the submodel it would train next on its local test split."""
+        self.x = self._flat(arrays)
+        self.sent_eval = {}
+        nodes = self.registry.nodes
+        return [
+            self.submodel_message(nid, server_round, MessageType.EVALUATE, self.sent_eval, config=config)[0]
+            for nid in sorted(nodes)
+            if nodes[nid].num_test > 0
+        ]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Example-weighted local loss and accuracy over valid replies."""
+        nodes = self.registry.nodes
+        seen: dict[int, dict[str, float]] = {}
+        for msg in replies:
+            p = reply_parts(msg, None, P.METRICS, P.META)
+            try:
+                sent = expected_sent(p, self.sent_eval, seen)
+                seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, nodes[p.node_id].num_test)
+            except ReplyError as err:
+                log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
+        if not seen:
+            return None
+        self.federated = federated_figures(
+            [
+                NodeEvaluation(
+                    nodes[nid].capacity,
+                    bool(self.sent_eval[nid].mask.all()),
+                    int(m["num-examples"]),
+                    m["eval-loss"],
+                    m["eval-acc"],
+                )
+                for nid, m in seen.items()
+            ]
+        )
+        records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in seen.values()]
+        metrics = aggregate_metricrecords(records, "num-examples")
+        metrics["num-examples"] = sum(m["num-examples"] for m in seen.values())
+        metrics["replies"] = len(seen)
+        return metrics
+
+    def take_federated(self) -> dict[str, Any] | None:
+        """The node-measured figures of the evaluation since the last call (a round record's ``federated``)."""
+        out, self.federated = self.federated, None
+        return out
+
+    # ---------------------------------------------------- central evaluation
+    def central_evaluation(self, server_round: int, trained: bool = False) -> dict[str, Any]:
+        """Full model and the submodel at every capacity level present, with ``evaluate_fn``.
+
+        ``trained``: also evaluate the submodel each client of the round trained (``trained_per_capacity``;
+        one evaluation per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+        """
+        if self.evaluate_fn is None:
+            return {}
+        full = self.evaluate_fn(server_round, self.to_arrays(self.x))
+        if full is None:
+            return {}
+        levels = {}
+        for gamma in sorted(set(self.registry.capacities()), reverse=True):
+            mask, source = self.level_mask(server_round, gamma)
+            sub = self.evaluate_fn(server_round, self.to_arrays(np.where(mask, self.x, 0).astype(np.float32)))
+            if sub is None:
+                continue
+            levels[f"{gamma:g}"] = {
+                "accuracy": sub["accuracy"],
+                "loss": sub["loss"],
+                "density": float(mask.mean()),
+                "source": source,
+            }
+        out = {"accuracy": full["accuracy"], "loss": full["loss"], "per_capacity": levels}
+        if trained and server_round > 0:
+            out["trained_per_capacity"] = self.evaluate_trained(server_round, full)
+        return out
+
+    def evaluate_trained(self, server_round: int, full: Mapping[str, float]) -> dict[str, dict[str, float]]:
+        """The round's model on each trained client's own mask, into its entry; the mean per capacity level.
+
+        Clients sent the same mask (a width slice, a held level) are evaluated once; a full mask is the full model.
+        """
+        assert self.evaluate_fn is not None
+        seen: dict[str, tuple[float, float]] = {}
+        for node_id, info in self.clients.items():
+            sent = self.sent.get(node_id)
+            if sent is None:
+                continue
+            if sent.digest not in seen:
+                if sent.mask.all():
+                    seen[sent.digest] = (float(full["accuracy"]), float(full["loss"]))
+                else:
+                    sub = self.evaluate_fn(
+                        server_round, self.to_arrays(np.where(sent.mask, self.x, 0).astype(np.float32))
+                    )
+                    if sub is None:
+                        continue
+                    seen[sent.digest] = (float(sub["accuracy"]), float(sub["loss"]))
+            info.submodel_accuracy, info.submodel_loss = seen[sent.digest]
+        return per_capacity_means(
+            [
+                (c.capacity, c.submodel_accuracy, c.submodel_loss)
+                for c in self.clients.values()
+                if c.submodel_accuracy is not None
+            ]
+        )
