@@ -121,9 +121,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             for node_id in accepted:
                 self.clients[node_id].status = f"skipped: {reason}"
             return []
-        # Node order, not arrival order: the float sums (and so the model) do not depend on timing.
+        # The clients' stable keys, not arrival order nor node ids (which the Simulation Engine draws anew each
+        # run): the float sums and FedRolex's order-dependent count weights then repeat from run to run.
         nodes = self.registry.nodes
-        return [Accepted(nid, nodes[nid].key, r) for nid, r in sorted(accepted.items())]
+        order = sorted(accepted, key=lambda nid: (nodes[nid].key, nid))
+        return [Accepted(nid, nodes[nid].key, accepted[nid]) for nid in order]
 
     # ---------------------------------------------------------------- round 0
     def fisher_warmup(self, grid: Grid, timeout: float) -> dict[str, Any]:

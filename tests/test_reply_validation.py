@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -251,3 +252,17 @@ def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
     assert accepted == []
     assert s.x.tobytes() == strategy.x.tobytes() and s.method.fisher.clients == {}
     assert all(s.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))
+
+
+def test_accepted_replies_come_in_client_key_order_whatever_the_node_ids(base):
+    """Node ids are drawn anew each run; the clients' keys are stable, so the fold order (and FedRolex's
+    order-dependent count weights) repeats from run to run."""
+    strategy, replies = base
+    s = copy.deepcopy(strategy)
+    parts = [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])]
+    assert [a.node_id for a in s.accepted_replies(ROUND, parts)] == [GOOD, OTHER]  # partition-0, partition-1
+    s = copy.deepcopy(strategy)
+    s.registry.nodes[GOOD] = dataclasses.replace(s.registry.nodes[GOOD], key="partition-9")
+    accepted = s.accepted_replies(ROUND, list(reversed(parts)))
+    assert [a.key for a in accepted] == ["partition-1", "partition-9"]
+    assert [a.node_id for a in accepted] == [OTHER, GOOD]
