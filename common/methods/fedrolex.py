@@ -14,6 +14,8 @@ As the published code (AIoT-MLSys-Lab/FedRolex, ``resnet_server.py``, ``ResnetSe
   server swaps in the count dict it increments after the first tensor, the count also grows with each
   client already added in the same round (``avg``, the default;
   :func:`common.aggregation.update_means.update_count_mean_step`). ``uniform`` counts every holder once, as HeteroFL.
+  The result depends on the order clients are added; the strategy adds them in the order of their stable
+  client keys, so a run repeats (the published server's order is that of its client list).
 
 Everything else is HeteroFL's, with the same published defaults (its ``config.yml``: ``norm: bn``,
 ``scale: 1``, ``mask: 1``; ``combine`` with ``label_split``), under the same keys ``width-*``.
