@@ -1,4 +1,4 @@
-"""The wall-clock comparison's pure helpers (server/wallclock_bench.py) and the benchmark's seconds-to-target column."""
+"""The wall-clock comparison's pure helpers (server/benchmarks/wallclock_bench.py) and the seconds-to-target column."""
 
 from __future__ import annotations
 
