@@ -323,9 +323,10 @@ def describe_error(err: ValidationError, raw: Mapping[str, Any], prefix: str = "
     return "; ".join(head + " or ".join(msgs) for head, msgs in by_key.items())
 
 
+#: Fields of RunConfig that are not run-config keys: the key groups' options and prefixes.
+_NOT_KEYS = ("method_options", "option_prefixes")
+
+
 def common_keys() -> set[str]:
     """The run-config keys of :class:`RunConfig` itself (kebab case)."""
     return {f.alias or kebab(n) for n, f in RunConfig.model_fields.items() if n not in _NOT_KEYS}
-
-
-_NOT_KEYS = ("method_options", "option_prefixes")

@@ -178,13 +178,6 @@ class Method:
 
     # ------------------------------------------------------------ configuration
     @classmethod
-    def option_keys(cls) -> list[str]:
-        """The method's own keys without their prefix (kebab case)."""
-        if cls.options is None:
-            return []
-        return [f.alias or name for name, f in cls.options.model_fields.items()]
-
-    @classmethod
     def key_groups(cls) -> tuple[KeyGroup, ...]:
         """Every group of run-config keys this method owns: its own (:attr:`options`) and shared ones."""
         if cls.options is None:

@@ -138,7 +138,8 @@ class MaskedMethod(Method):
         """
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
-        encoding, estimator = self.upload_encoding(self.run), self.run.options(FISHER_KEYS.name).estimator
+        fisher_keys = self.run.options(FISHER_KEYS.name)
+        encoding, estimator = self.upload_encoding(self.run), fisher_keys.estimator
         point = None  # the weights the per-example Fisher is measured at
         if encoding != "none" and estimator == "global":
             if P.FISHER_AT in received.records:
@@ -151,7 +152,7 @@ class MaskedMethod(Method):
         if point is not None:
             t0 = time.perf_counter()
             present = local_classes(torch.from_numpy(train.y), train.num_classes, cfg.label_mask)
-            indices = example_indices(len(train), self.run.options(FISHER_KEYS.name).examples, cfg.seed)
+            indices = example_indices(len(train), fisher_keys.examples, cfg.seed)
             whole = np.ones(layout.size, dtype=bool)
             fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device)
             fisher_seconds = time.perf_counter() - t0

@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 
 from common.config.node import NodeConfig
 from common.config.parse import key_groups
-from common.config.run import RunConfig
+from common.config.run import RunConfig, common_keys
 from common.config.schema import KeyGroup, kebab
 from common.methods import registry
 
@@ -67,8 +67,9 @@ PACKAGES = (
 
 def _fields() -> Iterator[tuple[str, FieldInfo, KeyGroup | None]]:
     """``(key, field, owning group)`` for every run-config key: common keys first, then each key group's."""
+    keys = common_keys()
     for name, field in RunConfig.model_fields.items():
-        if name not in ("method_options", "option_prefixes"):
+        if kebab(name) in keys:
             yield kebab(name), field, None
     for group in key_groups().values():
         for name, field in group.model.model_fields.items():
