@@ -145,3 +145,18 @@ def test_the_config_schema_loads_neither_torch_nor_the_methods():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_method_spec_loads_without_torch_and_names_an_implementation_of_its_name():
+    code = (
+        "import sys; from common.methods import registry;"
+        "print(len(registry()), sorted(m for m in ('torch', 'common.methods.base') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split(" ", 1)[1].strip() == "[]"
+    from common.methods import method_class, registry
+
+    assert int(out.stdout.split(" ", 1)[0]) == len(registry())
+    for name, spec in registry().items():
+        cls = method_class(name)
+        assert cls.is_implementation and issubclass(cls, spec) and cls.name == name, name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -128,3 +129,33 @@ def test_a_joining_nodes_missing_data_folder_is_refused_before_anything_is_made(
     assert refused.value.code == 2
     assert f"--data-path {data}: no such file or folder on this machine" in capsys.readouterr().err
     assert not (tmp_path / "keys").exists()
+
+
+_REFUSED_WITHOUT_TORCH = """
+import sys
+from server.commands.cli import main
+code = main(sys.argv[1:])
+print("EXIT", code, "torch" in sys.modules, "common.methods.masked" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["local", "--capacities", "1,1/4", "-c", "lr=x"], "lr='x'"),
+        (["local", "--capacities", "1,1/4", "-c", "method=fedrolex", "-c", "model=mlp"], "model='mlp'"),
+        (["local", "--capacities", "1,1/4", "-c", "fisher-every=0"], "fisher-every"),
+        (["local", "--capacities", "1,1/4", "-c", "gmr-capacity-kind=memory"], "capacity-kind"),
+        (["control", "submit", "--superlink", "127.0.0.1:9", "--insecure", "-c", "width-roll=left"], "width-roll"),
+    ],
+)
+def test_bad_settings_are_refused_without_importing_torch(argv: list[str], named: str, tmp_path: Path) -> None:
+    """The schema and every method's keys and rules load without torch or any training code (a fresh process)."""
+    if argv[0] == "local":
+        argv = [*argv, "--results", str(tmp_path / "run")]
+    out = subprocess.run(
+        [sys.executable, "-c", _REFUSED_WITHOUT_TORCH, *argv], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert "EXIT 2 False False" in out.stdout, out.stdout + out.stderr
+    assert named in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,6 +1,7 @@
 """Parsing a whole run configuration: the common keys and every key group the registered methods own.
 
-The one place that needs the method registry: :mod:`common.config.run` (the common keys) stays free of it.
+The one place that needs the method registry: :mod:`common.config.run` (the common keys) stays free of it. The
+registry holds the methods' specs (:mod:`common.methods.specs`), so parsing imports no torch.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from common.config.run import RunConfig, common_keys, describe_error
 from common.config.schema import ConfigError, KeyGroup, kebab
-from common.methods import method_class, registry
+from common.methods import method_spec, registry
 
 #: Keys that were merged into or renamed to another: refused with the new name, so that an old setting is
 #: never silently ignored.
@@ -50,7 +51,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     Unknown keys are rejected, so a typo never silently falls back to a default. The keys of every
     registered method's groups are validated (Flower passes the manifest's defaults for all of them),
     whichever method is selected; then the selected method's own rules across keys
-    (:meth:`~common.methods.base.Method.check_run`).
+    (:meth:`~common.methods.specs.base.MethodSpec.check_run`).
     """
     groups = key_groups()
     owner_of = {key: name for name, group in groups.items() for key in group.keys()}
@@ -85,7 +86,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(describe_error(err, raw)) from None
     if run.method not in registry():
         raise ConfigError(f"method={run.method!r}: allowed values are {', '.join(registry())}")
-    cls = method_class(run.method)
+    cls = method_spec(run.method)
     auto = {k: v for k, v in cls.auto_settings(run).items() if getattr(run, k) == "auto"}
     run = run.model_copy(update=auto)
     try:

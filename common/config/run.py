@@ -129,7 +129,7 @@ class RunConfig(Schema):
         0.0, ge=0, le=1, description="client weight decay (SGD's L2 term; AdamW's decoupled decay)"
     )
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
-    # The three keys below default to `auto`: the method's own value (Method.auto_settings), resolved by
+    # The three keys below default to `auto`: the method's own value (MethodSpec.auto_settings), resolved by
     # common.config.parse, so that one key serves every method and the published defaults differ where they do.
     clip_grad_norm: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] = Field(
         "auto",

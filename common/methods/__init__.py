@@ -1,8 +1,14 @@
 """One module per method behind one interface, and the registry the method key selects from.
 
-Adding a method is a new module here with a :class:`~common.methods.base.Method` subclass that sets
-``name``, and its module's name in :data:`BUILTIN`; nothing else in the product changes (README, "Adding a
-method"). :func:`register` is the same registration for a method defined elsewhere (a test, a plug-in).
+A method has two halves: its spec (:mod:`common.methods.specs`: name, run-config keys, rules across keys;
+no torch) and its implementation here (a :class:`~common.methods.base.Method` that subclasses the spec).
+The registry holds specs, so a run configuration is checked without importing any training code; the
+implementation is imported when a run builds the method (:func:`method_class`).
+
+Adding a method is a spec module in :mod:`common.methods.specs` whose class names its implementation, the
+implementation module here, and the spec module's name in :data:`BUILTIN`; nothing else in the product
+changes (README, "Adding a method"). :func:`register` is the same registration for a method defined
+elsewhere (a test, a plug-in), spec or implementation.
 """
 
 from __future__ import annotations
@@ -12,19 +18,23 @@ from importlib import import_module
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
+from common.methods.specs.base import MethodSpec
+
 if TYPE_CHECKING:
     from common.config.run import RunConfig
     from common.methods.base import Method
 
-_REGISTRY: dict[str, type[Method]] = {}
+_REGISTRY: dict[str, type[MethodSpec]] = {}
 
 
-def register(cls: type[Method]) -> type[Method]:
-    """Make ``cls`` selectable as ``method = cls.name`` (the built-in methods: by :data:`BUILTIN`)."""
+def register(cls: type[MethodSpec]) -> type[MethodSpec]:
+    """Make ``cls`` selectable as ``method = cls.name``: a spec, or an implementation (its own spec)."""
     if not cls.name:
         raise ValueError(f"{cls.__qualname__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"method {cls.name!r} is already registered by {_REGISTRY[cls.name].__qualname__}")
+    if not cls.is_implementation and ":" not in cls.implementation:
+        raise ValueError(f"{cls.__qualname__}.implementation must be 'module:Class', not {cls.implementation!r}")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -34,17 +44,29 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def registry() -> Mapping[str, type[Method]]:
-    """Every registered method by name, in registration order (read-only view)."""
+def registry() -> Mapping[str, type[MethodSpec]]:
+    """Every registered method's spec by name, in registration order (read-only view)."""
     return MappingProxyType(_REGISTRY)
 
 
-def method_class(name: str) -> type[Method]:
-    """The class registered as ``name``; ``KeyError`` listing the known names."""
+def method_spec(name: str) -> type[MethodSpec]:
+    """The spec registered as ``name`` (imports no training code); ``KeyError`` listing the known names."""
     try:
         return _REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown method {name!r}; registered: {', '.join(_REGISTRY)}") from None
+
+
+def method_class(name: str) -> type[Method]:
+    """The implementation of the method registered as ``name``, imported on first use."""
+    spec = method_spec(name)
+    if spec.is_implementation:
+        return spec  # type: ignore[return-value]
+    module, _, attr = spec.implementation.partition(":")
+    cls = getattr(import_module(module), attr)
+    if cls.name != name:
+        raise TypeError(f"{spec.implementation} is method {cls.name!r}, but its spec registers {name!r}")
+    return cls
 
 
 def create_method(run: RunConfig) -> Method:
@@ -52,19 +74,22 @@ def create_method(run: RunConfig) -> Method:
     return method_class(run.method)(run)
 
 
-#: The built-in methods' modules, in the order the README's table lists them. Each module's own
-#: :class:`~common.methods.base.Method` subclasses that set ``name`` are registered (a base class a module
-#: imports, or one without a name, is not).
-BUILTIN = ("fedfibos", "fiarse", "heterofl", "fedrolex", "fedavg", "fedavg_drop", "fedgmr", "cahfp", "lora")
+#: The built-in methods' spec modules (in :mod:`common.methods.specs`), in the order the README's table lists
+#: them. Each module's own :class:`~common.methods.specs.base.MethodSpec` subclasses that set ``name`` are
+#: registered (a base class a module imports, or one without a name, is not).
+BUILTIN = ("fedfibos", "fiarse", "width", "fedavg", "fedgmr", "cahfp", "lora")
 
 
 def _register_module(module: ModuleType) -> None:
-    from common.methods.base import Method
-
     for value in vars(module).values():
-        if isinstance(value, type) and issubclass(value, Method) and value.__module__ == module.__name__ and value.name:
+        if (
+            isinstance(value, type)
+            and issubclass(value, MethodSpec)
+            and value.__module__ == module.__name__
+            and value.name
+        ):
             register(value)
 
 
 for _module in BUILTIN:
-    _register_module(import_module(f"{__name__}.{_module}"))
+    _register_module(import_module(f"{__name__}.specs.{_module}"))

@@ -9,12 +9,13 @@ A method decides, for one round,
   (:meth:`Method.aggregate`), and what it keeps between rounds (:meth:`Method.state_bytes`);
 * **client side**: how a node turns what it received into a trained update
   (:meth:`Method.client_train`) and into a model to evaluate (:meth:`Method.client_model`);
-* **configuration**: its own run-config keys (:attr:`Method.options`, a pydantic model whose keys carry
-  :attr:`Method.options_prefix`) and its cross-field rules (:meth:`Method.check_run`).
+* **configuration** (its spec, :mod:`common.methods.specs`, which the implementation subclasses): its own
+  run-config keys (``options``, a pydantic model whose keys carry ``options_prefix``) and its cross-field
+  rules (``check_run``).
 
 Flower never appears here: the strategy (:mod:`server.strategy`) and the ClientApp (:mod:`client.app`)
-turn these plain arrays and dicts into Messages. A method module holds one class, registered under its
-``method`` key with :func:`common.methods.register`.
+turn these plain arrays and dicts into Messages. A method module holds one class; its spec is registered
+under its ``method`` key (:data:`common.methods.BUILTIN`, or :func:`common.methods.register`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from torch import nn
 
 from common.aggregation.asynchronous import AsyncStep
 from common.aggregation.masked import MaskedUpdate
-from common.config.schema import KeyGroup, Schema
+from common.methods.specs.base import MethodSpec
 from common.models.layout import ParamLayout
 from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
 
@@ -147,8 +148,8 @@ class Accepted:
     reply: TrainReply
 
 
-class Method:
-    """Base class of every method. Subclasses set :attr:`name` and override what differs.
+class Method(MethodSpec):
+    """Base class of every method's implementation. Subclasses add their spec and override what differs.
 
     Parameters
     ----------
@@ -156,55 +157,14 @@ class Method:
         The validated run configuration.
     """
 
-    #: The ``method`` run-config key that selects this class.
-    name: ClassVar[str] = ""
-    #: One line for the README's method table: what a capacity-``gamma`` client holds.
-    summary: ClassVar[str] = ""
-    #: The method's own run-config keys (``None``: it has none).
-    options: ClassVar[type[Schema] | None] = None
-    #: Prefix of those keys in the run config (e.g. ``gmr-``).
-    options_prefix: ClassVar[str] = ""
-    #: Groups of keys the method shares with others (e.g. the Fisher-ranked methods' ``fisher-*`` keys).
-    shared_key_groups: ClassVar[tuple[KeyGroup, ...]] = ()
+    #: Whether this class is the implementation itself (a spec names its implementation instead).
+    is_implementation = True
     #: File in the results folder that receives :meth:`state_bytes` at the end of a run (when not empty).
     state_file: ClassVar[str] = "method_state.npz"
-    #: Settings ``fibos bench`` also runs this method with by default, each a row of its own (``key=value``
-    #: joined by ``+``; e.g. FedGMR capacity-limited beside its published bandwidth kind).
-    bench_variants: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, run: RunConfig) -> None:
         self.run = run
         self.layout: ParamLayout | None = None
-
-    # ------------------------------------------------------------ configuration
-    @classmethod
-    def key_groups(cls) -> tuple[KeyGroup, ...]:
-        """Every group of run-config keys this method owns: its own (:attr:`options`) and shared ones."""
-        if cls.options is None:
-            return cls.shared_key_groups
-        return (KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name), *cls.shared_key_groups)
-
-    @classmethod
-    def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
-        """The method's values of the common keys a run leaves at ``auto`` (by field name).
-
-        The base values hold for most methods; a method whose published code differs overrides them.
-        """
-        return {"clip_grad_norm": 0.0, "label_mask": False, "server_lr": 1.0}
-
-    @classmethod
-    def check_run(cls, run: RunConfig) -> None:
-        """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
-
-    @classmethod
-    def reads_fisher(cls, run: RunConfig) -> bool:
-        """Whether the server reads clients' Fisher (so clients measure and upload it)."""
-        return False
-
-    @classmethod
-    def upload_encoding(cls, run: RunConfig) -> str:
-        """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
-        return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
 
     @property
     def asynchronous(self) -> bool:

@@ -28,20 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from pydantic import Field
 from torch import nn
 
 from common.aggregation.masked import aggregate_masked
 from common.aggregation.update_means import participant_mean_step
-from common.config.schema import Schema
 from common.data.arrays import ArrayDataset
 from common.methods.base import Accepted, Download, LocalUpdate, Received
 from common.methods.channels import ChannelMethod
+from common.methods.specs.cahfp import CAHFPOptions, CAHFPSpec
 from common.models.architectures import build_model
 from common.models.layout import ParamLayout
 from common.models.structured import build_structured_model, skeleton_layout
@@ -93,28 +92,6 @@ def score_name(group: str) -> str:
     return SCORE_PREFIX + group
 
 
-class CAHFPOptions(Schema):
-    """CA-HFP's own run-config keys (``cahfp-*``)."""
-
-    scores: Literal["client", "pooled"] = Field(
-        "client",
-        description="whose channel scores rank a client's channels: client (its own, per-client masks) or "
-        "pooled (one example-weighted state for all clients)",
-    )
-    aggregation: Literal["fedavg", "holders"] = Field(
-        "fedavg",
-        description="fedavg: FedAvg over the reconstructed models (`x + sum_k p_k M_k delta_k`, `sum p_k = 1`); "
-        "holders: mean over the clients that held each position",
-    )
-    score_memory_mb: float = Field(
-        64.0,
-        ge=0.001,
-        le=10_000_000,
-        description="budget for per-client channel scores; beyond it the least recent client is evicted and "
-        "ranks by the pooled scores",
-    )
-
-
 @dataclass(frozen=True)
 class StructuredReply(TrainReply):
     """A validated CA-HFP reply: the reconstructed update plus the client's channel scores."""
@@ -157,17 +134,8 @@ def reply_arrays(
     return {**result.params, **{score_name(group): s.astype(np.float32) for group, s in sums.items()}}
 
 
-class CAHFP(ChannelMethod):
+class CAHFP(CAHFPSpec, ChannelMethod):
     """Curvature-aware structured pruning with physically smaller client models."""
-
-    name = "cahfp"
-    summary = (
-        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by the client's "
-        "own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the "
-        "server, then FedAvg over the reconstructed models (`docs/STRUCTURED.md`)"
-    )
-    options = CAHFPOptions
-    options_prefix = "cahfp-"
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)

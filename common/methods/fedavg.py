@@ -6,13 +6,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.methods.masked import MaskedMethod
+from common.methods.specs.fedavg import FedAvgSpec
 
 
-class FedAvg(MaskedMethod):
+class FedAvg(FedAvgSpec, MaskedMethod):
     """The full model for everyone; the mask-aware mean is then plain FedAvg."""
-
-    name = "fedavg"
-    summary = "everyone trains the full model, whatever its capacity (the accuracy ceiling)"
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]

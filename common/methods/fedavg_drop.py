@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from common.methods.fedavg import FedAvg
+from common.methods.specs.fedavg import FedAvgDropSpec
 
 
-class FedAvgDrop(FedAvg):
+class FedAvgDrop(FedAvgDropSpec, FedAvg):
     """FedAvg that leaves out every node below capacity 1."""
-
-    name = "fedavg-drop"
-    summary = "only nodes with capacity 1 take part, full model (what operators do today)"
 
     def participates(self, capacity: float) -> bool:
         """Only nodes that hold the full model."""

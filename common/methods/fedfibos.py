@@ -21,47 +21,27 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import Field
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.update_means import participant_mean_step
-from common.config.schema import Schema
 from common.fisher.held_masks import HeldMasks, append_arrays
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
 from common.fisher.selection import select_mask
 from common.methods.masked import FisherRankedMethod
+from common.methods.specs.fedfibos import FedFIbOSOptions, FedFIbOSSpec
 from common.models.layout import ParamLayout
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
 
 
-class FedFIbOSOptions(Schema):
-    """FedFIbOS's own run-config keys (``fedfibos-*``)."""
-
-    aggregation: Literal["holders", "participants"] = Field(
-        "participants",
-        description="holders: example-weighted mean over the clients that held each position; participants: "
-        "`sum_n w_n M_j delta_j / sum_n w_n` over all the round's clients, so a position few clients held "
-        "moves by their share",
-    )
-
-
-class FedFIbOS(FisherRankedMethod):
+class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
     """Fisher-ranked element-wise submodels (this product's method)."""
-
-    name = "fedfibos"
-    summary = (
-        "top-`ceil(gamma d)` of `F_j^2 x_j^2`, `F` the client's Fisher measured at the current global model "
-        "(refreshed every `fisher-every` rounds, the mask held in between; this product's method)"
-    )
-    options = FedFIbOSOptions
-    options_prefix = "fedfibos-"
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
@@ -92,11 +72,6 @@ class FedFIbOS(FisherRankedMethod):
         super().load_state(data)
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             self.held = HeldMasks.from_arrays(z) if "held_d" in z.files else HeldMasks(self.fisher.d)
-
-    @classmethod
-    def reads_fisher(cls, run: RunConfig) -> bool:
-        """Always: the mask is ranked by the client's Fisher."""
-        return True
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,11 +32,9 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate
 from common.aggregation.update_means import update_count_mean_step
 from common.methods.heterofl import HeteroFL
+from common.methods.specs.width import FedRolexSpec
 from common.models.layout import ParamLayout
 from common.submodels.label_split import class_of_position
-
-if TYPE_CHECKING:
-    pass
 
 
 def count_weighted_positions(layout: ParamLayout) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
@@ -61,15 +58,8 @@ def count_weighted_positions(layout: ParamLayout) -> tuple[NDArray[np.int64], ND
     return positions, positions < first
 
 
-class FedRolex(HeteroFL):
+class FedRolex(FedRolexSpec, HeteroFL):
     """Rolling-window width submodels."""
-
-    name = "fedrolex"
-    summary = (
-        "a window of `ceil(r c)` channels rolled by one channel each round (FedRolex), with HeteroFL's "
-        "scaler, masked cross-entropy and label-split classifier aggregation"
-    )
-    default_weighting = "avg"
 
     def describe(self) -> str:
         """Method, the published elements switched on, and the window direction."""

@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from pydantic import Field
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.update_means import nonzero_mean_step
-from common.config.schema import Schema
 from common.data.arrays import ArrayDataset
 from common.methods.base import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
+from common.methods.specs.fiarse import FIARSEOptions, FIARSESpec
 from common.models.architectures import build_run_model, load_flat
 from common.models.layout import ParamLayout
 from common.submodels.threshold import (
@@ -55,31 +54,8 @@ if TYPE_CHECKING:
     from common.config.run import RunConfig
 
 
-class FIARSEOptions(Schema):
-    """FIARSE's own run-config keys (``fiarse-*``)."""
-
-    surrogate: bool = Field(
-        False,
-        description="train through the threshold with the surrogate gradient `2 theta / (|w| + theta)^2` "
-        "(the paper's text); false: the plain masked gradient `1[|w| >= theta] g` (the published code, whose "
-        "bool-valued `Bern` autograd never differentiates)",
-    )
-    aggregation: Literal["nonzero", "holders"] = Field(
-        "nonzero",
-        description="nonzero: `sum delta / count(delta != 0)`, unweighted; holders: example-weighted mean over holders",
-    )
-
-
-class FIARSE(MaskedMethod):
+class FIARSE(FIARSESpec, MaskedMethod):
     """Threshold submodels, in-round re-masking, non-zero-count aggregation."""
-
-    name = "fiarse"
-    summary = (
-        "every weight with `|x_j| >= theta`, `theta` the `floor(gamma n)`-th largest magnitude; the mask follows "
-        "the weights inside the round (FIARSE's threshold rule)"
-    )
-    options = FIARSEOptions
-    options_prefix = "fiarse-"
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)

@@ -15,25 +15,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from pydantic import Field
 from torch import nn
 
 from common.aggregation.masked import MaskedUpdate
-from common.config.schema import ConfigError, Schema
+from common.config.schema import ConfigError
 from common.fisher.codec import encode_fisher
 from common.methods.base import LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
+from common.methods.specs.lora import LoRAOptions, LoRASpec
 from common.models.architectures import build_run_model
 from common.models.hf_lora import PEFT_PREFIX, add_lora
 from common.models.layout import ParamLayout, TensorSpec
 from common.submodels.lora_ranks import (
-    LORA_AGGREGATIONS,
-    LORA_ALLOCATIONS,
     LoraPair,
     aggregate_lora,
     allocate_ranks,
@@ -52,74 +50,15 @@ if TYPE_CHECKING:
     from common.data.arrays import ArrayDataset
 
 
-class LoRAOptions(Schema):
-    """Keys of ``method = "lora"`` (prefix ``lora-``)."""
-
-    max_rank: int = Field(
-        8,
-        ge=1,
-        le=4096,
-        description="rank of a capacity-1 client's adapters; a client of capacity `gamma` gets `ceil(gamma r)` "
-        "per adapted layer (at least 1); at most the smaller dimension of every adapted layer",
-    )
-    alpha: float = Field(
-        16.0,
-        gt=0,
-        le=1e6,
-        description="LoRA alpha: every adapter is scaled by `alpha / lora-max-rank`, whatever its rank",
-    )
-    aggregation: Literal[LORA_AGGREGATIONS] = Field(  # type: ignore[valid-type]
-        "svd",
-        description="adapters of mixed ranks: `svd` = FlexLoRA (mean of the clients' products `B A`, truncated SVD "
-        "back to factors, sorted by singular value); `zero-pad` = HetLoRA (factors padded to the largest rank, "
-        "example-weighted mean over all clients); `holders` = per-entry mean over the clients that held it",
-    )
-    allocation: Literal[LORA_ALLOCATIONS] = Field(  # type: ignore[valid-type]
-        "uniform",
-        description="a client's rank per layer: `uniform` (the same in every layer) or `fisher` (the same total "
-        "split across layers in proportion to each layer's Fisher mass on the client's data; uploads the Fisher "
-        "of the factors in `fisher-encoding`)",
-    )
-
-
-class LoRA(FisherRankedMethod):
+class LoRA(LoRASpec, FisherRankedMethod):
     """LoRA adapters of capacity-proportional rank on a frozen pretrained model."""
 
-    name = "lora"
-    summary = (
-        "LoRA adapters of rank `ceil(gamma lora-max-rank)` per adapted layer (uniform, or split across layers by "
-        "Fisher mass) on the frozen pretrained model of `model-path`, which is never sent; mixed ranks "
-        "aggregated by FlexLoRA's SVD redistribution or HetLoRA's zero-padding"
-    )
-    options = LoRAOptions
-    options_prefix = "lora-"
     state_file = "lora_state.npz"
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)
         self.opts: LoRAOptions = run.options(self.name)
         self._client_layout: ParamLayout | None = None
-
-    @classmethod
-    def check_run(cls, run: RunConfig) -> None:
-        """Adapters need a pretrained model to adapt; their Fisher is measured along training only."""
-        if run.model != "hf":
-            raise ValueError(
-                f"method='lora' adapts a pretrained model: set model='hf' and model-path (not {run.model!r})"
-            )
-        # Only the Fisher allocation measures anything; uniform ranks ignore the fisher-* keys like fedavg does.
-        estimator = run.options("fisher").estimator
-        if cls.reads_fisher(run) and estimator != "path":
-            raise ValueError(
-                f"fisher-estimator={estimator!r}: lora-allocation='fisher' measures the Fisher of the "
-                "adapters along local training (set fisher-estimator='path', and fisher-encoding='masked' to keep each "
-                "layer's Fisher mass exact)"
-            )
-
-    @classmethod
-    def reads_fisher(cls, run: RunConfig) -> bool:
-        """Only the Fisher allocation reads the clients' Fisher."""
-        return run.options(cls.name).allocation == "fisher"
 
     def describe(self) -> str:
         """Method and its settings."""

@@ -33,7 +33,13 @@ from common.fisher.codec import decode_fisher, encode_fisher, expected_names
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.state import FisherState, fisher_capacity
 from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
-from common.methods.fisher_keys import FISHER_KEYS, MASK_GUARD_KEYS, FisherOptions, MaskGuardOptions
+from common.methods.specs.fisher import (
+    FISHER_KEYS,
+    MASK_GUARD_KEYS,
+    FisherOptions,
+    FisherRankedSpec,
+    MaskGuardOptions,
+)
 from common.models.architectures import build_run_model, load_flat, model_layout
 from common.models.layout import ParamLayout
 from common.training.loop import TrainConfig, local_classes, train_masked
@@ -173,14 +179,13 @@ class MaskedMethod(Method):
         return model
 
 
-class FisherRankedMethod(MaskedMethod):
+class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
     """A masked method that keeps per-client Fisher on the server (``fisher-*`` keys).
 
     The state is what checkpoints and ``fisher_state.npz`` hold; see :mod:`common.fisher.state`.
     """
 
     state_file = "fisher_state.npz"
-    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
 
     def __init__(self, run: RunConfig) -> None:
         super().__init__(run)

@@ -22,7 +22,6 @@ Which tensors are federated (the rule every element-wise method sees):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -33,6 +32,7 @@ from torch import nn
 
 from common.config.schema import ConfigError
 from common.models.catalog import EMBEDDING_RULES
+from common.models.model_path import resolve_model_path
 
 EmbeddingRule = Literal["frozen", "trained"]
 
@@ -43,31 +43,6 @@ def _quiet() -> None:
 
     logging.set_verbosity_error()
     logging.disable_progress_bar()
-
-
-def _looks_local(path: str) -> bool:
-    """Whether ``path`` can only mean a folder (a hub id is ``name`` or ``org/name``)."""
-    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
-
-
-def resolve_model_path(path: str) -> str:
-    """The folder or hub id to load, or a :class:`ConfigError` naming ``model-path``.
-
-    Parameters
-    ----------
-    path : str
-        The run's ``model-path``.
-    """
-    if not path:
-        raise ConfigError("model-path is empty: model='hf' needs a local model folder or a hub id")
-    local = os.path.expanduser(path)
-    if os.path.isdir(local):
-        if not os.path.isfile(os.path.join(local, "config.json")):
-            raise ConfigError(f"model-path={path!r}: the folder holds no model (no config.json)")
-        return local
-    if os.path.exists(local) or _looks_local(path):
-        raise ConfigError(f"model-path={path!r}: no such model folder")
-    return path
 
 
 def load_tokenizer(path: str) -> Any:

@@ -50,7 +50,7 @@ from common.config.parse import RENAMED_KEYS, config_from_flat, parse_run_config
 from common.config.run import RunConfig
 from common.config.schema import ConfigError
 from common.fisher.codec import FISHER_ENCODINGS
-from common.methods import method_class, registry
+from common.methods import method_spec, registry
 from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from server.commands.launcher import parse_capacities, run_local_federation
 
@@ -129,7 +129,7 @@ class MethodSpec:
 
 def upload_encoding(run: RunConfig) -> str:
     """The Fisher encoding the run's clients upload (``none`` for a method that reads no Fisher)."""
-    return method_class(run.method).upload_encoding(run)
+    return method_spec(run.method).upload_encoding(run)
 
 
 def default_methods() -> list[str]:

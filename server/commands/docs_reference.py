@@ -43,7 +43,8 @@ LAYOUT_GUIDE = (
     "`server/benchmarks/`, and are not in the Flower app bundle. `tests/test_architecture.py` holds the rules: "
     "`server/` and `client/` never import each other, `common/` imports neither, no import cycle (type-only "
     "imports included), the shared layers (`common/config`, `common/wire`, `common/training`) import no method, "
-    "the config schema loads neither torch nor the methods, and no folder holds more than 15 modules.\n"
+    "the config schema loads neither torch nor the methods, a method's spec loads no torch, and no folder holds more "
+    "than 15 modules.\n"
 )
 #: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
 PACKAGES = (
@@ -52,6 +53,7 @@ PACKAGES = (
     "client",
     "common",
     "common/methods",
+    "common/methods/specs",
     "common/config",
     "common/data",
     "common/models",

@@ -36,7 +36,7 @@ from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.config.schema import ConfigError
 from common.data.catalog import NODE_DATASET
-from common.models.hf import resolve_model_path
+from common.models.model_path import resolve_model_path
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
 from server.commands.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder

@@ -2,7 +2,7 @@
 
 ``fisher-*``: how clients measure and upload their diagonal Fisher and how the server keeps it
 (:mod:`common.fisher`); ``min-per-row`` and ``keep-vectors``: the guards of a Fisher-ranked mask. A method
-that ranks by Fisher lists both groups in its :meth:`~common.methods.base.Method.key_groups`.
+that ranks by Fisher subclasses :class:`FisherRankedSpec`, which lists both groups.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pydantic import Field
 
 from common.config.schema import KeyGroup, Schema
 from common.fisher.codec import FISHER_ENCODINGS
+from common.methods.specs.base import MethodSpec
 
 
 class FisherOptions(Schema):
@@ -98,3 +99,9 @@ class MaskGuardOptions(Schema):
 
 FISHER_KEYS = KeyGroup("fisher", "fisher-", FisherOptions, "Fisher-ranked methods: the clients' Fisher")
 MASK_GUARD_KEYS = KeyGroup("mask-guards", "", MaskGuardOptions, "Fisher-ranked methods: guards of the mask")
+
+
+class FisherRankedSpec(MethodSpec):
+    """A method that keeps per-client Fisher on the server: it owns the ``fisher-*`` keys and the mask guards."""
+
+    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)

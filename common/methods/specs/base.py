@@ -1,0 +1,65 @@
+"""The spec every method has: what selects it, the keys it owns and the rules it puts on a run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from common.config.schema import KeyGroup, Schema
+
+if TYPE_CHECKING:
+    from common.config.run import RunConfig
+
+
+class MethodSpec:
+    """A method as the run configuration sees it. Subclasses set :attr:`name` and :attr:`implementation`.
+
+    Everything here is a class attribute or a class method: a spec is never instantiated. The method's
+    implementation (a :class:`common.methods.base.Method`) subclasses its spec, so both answer alike.
+    """
+
+    #: The ``method`` run-config key that selects this method.
+    name: ClassVar[str] = ""
+    #: One line for the README's method table: what a capacity-``gamma`` client holds.
+    summary: ClassVar[str] = ""
+    #: The method's own run-config keys (``None``: it has none).
+    options: ClassVar[type[Schema] | None] = None
+    #: Prefix of those keys in the run config (e.g. ``gmr-``).
+    options_prefix: ClassVar[str] = ""
+    #: Groups of keys the method shares with others (e.g. the Fisher-ranked methods' ``fisher-*`` keys).
+    shared_key_groups: ClassVar[tuple[KeyGroup, ...]] = ()
+    #: Settings ``fibos bench`` also runs this method with by default, each a row of its own (``key=value``
+    #: joined by ``+``; e.g. FedGMR capacity-limited beside its published bandwidth kind).
+    bench_variants: ClassVar[tuple[str, ...]] = ()
+    #: Where the implementation lives, ``"module:Class"``; imported only when a run builds the method.
+    implementation: ClassVar[str] = ""
+    #: Whether this class is the implementation itself (true for every :class:`common.methods.base.Method`).
+    is_implementation: ClassVar[bool] = False
+
+    @classmethod
+    def key_groups(cls) -> tuple[KeyGroup, ...]:
+        """Every group of run-config keys this method owns: its own (:attr:`options`) and shared ones."""
+        if cls.options is None:
+            return cls.shared_key_groups
+        return (KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name), *cls.shared_key_groups)
+
+    @classmethod
+    def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
+        """The method's values of the common keys a run leaves at ``auto`` (by field name).
+
+        The base values hold for most methods; a method whose published code differs overrides them.
+        """
+        return {"clip_grad_norm": 0.0, "label_mask": False, "server_lr": 1.0}
+
+    @classmethod
+    def check_run(cls, run: RunConfig) -> None:
+        """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
+
+    @classmethod
+    def reads_fisher(cls, run: RunConfig) -> bool:
+        """Whether the server reads clients' Fisher (so clients measure and upload it)."""
+        return False
+
+    @classmethod
+    def upload_encoding(cls, run: RunConfig) -> str:
+        """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
+        return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
