@@ -19,6 +19,9 @@ from tests.compose_topology import ComposeTopology, namespace_support
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
+# Where a SuperNode and a control one-shot find the CA certificate (each mounts only its own credentials).
+NODE_CA = "/credentials/node/ca.crt"
+PUBLIC_CA = "/credentials/public/ca.crt"
 
 
 def _require_namespaces() -> None:
@@ -30,11 +33,11 @@ def _require_namespaces() -> None:
     pytest.skip(reason)
 
 
-def _https_status(topo: ComposeTopology, service: str, url: str) -> str:
-    """HTTP status of ``url`` fetched from inside ``service`` with the deployment's CA, or the error."""
+def _https_status(topo: ComposeTopology, service: str, url: str, cafile: str) -> str:
+    """HTTP status of ``url`` fetched from inside ``service`` with the deployment's CA (its copy), or the error."""
     code = (
         "import ssl,sys,urllib.request,urllib.error\n"
-        "ctx=ssl.create_default_context(cafile='/credentials/ca.crt')\n"
+        f"ctx=ssl.create_default_context(cafile={cafile!r})\n"
         "try:\n"
         f"    print(urllib.request.urlopen({url!r},context=ctx,timeout=5).status)\n"
         "except urllib.error.HTTPError as e:\n"
@@ -57,14 +60,16 @@ def test_compose_federation_over_tls_with_authenticated_supernodes(tmp_path: Pat
         topo.up(timeout=300)
 
         # The edge network reaches the Fleet API through the gateway, and nothing else.
-        assert _https_status(topo, "supernode-1", "https://fleet-gateway:8443/v1/control/list-runs") == "403"
-        assert _https_status(topo, "supernode-1", "https://fleet-gateway:8443/v1/runtime/anything") == "403"
+        assert _https_status(topo, "supernode-1", "https://fleet-gateway:8443/v1/control/list-runs", NODE_CA) == "403"
+        assert _https_status(topo, "supernode-1", "https://fleet-gateway:8443/v1/runtime/anything", NODE_CA) == "403"
         control_ip = topo.reachable_address("superlink", "control")
-        blocked = _https_status(topo, "supernode-1", f"https://{control_ip}:8000/v1/control/list-runs")
+        blocked = _https_status(topo, "supernode-1", f"https://{control_ip}:8000/v1/control/list-runs", NODE_CA)
         assert blocked not in {"200", "401", "403", "404", "405"}, blocked  # no route: not even a TLS handshake
-        assert _https_status(topo, "supernode-1", "https://superlink:8000/") == "URLError"  # name unknown there
+        assert (
+            _https_status(topo, "supernode-1", "https://superlink:8000/", NODE_CA) == "URLError"
+        )  # name unknown there
         # ... while the control network does reach the SuperLink itself (so the check above is meaningful).
-        assert _https_status(topo, "register", "https://superlink:8000/v1/control/nothing") in {"404", "405"}
+        assert _https_status(topo, "register", "https://superlink:8000/v1/control/nothing", PUBLIC_CA) in {"404", "405"}
 
         rc = topo.wait_exit("submit", timeout=1200)
         assert rc == 0, "\n".join(topo.tail(s) for s in ("submit", "superexec-serverapp", "superlink", "supernode-1"))
@@ -83,6 +88,12 @@ def test_compose_federation_over_tls_with_authenticated_supernodes(tmp_path: Pat
     assert capacities == [0.25, 0.5, 1.0]
     assert rounds[-1]["global"]["accuracy"] > start["global"]["accuracy"] + 0.05  # the federation learned
     # The one-shot services left the state a second `docker compose up` reuses.
-    creds = tmp_path / "volumes" / "credentials"
-    assert {"ca.crt", "server.pem", "supernode-4.pub", "superexec.secret"} <= {p.name for p in creds.iterdir()}
+    volumes = tmp_path / "volumes"
+    assert {"ca.crt", "ca.key", "server.pem", "supernode-4.pub", "superexec.secret"} <= {
+        p.name for p in (volumes / "credentials").iterdir()
+    }
+    # ... and dealt each consumer only its own files.
+    assert sorted(p.name for p in (volumes / "node-4").iterdir()) == ["ca.crt", "supernode-4"]
+    assert sorted(p.name for p in (volumes / "link-tls").iterdir()) == ["ca.crt", "server.key", "server.pem"]
+    assert sorted(p.name for p in (volumes / "executor-secret").iterdir()) == ["superexec.secret"]
     assert (tmp_path / "volumes" / "superlink-state" / "state.db").exists()

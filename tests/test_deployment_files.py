@@ -81,6 +81,72 @@ def test_every_supernode_is_keyed_registered_and_served(doc: dict) -> None:
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
 
 
+def _dealt(services: dict) -> dict[str, set[str]]:
+    """Volume name -> the files the `credentials` one-shot deals into it (its ``--deal /deal/VOLUME=FILES``)."""
+    argv = services["credentials"].argv
+    specs = [argv[i + 1] for i, a in enumerate(argv) if a == "--deal"]
+    return {Path(folder).name: set(files.split(",")) for folder, files in (spec.split("=", 1) for spec in specs)}
+
+
+def _credential_files(svc, dealt: dict[str, set[str]]) -> dict[str, str]:
+    """Path in the container -> file name, for every credential file the service can see."""
+    return {f"{target}/{name}": name for source, target, _ in svc.volumes if source in dealt for name in dealt[source]}
+
+
+# What each kind of service may hold: the least it needs to do its work.
+EXPECTED_CREDENTIALS = {
+    "superlink": {"ca.crt", "server.pem", "server.key", "superexec.secret"},
+    "fleet-gateway": {"ca.crt", "server.pem", "server.key"},  # it terminates TLS as the SuperLink
+    "superexec-serverapp": "public+secret",
+    "register": "public",
+    "submit": "public",
+}
+
+
+@pytest.mark.parametrize("compose_file", [COMPOSE, REPO / "docker" / "compose.arm64.yml"], ids=lambda p: p.name)
+def test_each_service_mounts_only_the_credentials_it_needs_read_only(compose_file: Path, tmp_path: Path) -> None:
+    main = load_services(COMPOSE, {}, profiles={"gpu"})
+    services = main
+    if compose_file != COMPOSE:  # an override file adds services to the main file's (as `docker compose -f -f`)
+        merged = yaml.safe_load(COMPOSE.read_text())
+        merged["services"] |= yaml.safe_load(compose_file.read_text())["services"]
+        (tmp_path / "merged.yml").write_text(yaml.safe_dump(merged))
+        services = {k: v for k, v in load_services(tmp_path / "merged.yml", {}).items() if k not in main}
+    dealt = _dealt(main)
+    public = dealt["public"]
+    assert public == {"ca.crt"} | {f"{n}.pub" for n in ("supernode-1", "supernode-2", "supernode-3", "supernode-4")} | {
+        "supernode-gpu.pub"
+    }
+    for name, svc in services.items():
+        if name == "credentials":
+            continue
+        # The volume with the CA key and every original is the one-shot's alone.
+        assert not any(source == "credentials" for source, _, _ in svc.volumes), name
+        assert all(ro for source, _, ro in svc.volumes if source in dealt), f"{name}: a credential volume is writable"
+        files = _credential_files(svc, dealt)
+        held = set(files.values())
+        if svc.argv[0] == "flower-supernode":
+            key = Path(_arg(svc.argv, "--auth-supernode-private-key")).name
+            assert held == {"ca.crt", key, "superexec.secret"}, name  # its own key, no other node's
+        elif "--insecure" in svc.argv and "--runtime-api-address" in svc.argv:
+            assert held == {"superexec.secret"}, name  # a ClientApp executor runs the app's code: no key at all
+        elif EXPECTED_CREDENTIALS.get(name) == "public":
+            assert held <= public, name
+        elif EXPECTED_CREDENTIALS.get(name) == "public+secret":
+            assert held <= public | {"superexec.secret"}, name
+        else:
+            assert held == EXPECTED_CREDENTIALS[name], name
+        # Every credential path the service's command names is one it holds.
+        named = [a for a in svc.argv if a.startswith("/credentials/")]
+        assert named or name == "fleet-gateway", name  # nginx names its files in its configuration (below)
+        assert set(named) <= set(files), f"{name}: {sorted(set(named) - set(files))} not mounted"
+    # The gateway's nginx configuration names the files of its mount.
+    conf = (REPO / "docker" / "fleet-gateway.conf").read_text()
+    gateway = _credential_files(main["fleet-gateway"], dealt)
+    for path in re.findall(r"(/credentials/\S+);", conf):
+        assert path in gateway, path
+
+
 def test_images_are_pinned_to_the_projects_flower(doc: dict) -> None:
     for name, spec in doc["services"].items():
         image = spec.get("image", "")

@@ -203,7 +203,7 @@ def _edge_probe(compose: Compose, image: str, urls: list[str]) -> dict[str, str]
     """From a fresh container on the ``edge`` network: each URL's HTTP status, or the error's type.
 
     Args:
-        compose: the deployment (its project names the network and the credentials volume).
+        compose: the deployment (its project names the network and the volume of public credentials).
         image: an image with Python (the app image).
         urls: https URLs, fetched with the deployment's CA (POST, empty body).
     """
@@ -222,11 +222,37 @@ def _edge_probe(compose: Compose, image: str, urls: list[str]) -> dict[str, str]
         "print(json.dumps(out))\n"
     )
     done = _docker(
-        "run", "--rm", "--network", f"{PROJECT}_edge", "-v", f"{PROJECT}_credentials:/credentials:ro",
+        "run", "--rm", "--network", f"{PROJECT}_edge", "-v", f"{PROJECT}_public:/credentials:ro",
         "--entrypoint", "python", image, "-c", code, *urls,
         timeout=120,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# What each running service can read under /credentials (docker-compose.yml deals each its own volumes). The CA
+# key and the originals stay in the `credentials` one-shot's volume; a ClientApp executor holds no private key.
+EXPECTED_FILES = {
+    "superlink": ["/credentials/secret/superexec.secret", "/credentials/tls/ca.crt", "/credentials/tls/server.key",
+                  "/credentials/tls/server.pem"],
+    "fleet-gateway": ["/credentials/tls/ca.crt", "/credentials/tls/server.key", "/credentials/tls/server.pem"],
+    "superexec-serverapp": ["/credentials/public/ca.crt", *(f"/credentials/public/{n}.pub" for n in (
+        "supernode-1", "supernode-2", "supernode-3", "supernode-4", "supernode-gpu")),
+        "/credentials/secret/superexec.secret"],
+    **{f"supernode-{k}": ["/credentials/node/ca.crt", f"/credentials/node/supernode-{k}",
+                          "/credentials/secret/superexec.secret"] for k in range(1, 5)},
+    **{f"clientapp-{k}": ["/credentials/secret/superexec.secret"] for k in range(1, 5)},
+}  # fmt: skip
+
+
+def _readable_credentials(compose: Compose, service: str) -> list[str]:
+    """The files under /credentials the service's user can read, from inside its running container."""
+    script = 'find /credentials -type f 2>/dev/null | while read -r f; do [ -r "$f" ] && echo "$f"; done'
+    done = compose.run("exec", "-T", service, "sh", "-c", script, check=False)
+    files = sorted(done.stdout.split())
+    # Listing by name is not reading: a file the user cannot read must not be there either (anything listed was).
+    ls = compose.run("exec", "-T", service, "sh", "-c", "find /credentials -type f 2>/dev/null", check=False)
+    assert sorted(ls.stdout.split()) == files, f"{service}: holds files its user cannot read: {ls.stdout}"
+    return files
 
 
 def _node_image_folder(root: Path) -> Path:
@@ -273,6 +299,10 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     print(f"docker compose up -d (every service started, healthy where checked): {time.monotonic() - t0:.0f} s")
     app_image = _docker("inspect", "-f", "{{.Config.Image}}", compose.container("submit")).stdout.strip()
 
+    # Least privilege, seen from inside each running container: the credential files it can read.
+    held = {svc: _readable_credentials(compose, svc) for svc in EXPECTED_FILES}
+    assert held == EXPECTED_FILES, held
+
     # The Control API is published on the host's loopback only, the Fleet gateway on every interface.
     control = compose.run("port", "superlink", "8000").stdout.strip()
     assert control.startswith("127.0.0.1:"), control
@@ -309,7 +339,7 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     # A SuperNode whose key was never registered dials the gateway like the others.
     rogue = _docker(
         "run", "-d", "--name", f"{PROJECT}-rogue", "--network", f"{PROJECT}_edge",
-        "-v", f"{PROJECT}_credentials:/credentials:ro", "--entrypoint", "sh", app_image, "-c",
+        "-v", f"{PROJECT}_public:/credentials:ro", "--entrypoint", "sh", app_image, "-c",
         "python -m server.commands.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
         " --root-certificates /credentials/ca.crt --superlink fleet-gateway:8443"
         " --auth-supernode-private-key /tmp/rogue/rogue --isolation process --port 9094"
@@ -391,10 +421,34 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
         FIBOS_NUM_ROUNDS="1",
         FIBOS_RUN_CONFIG='eval-every=1 dataset="node" classes=10 image-size=8',
     )
-    compose.run("up", "-d", timeout=600)
+    services = [s for s in compose.run("config", "--services").stdout.split() if s != "submit"]
+    compose.run("up", "-d", *services, timeout=600)
     assert compose.wait_exit("credentials", timeout=120) == 0
     assert "keeping /credentials/server.pem" in compose.logs("credentials")
     assert compose.wait_exit("register", timeout=300) == 0
+
+    # `docker compose kill` is an explicit stop: the restart policy leaves the node down. `up -d --no-deps`
+    # brings it back in seconds, without running the credential one-shots again.
+    one_shots = {s: compose.state(s)["StartedAt"] for s in ("credentials", "register")}
+    compose.wait_log(KILLED, "SuperNode ID: ", 1, timeout=300)
+    node_id = compose.logs(KILLED).split("SuperNode ID: ")[1].split()[0]
+    activated = len(_stamped(compose, "superlink", f"Activated node_id={node_id}"))
+    compose.run("kill", KILLED)
+    time.sleep(10)
+    assert compose.state(KILLED)["Status"] == "exited", compose.state(KILLED)
+    t0 = time.monotonic()
+    compose.run("up", "-d", "--no-deps", KILLED, timeout=120)
+    back = time.monotonic() - t0
+    print(f"docker compose up -d --no-deps {KILLED} after a kill: {back:.1f} s")
+    assert compose.state(KILLED)["Status"] == "running" and back < 60
+    assert {s: compose.state(s)["StartedAt"] for s in one_shots} == one_shots  # not rerun
+    # The SuperLink lets the key in again once the killed session's heartbeat has lapsed (restarts until then).
+    deadline = time.monotonic() + 300
+    while len(_stamped(compose, "superlink", f"Activated node_id={node_id}")) <= activated:
+        assert time.monotonic() < deadline, compose.logs(KILLED)[-3000:]
+        time.sleep(3)
+    print(f"{KILLED} active again {time.monotonic() - t0:.0f} s after `up -d --no-deps`")
+    compose.run("up", "-d", "--no-deps", "submit", timeout=120)
     # The SuperLink's database (volume `superlink-state`) still holds every key.
     register_log = compose.logs("register")
     for node in ("supernode-1", "supernode-2", "supernode-3", "supernode-4"):
@@ -415,8 +469,9 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
         "image-folder: 600 examples of 10 classes"
         in {n["client_key"]: n.get("data") for n in record["nodes_in"]}["supernode-1"]
     )
+    # The node brought back after the kill answered this run's discovery (with why it cannot take part).
     out = {n["client_key"]: n["reason"] for n in record["nodes_out"]}
-    assert set(out) == {"supernode-2", "supernode-3", "supernode-4"}, record["nodes_out"]
+    assert set(out) == {KILLED, "supernode-3", "supernode-4"}, record["nodes_out"]
     assert all("holds no supported layout" in reason for reason in out.values()), out
     full = record["federated"]["full_model"]
     assert full["nodes"] == 1 and full["num_examples"] == 120 and full["accuracy"] > 0.5, record["federated"]

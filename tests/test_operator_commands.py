@@ -49,6 +49,40 @@ def test_credentials_owner_covers_every_folder(tmp_path: Path) -> None:
         assert (path.stat().st_uid, path.stat().st_gid) == (49999, 49999), path
 
 
+def test_credentials_deal_gives_each_consumer_only_its_files(tmp_path: Path) -> None:
+    out, node, link = tmp_path / "ca", tmp_path / "node-1", tmp_path / "link"
+    args = ["--out", str(out), "--keep", "--san", "superlink", "--node", "n1", "--node", "n2", "--secret", "s"]
+    deals = ["--deal", f"{node}=ca.crt,n1", "--deal", f"{link}=ca.crt,server.pem,server.key,s"]
+    assert credentials_main([*args, *deals]) == 0
+    assert sorted(p.name for p in node.iterdir()) == ["ca.crt", "n1"]
+    assert sorted(p.name for p in link.iterdir()) == ["ca.crt", "s", "server.key", "server.pem"]
+    assert "ca.key" in {p.name for p in out.iterdir()}  # the CA key stays where it was made
+    assert (node / "n1").read_bytes() == (out / "n1").read_bytes()
+    assert oct((node / "n1").stat().st_mode & 0o777) == "0o600"  # private stays private
+    assert oct((node / "ca.crt").stat().st_mode & 0o777) == "0o644"
+    # a second run: the same files (kept), and a file no longer dealt to the folder is taken away
+    (node / "n2").write_bytes((out / "n2").read_bytes())
+    assert credentials_main([*args, *deals]) == 0
+    assert sorted(p.name for p in node.iterdir()) == ["ca.crt", "n1"]
+
+
+@pytest.mark.parametrize(
+    ("deal", "message"),
+    [("/x", "DIR=FILE"), ("=ca.crt", "DIR=FILE"), ("/x=", "DIR=FILE"), ("/x=../ca.key", "not a plain file name")],
+)
+def test_credentials_deal_refuses_a_bad_spec_naming_it(deal: str, message: str, tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        credentials_main(["--out", str(tmp_path), "--node", "n", "--deal", deal])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()  # refused before anything was made
+
+
+def test_credentials_deal_of_a_file_never_made_fails_naming_it(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "ca"
+    assert credentials_main(["--out", str(out), "--node", "n1", "--deal", f"{tmp_path / 'd'}=n1,n9"]) == 1
+    assert "n9 not in" in capsys.readouterr().err
+
+
 def test_credentials_refuses_nothing_to_do_and_bad_owner(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         credentials_main(["--out", str(tmp_path)])

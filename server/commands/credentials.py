@@ -11,9 +11,14 @@ binary needed, so it also runs in a one-shot container):
 * ``<secret>``: a random shared secret, e.g. for ``--superexec-auth-secret-file``
   (authenticates the SuperExec executors to the SuperLink's and SuperNodes' Runtime API).
 
+With ``--deal``, each consumer gets a folder holding only the files it needs (copies from ``--out``), so
+that a deployment mounts into each service its own folder and nothing else: the CA key never leaves
+``--out``, a SuperNode sees its own private key and no other.
+
 Usage::
 
     fibos credentials --out certs --san superlink --san localhost --san 127.0.0.1 --node node1
+    fibos credentials --out /ca --node node1 --deal /node1=ca.crt,node1 --deal /link=ca.crt,server.pem,server.key
 """
 
 from __future__ import annotations
@@ -102,6 +107,61 @@ def make_secret(out: Path, name: str, nbytes: int = 32) -> Path:
     return path
 
 
+def parse_deal(spec: str) -> tuple[Path, list[str]]:
+    """``DIR=FILE[,FILE...]`` as (folder, file names); ``ValueError`` naming the flag when malformed.
+
+    File names are plain names of files in ``--out`` (no folders), so a deal never reaches outside it.
+    """
+    folder, sep, names = spec.partition("=")
+    files = [n.strip() for n in names.split(",") if n.strip()]
+    if not sep or not folder or not files:
+        raise ValueError(f"--deal {spec!r}: expected DIR=FILE[,FILE...], e.g. /node1=ca.crt,node1")
+    bad = [n for n in files if Path(n).name != n or n in (".", "..")]
+    if bad:
+        raise ValueError(f"--deal {spec!r}: {', '.join(bad)} is not a plain file name in --out")
+    return Path(folder), files
+
+
+def deal(out: Path, folder: Path, names: Sequence[str]) -> list[Path]:
+    """Copy ``names`` from ``out`` into ``folder``, private files staying private; files already equal are kept.
+
+    Anything else in ``folder`` is removed, so a consumer never keeps a file it was dealt before and is not now.
+
+    Parameters
+    ----------
+    out : Path
+        The folder the credentials were made in (holds every file, the CA key included).
+    folder : Path
+        The consumer's folder (e.g. a volume only that service mounts).
+    names : Sequence[str]
+        File names in ``out`` the consumer needs.
+    """
+    missing = [n for n in names if not (out / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"--deal {folder}: {', '.join(missing)} not in {out} (make it with --node/--secret)")
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.iterdir():
+        if stale.name not in names:
+            if stale.is_dir():
+                raise IsADirectoryError(f"--deal {folder}: holds a folder {stale.name!r}; deal into an empty folder")
+            stale.unlink()
+    written = []
+    for name in names:
+        src, dest = out / name, folder / name
+        data = src.read_bytes()
+        private = not (src.stat().st_mode & 0o044)
+        mode = 0o600 if private else 0o644
+        if not dest.is_file() or dest.read_bytes() != data:
+            dest.unlink(missing_ok=True)
+            # Created with its final mode: a private key is never readable by others, not even for a moment.
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        dest.chmod(mode)
+        written.append(dest)
+    return written
+
+
 def chown_tree(paths: Sequence[Path], owner: str) -> None:
     """Give ``paths`` (recursively) to ``owner`` = ``"UID:GID"``, e.g. the uid Flower's images run as."""
     try:
@@ -137,11 +197,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="then chown --out and every --chown folder to UID:GID (Flower's images run as 49999:49999)",
     )
     ap.add_argument("--chown", type=Path, action="append", default=[], help="another folder to create and chown")
+    ap.add_argument(
+        "--deal",
+        action="append",
+        default=[],
+        metavar="DIR=FILE[,FILE...]",
+        help="then copy only these files of --out into DIR (repeat; one folder per consumer; chowned with --owner)",
+    )
     args = ap.parse_args(argv)
+    try:
+        deals = [parse_deal(spec) for spec in args.deal]
+    except ValueError as err:
+        ap.error(str(err))
     # Order kept, duplicates and blanks dropped: compose passes a default list plus the operator's names.
     args.san = list(dict.fromkeys(n.strip() for item in args.san for n in item.split(",") if n.strip()))
-    if not (args.san or args.node or args.secret):
-        ap.error("nothing to make: give --san (server certificate), --node (SuperNode keys) and/or --secret")
+    if not (args.san or args.node or args.secret or deals):
+        ap.error("nothing to make: give --san (server certificate), --node (SuperNode keys), --secret and/or --deal")
 
     def kept(name: str) -> bool:
         if args.keep and (args.out / name).exists():
@@ -159,9 +230,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.secret:
         if not kept(name):
             print(f"shared secret: {make_secret(args.out, name)}")
+    for folder, names in deals:
+        try:
+            deal(args.out, folder, names)
+        except (FileNotFoundError, IsADirectoryError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        print(f"dealt to {folder}: {', '.join(names)}")
     if args.owner:
-        chown_tree([args.out, *args.chown], args.owner)
-        print(f"owner of {', '.join(str(p) for p in [args.out, *args.chown])}: {args.owner}")
+        owned = [args.out, *args.chown, *(folder for folder, _ in deals)]
+        chown_tree(owned, args.owner)
+        print(f"owner of {', '.join(str(p) for p in owned)}: {args.owner}")
     return 0
 
 
