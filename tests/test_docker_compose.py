@@ -8,6 +8,8 @@ deployment):
 
 * ``docker compose build`` (the app image), ``docker compose up`` with TLS and
   SuperNode authentication as composed, a run of ``ROUNDS`` rounds on digits;
+* least privilege: from inside each running container, the credential files
+  its user can read are exactly what that service needs (``EXPECTED_FILES``);
 * mid-run, the process of ``supernode-2`` is killed from the host (a crash,
   not ``docker stop``): the run completes, that round records the node as
   absent, and the restart policy brings it back: the SuperLink re-activates
@@ -21,7 +23,9 @@ deployment):
 * ``metrics.json`` copied out with ``docker compose cp``: accuracy above a
   floor, one reply per node per round (but the killed one's);
 * ``docker compose down`` then ``up``: the CA and the keys are kept, the keys
-  are still registered, and a new run completes: a run on the nodes' own data
+  are still registered; ``docker compose kill`` of a node leaves it down, and
+  ``up -d --no-deps`` brings it back in seconds without rerunning the
+  credential one-shots; and a new run completes: a run on the nodes' own data
   (``dataset = "node"``), where ``supernode-1`` reads a folder of PNG images the
   test writes on the host and the compose file mounts read-only
   (``FIBOS_DATA_1``), and the three nodes without a data folder are left out with
