@@ -44,7 +44,7 @@ lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/hadolint docker/*.Dockerfile docker/standins/*.Dockerfile
-	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml docker/compose.arm64.yml
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml docker/compose.arm64.yml docker/coordinator.yml docker/node.yml docker/node.gpu.yml
 
 # The compose topology test runs each service in a network namespace (root) behind nginx.
 # As root on Debian/Ubuntu the missing tools are installed; otherwise this says what to install.

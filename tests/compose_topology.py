@@ -43,7 +43,10 @@ import yaml
 from server.commands.launcher import ProcessGroup
 
 VENV_BIN = Path(sys.executable).parent
-_VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+# ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR, $$, and ${VAR:?message} / ${VAR?message} (required: an error).
+_VAR = re.compile(
+    r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(?::?-([^}]*))|(?::?\?([^}]*)))?\}|([A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 class TopologyError(RuntimeError):
@@ -57,9 +60,11 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
         def sub(m: re.Match) -> str:
             if m.group(0) == "$$":
                 return "$"
-            name = m.group(1) or m.group(3)
+            name = m.group(1) or m.group(4)
             default = m.group(2)
             current = env.get(name)
+            if m.group(3) is not None and not current:
+                raise TopologyError(f"required variable {name} is missing a value: {m.group(3)}")
             if default is not None:
                 return current if current else default
             return current or ""

@@ -178,3 +178,59 @@ def test_schema_check_is_not_vacuous(tmp_path: Path) -> None:
     cmd = [str(checker), "--builtin-schema", "vendor.compose-spec"]
     assert subprocess.run([*cmd, str(COMPOSE)], capture_output=True).returncode == 0
     assert subprocess.run([*cmd, str(bad)], capture_output=True).returncode != 0
+
+
+def _volume_sources(spec: dict) -> dict[str, bool]:
+    """A service's mounts as {source: read-only}, in either of Compose's volume syntaxes."""
+    mounts = {}
+    for item in spec.get("volumes") or []:
+        if isinstance(item, dict):
+            mounts[item["source"]] = bool(item.get("read_only"))
+        else:
+            source, _, *mode = item.split(":")
+            mounts[source] = "ro" in mode
+    return mounts
+
+
+def test_a_remote_node_holds_its_own_key_and_its_executor_none() -> None:
+    """docker/node.yml: the node's private key is made on the node, and only its SuperNode mounts it."""
+    env = {"FIBOS_NODE_NAME": "lab-pi-1", "FIBOS_SUPERLINK": "fleet.example.org:8000", "FIBOS_CA_CERT": "/ca.crt"}
+    services = interpolate(yaml.safe_load((REPO / "docker" / "node.yml").read_text()), env)["services"]
+    assert set(services) == {"node-key", "supernode", "clientapp"}
+    maker = services["node-key"]
+    assert "--node" in maker["command"] and "--san" not in maker["command"]  # a key pair, no CA
+    assert [a for a in maker["command"] if a.startswith("/deal/key=")] == ["/deal/key=lab-pi-1"]  # the key alone
+    assert maker["network_mode"] == "none"
+    mounts = {name: _volume_sources(spec) for name, spec in services.items()}
+    assert [name for name, m in mounts.items() if "keys" in m] == ["node-key"]  # the originals
+    assert [name for name, m in mounts.items() if "key" in m] == ["node-key", "supernode"]
+    assert mounts["supernode"] == {"/ca.crt": True, "key": True, "executor-secret": True}
+    assert _arg(services["supernode"]["command"], "--auth-supernode-private-key") == "/credentials/key/lab-pi-1"
+    assert _arg(services["supernode"]["command"], "--superlink") == "fleet.example.org:8000"
+    assert "--insecure" not in services["supernode"]["command"]  # TLS to the coordinator
+    executor = mounts["clientapp"]
+    assert executor.pop("executor-secret") is True and all(executor.values()), executor  # data read-only, no key
+    gpu = yaml.safe_load((REPO / "docker" / "node.gpu.yml").read_text())["services"]
+    assert set(gpu) == {"clientapp"} and "volumes" not in gpu["clientapp"]  # the GPU changes no mount
+
+
+def test_the_coordinator_issues_no_node_key_and_shares_the_demo_services() -> None:
+    """docker/coordinator.yml: the SuperLink side of docker-compose.yml, holding public keys only."""
+    doc = interpolate(yaml.safe_load((REPO / "docker" / "coordinator.yml").read_text()), {})
+    services = doc["services"]
+    demo = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name, spec in services.items():
+        if "extends" in spec:  # the same service as the demo's, not a copy that could drift from it
+            assert spec["extends"] == {"file": "../docker-compose.yml", "service": name} and name in demo
+    assert {n for n, s in services.items() if "extends" in s} == {
+        "superlink", "superexec-serverapp", "fleet-gateway", "submit"}  # fmt: skip
+    assert services["submit"]["profiles"] == ["run"]  # submitted when the nodes are there, not by `up`
+    maker = services["credentials"]["command"]
+    assert "--node" not in maker and _arg(maker, "--deal") and "/deal/public=ca.crt" in maker
+    for name, spec in services.items():
+        if name != "credentials":
+            assert "credentials" not in _volume_sources(spec), name  # the CA key stays in the one-shot's volume
+    register = _volume_sources(services["register"])
+    assert register == {"public": True, "./node-keys": True}, register
+    assert services["register"]["command"][-1] == "/node-keys"
+    assert (REPO / "docker" / "node-keys" / "README.md").is_file()

@@ -95,10 +95,13 @@ class Compose:
         log_dir: folder where the containers' logs are saved when the test ends.
     """
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, project: str = PROJECT, files: list[Path] | None = None
+    ) -> None:
         self.env = env
         self.log_dir = log_dir
-        self.files = [REPO / "docker-compose.yml"]  # later files are Compose overrides
+        self.project = project
+        self.files = files or [REPO / "docker-compose.yml"]  # later files are Compose overrides
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``docker compose <args>``.
@@ -108,7 +111,7 @@ class Compose:
             timeout: seconds before the command is killed (a test failure).
             check: raise with the command's output when it exits non-zero.
         """
-        cmd = ["docker", "compose", "-p", PROJECT, *(a for f in self.files for a in ("-f", str(f))), *args]
+        cmd = ["docker", "compose", "-p", self.project, *(a for f in self.files for a in ("-f", str(f))), *args]
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
         if check and done.returncode != 0:
             raise AssertionError(
@@ -162,7 +165,8 @@ class Compose:
     def save_logs(self, tag: str) -> None:
         """Keep every container's output under ``log_dir`` (read when a check fails)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        (self.log_dir / f"{tag}.log").write_text(self.run("logs", "--no-color", "-t", check=False).stdout)
+        logs = self.run("logs", "--no-color", "-t", check=False).stdout
+        (self.log_dir / f"{self.project}-{tag}.log").write_text(logs)
 
 
 def _docker(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -481,6 +485,125 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
     assert full["nodes"] == 1 and full["num_examples"] == 120 and full["accuracy"] > 0.5, record["federated"]
     first = _metrics(compose, "default", tmp_path)  # the first run's results survived on the volume
     assert len(first["rounds"]) == ROUNDS + 1
+
+
+# A remote node's containers: the SuperNode reads the CA certificate it was handed and its own key, the executor
+# only the secret it shares with its SuperNode (docker/node.yml).
+NODE_FILES = {
+    "supernode": ["/credentials/ca.crt", "/credentials/key/{name}", "/credentials/secret/superexec.secret"],
+    "clientapp": ["/credentials/secret/superexec.secret"],
+}
+REMOTE_NODES = {"edge-a": "1.0", "edge-b": "0.25"}  # node name: capacity
+
+
+@pytest.mark.timeout(2400)
+def test_coordinator_stack_and_two_node_stacks_run_a_federation(compose: Compose, tmp_path: Path) -> None:
+    """docker/coordinator.yml and two projects of docker/node.yml on one engine, as on three machines.
+
+    The nodes dial the coordinator's published Fleet port through the host (host.docker.internal), as a
+    remote machine dials the coordinator's public name; each makes its own key pair, and only the public key
+    reaches the coordinator (its ``register`` one-shot reads a folder of them).
+    """
+    compose.run("down", timeout=300)  # the demo's containers go (its volumes stay): the two cores are free
+    fleet_port = _free_port()
+    keys = tmp_path / "node-keys"
+    keys.mkdir()
+    env = dict(os.environ)
+    env.update(
+        FIBOS_PUBLIC_NAMES="host.docker.internal",
+        FIBOS_FLEET_PORT=str(fleet_port),
+        FIBOS_CONTROL_PORT=str(_free_port()),
+        FIBOS_NODE_KEYS=str(keys),
+        FIBOS_NUM_ROUNDS="2",
+        FIBOS_MIN_NODES=str(len(REMOTE_NODES)),
+        FIBOS_RUN_NAME="remote",
+        FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every=2",
+    )
+    coordinator = Compose(env, compose.log_dir, f"{PROJECT}-coordinator", [REPO / "docker" / "coordinator.yml"])
+    nodes: dict[str, Compose] = {}
+    try:
+        t0 = time.monotonic()
+        coordinator.run("up", "-d", timeout=600)
+        print(f"coordinator stack up: {time.monotonic() - t0:.0f} s")
+        assert coordinator.wait_exit("register", timeout=300) == 0
+        assert "no public keys to register yet" in coordinator.logs("register")
+        assert coordinator.state("superlink")["Status"] == "running"
+        assert not coordinator.run("ps", "-a", "-q", "submit").stdout.strip()  # profile `run`: not started by `up`
+        ca = coordinator.copy_out("credentials", "/credentials/ca.crt", tmp_path / "ca.crt")
+
+        # Each node makes its key pair on its own machine; the operator gets the public key and registers it.
+        for k, (name, capacity) in enumerate(REMOTE_NODES.items()):
+            node_env = dict(os.environ)
+            node_env.update(
+                FIBOS_NODE_NAME=name,
+                FIBOS_SUPERLINK=f"host.docker.internal:{fleet_port}",
+                FIBOS_CA_CERT=str(ca),
+                FIBOS_PARTITION_ID=str(k),
+                FIBOS_NUM_PARTITIONS=str(len(REMOTE_NODES)),
+                FIBOS_CAPACITY=capacity,
+                FIBOS_NODE_CPUS="1",
+                FIBOS_NODE_MEMORY="3g",
+            )
+            node = nodes[name] = Compose(node_env, compose.log_dir, f"{PROJECT}-{name}", [REPO / "docker" / "node.yml"])
+            node.run("up", "node-key", timeout=300)
+            node.copy_out("node-key", f"/keys/{name}.pub", keys / f"{name}.pub")
+        registered = coordinator.run("run", "--rm", "register", timeout=300).stdout
+        assert all(f"{name}: registered" in registered for name in REMOTE_NODES), registered
+
+        t0 = time.monotonic()
+        for node in nodes.values():
+            node.run("up", "-d", timeout=600)
+        print(f"two node stacks up: {time.monotonic() - t0:.0f} s")
+
+        # Least privilege across machines: no node's private key on the coordinator, and on a node only its own.
+        coordinator_files = coordinator.run(
+            "run", "--rm", "--no-deps", "--entrypoint", "ls", "credentials", "/credentials"
+        ).stdout.split()
+        assert sorted(coordinator_files) == ["ca.crt", "ca.key", "server.key", "server.pem", "superexec.secret"]
+        assert _readable_credentials(coordinator, "superexec-serverapp") == [
+            "/credentials/public/ca.crt", "/credentials/secret/superexec.secret"]  # fmt: skip
+        for name, node in nodes.items():
+            for service, files in NODE_FILES.items():
+                assert _readable_credentials(node, service) == sorted(f.format(name=name) for f in files)
+            limits = json.loads(_docker("inspect", "-f", "{{json .HostConfig}}", node.container("clientapp")).stdout)
+            assert limits["NanoCpus"] == 10**9 and limits["Memory"] == 3 * 2**30, limits
+
+        t0 = time.monotonic()
+        coordinator.run("up", "-d", "submit", timeout=120)
+        rc = coordinator.wait_exit("submit", timeout=1200)
+        assert rc == 0, coordinator.logs("submit")[-3000:] + coordinator.logs("superexec-serverapp")[-3000:]
+        print(f"two-round run on the remote nodes: {time.monotonic() - t0:.0f} s")
+        dest = coordinator.copy_out("superexec-serverapp", "/results/remote/metrics.json", tmp_path / "remote.json")
+        start, *rounds = json.loads(dest.read_text())["rounds"]
+        assert [r["round"] for r in rounds] == [1, 2]
+        for record in rounds:
+            statuses = {c["client_key"]: c["status"] for c in record["clients"]}
+            assert statuses == dict.fromkeys(REMOTE_NODES, "ok"), record["clients"]
+        assert rounds[-1]["global"]["accuracy"] > start["global"]["accuracy"], (start["global"], rounds[-1]["global"])
+    finally:
+        for node in nodes.values():
+            node.save_logs("final")
+            node.run("down", "-v", timeout=180, check=False)
+        coordinator.save_logs("final")
+        coordinator.run("down", "-v", "--remove-orphans", timeout=180, check=False)
+
+
+def test_node_file_refuses_missing_settings_naming_them(compose: Compose, tmp_path: Path) -> None:
+    """docker/node.yml without its settings, or with a CA file that is not there: refused at start, named."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FIBOS_")}
+    node = Compose(env, compose.log_dir, f"{PROJECT}-misconfigured", [REPO / "docker" / "node.yml"])
+    for missing in ("FIBOS_NODE_NAME", "FIBOS_SUPERLINK", "FIBOS_CA_CERT"):
+        env.update(FIBOS_NODE_NAME="edge-x", FIBOS_SUPERLINK="host.docker.internal:1", FIBOS_CA_CERT=str(tmp_path))
+        del env[missing]
+        done = node.run("config", check=False)
+        assert done.returncode != 0 and missing in done.stderr, (missing, done.stderr)
+    env.update(FIBOS_NODE_NAME="edge-x", FIBOS_SUPERLINK="host.docker.internal:1")
+    env["FIBOS_CA_CERT"] = str(tmp_path / "no-such-ca.crt")
+    try:
+        done = node.run("up", "-d", "--no-deps", "supernode", timeout=120, check=False)
+        assert done.returncode != 0 and "no-such-ca.crt" in done.stderr, done.stderr
+    finally:
+        node.run("down", "-v", timeout=180, check=False)
 
 
 @pytest.mark.skipif(

@@ -77,8 +77,33 @@ def test_missing_certificate_or_key_files_are_refused_before_the_wait(tmp_path: 
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     gone = tmp_path / "edge-08.pub"
     assert cli.main([*base, "--root-certificates", str(ca), str(pub), str(gone)]) != 0
-    assert f"error: no such public key file: {gone}" in capsys.readouterr().err
+    assert f"error: no such public key file or folder: {gone}" in capsys.readouterr().err
     assert time.monotonic() - started < 30  # not the 300 s wait
+
+
+def test_register_reads_a_folder_of_keys_and_an_empty_one_is_no_error(
+    tmp_path: Path, capsys, monkeypatch, no_process
+) -> None:
+    """The coordinator's ``register`` one-shot reads a folder that stays empty until a node's key arrives."""
+    calls: list[tuple[str, ...]] = []
+
+    def flwr(env: dict[str, str], *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        calls.append(argv)
+        return subprocess.CompletedProcess(["flwr", *argv], 0, json.dumps({"success": True, "nodes": []}), "")
+
+    monkeypatch.setattr(control, "_flwr", flwr)
+    keys = tmp_path / "node-keys"
+    keys.mkdir()
+    (keys / "README.md").write_text("not a key")
+    base = ["control", "register", "--superlink", "127.0.0.1:1", "--insecure", str(keys)]
+    assert cli.main(base) == 0
+    assert "no public keys to register yet" in capsys.readouterr().out and calls == []
+    for name in ("lab-pi-2", "lab-pi-1"):
+        (keys / f"{name}.pub").write_text(f"ecdsa-sha2-nistp384 AAAA {name}\n")
+    assert cli.main(base) == 0
+    registered = [argv[2] for argv in calls if argv[:2] == ("supernode", "register")]
+    assert registered == [str(keys / "lab-pi-1.pub"), str(keys / "lab-pi-2.pub")]
+    assert "lab-pi-1: registered" in capsys.readouterr().out
 
 
 def _submit_past_its_timeout(monkeypatch, run_id: int | None, stop_reply: dict) -> list[tuple[str, ...]]:

@@ -117,11 +117,28 @@ def wait_for_control_api(env: dict[str, str], connection: str, timeout: float, s
         time.sleep(min(2.0, left))
 
 
+def public_key_files(paths: Sequence[Path]) -> list[Path]:
+    """The key files ``paths`` name: a file as given, a folder as every ``*.pub`` in it (sorted by name).
+
+    A folder may be empty: the coordinator's ``register`` one-shot reads a folder that holds no key until the
+    first node's operator sends one. A path that is neither a file nor a folder is refused, naming it, before
+    anything is registered (a wrong path must not cost ``--wait`` seconds, nor register the other keys).
+    """
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise SystemExit(f"error: no such public key file or folder: {', '.join(missing)}")
+    found: list[Path] = []
+    for path in paths:
+        found += sorted(path.glob("*.pub")) if path.is_dir() else [path]
+    return found
+
+
 def register(args: argparse.Namespace) -> int:
     """Register each public key; a key the SuperLink already holds counts as registered (reruns are safe)."""
-    missing = [str(pub) for pub in args.public_keys if not pub.is_file()]
-    if missing:  # before the wait: a wrong path must not cost --wait seconds, nor register the other keys
-        raise SystemExit(f"error: no such public key file: {', '.join(missing)}")
+    args.public_keys = public_key_files(args.public_keys)
+    if not args.public_keys:
+        print("no public keys to register yet (a folder holds no *.pub file)")
+        return 0
     with tempfile.TemporaryDirectory(prefix="fibos-control-") as home:
         return _register(args, control_env(args, Path(home)))
 
@@ -223,7 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="seconds to wait for the SuperLink's Control API to answer (default: 300)",
         )
     reg = sub.choices["register"]
-    reg.add_argument("public_keys", type=Path, nargs="+", help="OpenSSH public keys (name = file name without .pub)")
+    reg.add_argument(
+        "public_keys",
+        type=Path,
+        nargs="+",
+        help="OpenSSH public keys (name = file name without .pub), or folders: every *.pub in them",
+    )
     sm = sub.choices["submit"]
     sm.add_argument("--app", type=Path, default=Path("."), help="the Flower app folder (with pyproject.toml)")
     sm.add_argument("--run-config", "-c", action="append", default=[], help="run-config overrides 'k=v k2=v2'")
