@@ -174,19 +174,37 @@ def _first_line(path: Path) -> str:
 def layout_section() -> str:
     """README's layout section: each package with the first line of its docstring, and its modules' names."""
     lines = [LAYOUT_START, "\n", textwrap.fill(LAYOUT_GUIDE, 110) + "\n", "\n", "```\n"]
+    # The names' column is as wide as the longest folder name, so no description runs into its folder's name.
+    width = max(len(folder) for folder in PACKAGES) + 2
+    indent = " " * width
+
+    def entry(name: str, text: str) -> str:
+        return (
+            textwrap.fill(
+                text, 118, initial_indent=f"{name:<{width}}", subsequent_indent=indent, break_on_hyphens=False
+            )
+            + "\n"
+        )
+
     for folder in PACKAGES:
-        lines.append(f"{folder + '/':<20}{_first_line(ROOT / folder / '__init__.py')}\n")
+        lines.append(entry(folder + "/", _first_line(ROOT / folder / "__init__.py")))
         names = [p.stem for p in sorted((ROOT / folder).glob("*.py")) if p.name != "__init__.py"]
-        if not names:  # a package of packages
-            continue
-        indent = " " * 20
-        lines.append(textwrap.fill(", ".join(names), 116, initial_indent=indent, subsequent_indent=indent) + "\n")
+        if names:  # not a package of packages
+            lines.append(textwrap.fill(", ".join(names), 118, initial_indent=indent, subsequent_indent=indent) + "\n")
     lines.append(
-        f"{'docker/':<20}app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf\n"
+        entry(
+            "docker/",
+            "app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf; docker-compose.yml"
+            " runs everything on one host, coordinator.yml the coordinator alone, node.yml (+ node.gpu.yml) one node"
+            " machine, compose.arm64.yml adds an arm64 node",
+        )
     )
     lines.append(
-        f"{'tests/':<20}unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and\n"
-        f"{'':<20}multi-process federations, compose topology (each compose service in its own network namespace)\n"
+        entry(
+            "tests/",
+            "unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and multi-process"
+            " federations, compose topology (each compose service in its own network namespace), Docker end to end",
+        )
     )
     lines.append("```\n")
     return "".join(lines)
