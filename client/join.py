@@ -12,7 +12,9 @@
    register``), unless ``--no-register`` (then the operator registers the
    printed ``.pub`` file); a SuperLink that is not up yet is waited for, up to
    ``--wait`` seconds;
-3. replaces itself with ``flower-supernode`` dialling ``--superlink`` over TLS,
+3. checks that ``--superlink`` resolves and answers with a certificate that verifies against
+   ``--root-certificates`` and names it (:mod:`client.preflight`; waited for up to ``--wait`` seconds);
+4. replaces itself with ``flower-supernode`` dialling ``--superlink`` over TLS,
    authenticated by the key, with the node config built from the options. The
    SuperNode keeps retrying until the SuperLink answers.
 
@@ -35,6 +37,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from client.preflight import PreflightError, check_ca_certificate, check_coordinator
 from common.config.node import parse_node_config
 from common.config.schema import ConfigError
 from common.training.catalog import DEVICES
@@ -108,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not args.root_certificates.is_file():
         ap.error(f"--root-certificates {args.root_certificates}: no such file")
+    try:
+        check_ca_certificate(args.root_certificates)
+    except PreflightError as err:
+        ap.error(str(err))
     if not (args.control_api or args.no_register):
         ap.error("give --control-api HOST:PORT to register the key, or --no-register if the operator did")
     try:
@@ -162,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("$ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
+    try:  # the SuperNode itself would retry a wrong CA or an unknown name forever, saying so only in its log
+        check_coordinator(args.superlink, args.root_certificates, args.wait)
+    except PreflightError as err:
+        print(f"error: {err}; the SuperNode was not started", file=sys.stderr)
+        return 2
     os.execvp(cmd[0], cmd)
     return 0  # not reached: execvp replaces this process
 

@@ -196,7 +196,9 @@ def test_a_remote_node_holds_its_own_key_and_its_executor_none() -> None:
     """docker/node.yml: the node's private key is made on the node, and only its SuperNode mounts it."""
     env = {"FIBOS_NODE_NAME": "lab-pi-1", "FIBOS_SUPERLINK": "fleet.example.org:8000", "FIBOS_CA_CERT": "/ca.crt"}
     services = interpolate(yaml.safe_load((REPO / "docker" / "node.yml").read_text()), env)["services"]
-    assert set(services) == {"node-key", "supernode", "clientapp"}
+    assert set(services) == {"node-key", "preflight", "supernode", "clientapp"}
+    assert services["supernode"]["depends_on"]["preflight"]["condition"] == "service_completed_successfully"
+    assert _volume_sources(services["preflight"]) == {"/ca.crt": True}  # checks the CA and the address, no key
     maker = services["node-key"]
     assert "--node" in maker["command"] and "--san" not in maker["command"]  # a key pair, no CA
     assert [a for a in maker["command"] if a.startswith("/deal/key=")] == ["/deal/key=lab-pi-1"]  # the key alone

@@ -54,6 +54,7 @@ import pytest
 
 from common.config.parse import default_run_config
 from common.methods import create_method
+from server.commands.credentials import make_ca
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fibos-dockertest"
@@ -547,6 +548,24 @@ def test_coordinator_stack_and_two_node_stacks_run_a_federation(compose: Compose
             node = nodes[name] = Compose(node_env, compose.log_dir, f"{PROJECT}-{name}", [REPO / "docker" / "node.yml"])
             node.run("up", "node-key", timeout=300)
             node.copy_out("node-key", f"/keys/{name}.pub", keys / f"{name}.pub")
+        # A node handed another coordinator's CA stops at its preflight, naming the setting; no SuperNode starts.
+        make_ca(tmp_path / "other-ca")
+        wrong_env = {
+            **nodes["edge-a"].env,
+            "FIBOS_NODE_NAME": "edge-wrong",
+            "FIBOS_CA_CERT": str(tmp_path / "other-ca" / "ca.crt"),
+        }
+        wrong = nodes["edge-wrong"] = Compose(
+            wrong_env, compose.log_dir, f"{PROJECT}-edge-wrong", [REPO / "docker" / "node.yml"]
+        )
+        refused = wrong.run("up", "-d", timeout=600, check=False)
+        preflight_log = wrong.logs("preflight")
+        assert refused.returncode != 0 and "does not verify against FIBOS_CA_CERT" in preflight_log, preflight_log
+        for container in wrong.run("ps", "-a", "-q", "supernode").stdout.split():  # created by `up`, never started
+            assert _docker("inspect", "-f", "{{.State.Status}}", container).stdout.strip() == "created"
+        wrong.run("down", "-v", timeout=180)
+        del nodes["edge-wrong"]
+
         registered = coordinator.run("run", "--rm", "register", timeout=300).stdout
         assert all(f"{name}: registered" in registered for name in REMOTE_NODES), registered
 

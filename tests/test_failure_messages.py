@@ -144,8 +144,9 @@ def test_a_run_that_could_not_be_stopped_is_said_to_run_on(monkeypatch, capsys, 
 
 def test_a_joining_nodes_missing_data_folder_is_refused_before_anything_is_made(tmp_path: Path, capsys) -> None:
     from client.join import main as join_main
+    from server.commands.credentials import make_ca
 
-    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    make_ca(tmp_path)
     data = tmp_path / "no-such-data"
     argv = ["--name", "edge-07", "--superlink", "127.0.0.1:1", "--root-certificates", str(tmp_path / "ca.crt")]
     argv += ["--no-register", "--capacity", "1", "--data-path", str(data), "--keys", str(tmp_path / "keys")]

@@ -12,6 +12,7 @@ from cryptography import x509
 from client.join import main as join_main
 from server.commands.control import connection_toml
 from server.commands.credentials import main as credentials_main
+from server.commands.credentials import make_ca
 
 
 def _sans(pem: Path) -> list[str]:
@@ -99,7 +100,8 @@ def test_connection_toml_is_what_flwr_reads(tmp_path: Path) -> None:
 
 def _join(tmp_path: Path, *extra: str) -> list[str]:
     ca = tmp_path / "ca.crt"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    if not ca.exists():
+        make_ca(tmp_path)  # a real certificate: join checks the file before anything else
     return [
         "--name",
         "edge-7",
