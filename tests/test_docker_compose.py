@@ -30,6 +30,15 @@ deployment):
   test writes on the host and the compose file mounts read-only
   (``FIBOS_DATA_1``), and the three nodes without a data folder are left out with
   the reason; its figures come from the node, with no server test set;
+* a fleet on separate machines, on one engine: ``docker/coordinator.yml`` and two
+  projects of ``docker/node.yml`` dialling its published port through the host;
+  each node makes its own key pair and only the public key reaches the
+  coordinator's ``register``; no node's private key on the coordinator, a node's
+  SuperNode reads its own key and its executor none; CPU and memory limits on
+  the executors; a node handed another coordinator's CA stops at its preflight,
+  naming the setting; two rounds on the two nodes;
+* ``docker/node.yml`` without its settings, or with a CA path that does not
+  exist: refused by Compose, naming each;
 * opt-in (``FIBOS_DOCKER_ARM64=1``, ``make test-docker-arm64``): an arm64
   SuperNode and ClientApp executor (``docker/compose.arm64.yml``, emulated on
   an x86 host) take part in a round with the four amd64 nodes.
