@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.config.schema import ConfigError
+from server.commands.app_bundle import stage_app
 from server.commands.launcher import (
     RunTimeout,
     check_run_config,
@@ -176,8 +177,13 @@ def submit(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
+    try:  # a checkout holds far more than the app: flwr would walk all of it (server.commands.app_bundle)
+        app = stage_app(args.app, Path(env["FLWR_HOME"]) / "app")
+    except ValueError as err:
+        print(f"error: the app in {args.app} cannot be bundled: {err}", file=sys.stderr)
+        return 2
     wait_for_control_api(env, args.connection, args.wait, args.superlink)
-    cmd = ["flwr", "run", str(args.app), args.connection, "--stream"]
+    cmd = ["flwr", "run", str(app), args.connection, "--stream"]
     if overrides:
         cmd += ["-c", toml_overrides(overrides)]
     print("$ " + " ".join(cmd), flush=True)

@@ -38,6 +38,7 @@ from common.config.schema import ConfigError
 from common.data.catalog import NODE_DATASET
 from common.models.model_path import resolve_model_path
 from server.benchmarks.report import summary_table, write_accuracy_plot
+from server.commands.app_bundle import stage_app
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
 from server.commands.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.commands.run_status import RUN_STARTED, run_status
@@ -540,7 +541,11 @@ class LocalFederation:
         results_dir = results_dir.resolve()
         overrides = self.run_overrides(run_config, results_dir, app_dir)
         self.runs += 1
-        cmd = [_bin("flwr"), "run", str(app_dir), "local", "--stream", "-c"]
+        try:  # Flower would walk the whole checkout (its virtual environment too) to build the bundle
+            staged = stage_app(app_dir, self.flwr_home / "app")
+        except ValueError as err:
+            raise RuntimeError(f"the app in {app_dir} cannot be bundled: {err}") from None
+        cmd = [_bin("flwr"), "run", str(staged), "local", "--stream", "-c"]
         if self.simulation:
             cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
             self.echo(
