@@ -44,9 +44,7 @@ from server.commands.launcher import ProcessGroup
 
 VENV_BIN = Path(sys.executable).parent
 # ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR, $$, and ${VAR:?message} / ${VAR?message} (required: an error).
-_VAR = re.compile(
-    r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(?::?-([^}]*))|(?::?\?([^}]*)))?\}|([A-Za-z_][A-Za-z0-9_]*))"
-)
+_VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(?::?-([^}]*))|(?::?\?([^}]*)))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
 class TopologyError(RuntimeError):
