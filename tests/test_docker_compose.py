@@ -530,6 +530,8 @@ def test_coordinator_stack_and_two_node_stacks_run_a_federation(compose: Compose
         FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every=2",
     )
     coordinator = Compose(env, compose.log_dir, f"{PROJECT}-coordinator", [REPO / "docker" / "coordinator.yml"])
+    # `down` removes the containers of active profiles only: name `run`, or an earlier run's `submit` stays.
+    coordinator.run("--profile", "run", "down", "-v", "--remove-orphans", timeout=180, check=False)
     nodes: dict[str, Compose] = {}
     try:
         t0 = time.monotonic()
@@ -613,7 +615,7 @@ def test_coordinator_stack_and_two_node_stacks_run_a_federation(compose: Compose
             node.save_logs("final")
             node.run("down", "-v", timeout=180, check=False)
         coordinator.save_logs("final")
-        coordinator.run("down", "-v", "--remove-orphans", timeout=180, check=False)
+        coordinator.run("--profile", "run", "down", "-v", "--remove-orphans", timeout=180, check=False)
 
 
 def test_node_file_refuses_missing_settings_naming_them(compose: Compose, tmp_path: Path) -> None:
