@@ -154,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     named = {"superlink": "--superlink", "root-certificates": "--root-certificates", "key": "--key"}
     for item in filter(None, args.names.split(",")):
         option, _, name = item.partition("=")
+        if option not in named or not name:
+            ap.error(f"--names {item!r}: expected OPTION=NAME with OPTION one of {', '.join(named)}")
         named[option] = name
     try:
         check_ca_certificate(args.root_certificates, named["root-certificates"])

@@ -7,9 +7,10 @@ import io
 import zipfile
 from pathlib import Path
 
+import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from server.commands.app_bundle import app_files, stage_app
+from server.commands.app_bundle import BundleError, app_files, stage_app
 from server.commands.launcher import APP_DIR
 
 PYPROJECT = """\
@@ -78,3 +79,12 @@ def test_this_checkouts_staged_bundle_is_the_one_flwr_builds_from_it(tmp_path: P
     from_staged = build_fab_from_disk(staged)
     assert hashlib.sha256(from_staged).hexdigest() == hashlib.sha256(from_checkout).hexdigest()
     assert "server/app.py" in _names(from_staged) and "client/app.py" in _names(from_staged)
+
+
+def test_an_app_flower_refuses_is_named_and_nothing_is_staged(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(PYPROJECT.replace('publisher = "tests"\n', ""))  # a required key gone
+    with pytest.raises(BundleError, match=f"the app in {app} cannot be bundled: "):
+        stage_app(app, tmp_path / "staged")
+    assert not (tmp_path / "staged").exists()

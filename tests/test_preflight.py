@@ -168,3 +168,11 @@ def test_the_command_names_the_settings_the_user_gave(tmp_path: Path, capsys) ->
     (tmp_path / "ca.crt").write_text("not a certificate")
     assert main(argv) == 2
     assert f"error: FIBOS_CA_CERT {tmp_path / 'ca.crt'}: not a PEM certificate" in capsys.readouterr().err
+
+
+def test_an_unknown_setting_name_is_refused(tmp_path: Path, capsys) -> None:
+    make_ca(tmp_path)
+    argv = ["--superlink", "h:1", "--root-certificates", str(tmp_path / "ca.crt"), "--names", "superlnk=X"]
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2 and "--names 'superlnk=X': expected OPTION=NAME" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common.config.schema import ConfigError
-from server.commands.app_bundle import stage_app
+from server.commands.app_bundle import BundleError, stage_app
 from server.commands.launcher import (
     RunTimeout,
     check_run_config,
@@ -179,8 +179,8 @@ def submit(args: argparse.Namespace) -> int:
     env = control_env(args, Path(tempfile.mkdtemp(prefix="fibos-control-")))
     try:  # a checkout holds far more than the app: flwr would walk all of it (server.commands.app_bundle)
         app = stage_app(args.app, Path(env["FLWR_HOME"]) / "app")
-    except ValueError as err:
-        print(f"error: the app in {args.app} cannot be bundled: {err}", file=sys.stderr)
+    except BundleError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     wait_for_control_api(env, args.connection, args.wait, args.superlink)
     cmd = ["flwr", "run", str(app), args.connection, "--stream"]

@@ -541,10 +541,8 @@ class LocalFederation:
         results_dir = results_dir.resolve()
         overrides = self.run_overrides(run_config, results_dir, app_dir)
         self.runs += 1
-        try:  # Flower would walk the whole checkout (its virtual environment too) to build the bundle
-            staged = stage_app(app_dir, self.flwr_home / "app")
-        except ValueError as err:
-            raise RuntimeError(f"the app in {app_dir} cannot be bundled: {err}") from None
+        # Flower would walk the whole checkout (its virtual environment too) to build the bundle.
+        staged = stage_app(app_dir, self.flwr_home / "app")  # a BundleError is a RuntimeError: the run failed
         cmd = [_bin("flwr"), "run", str(staged), "local", "--stream", "-c"]
         if self.simulation:
             cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
