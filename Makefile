@@ -56,8 +56,11 @@ system-deps:
 			iproute2 nginx-light wget >/dev/null; \
 	else echo "note: the compose topology test needs root, iproute2, nginx and wget"; fi
 
+# Two workers (pytest-xdist), one test module per unit: the federation tests mostly wait on Flower's
+# heartbeats and process start-up, so two of them share two cores without slowing each other much.
+TEST_WORKERS ?= 2
 test: lint system-deps
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # Docker end to end (root): installs the engine and Compose v2 where missing, starts the engine
 # (stopped again after), builds stand-ins for the public images, then builds the app image and runs

@@ -1,4 +1,9 @@
-"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder, the tiny text model."""
+"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder, the tiny text model.
+
+Also the order of the suite: modules marked ``federation`` (multi-process federations, minutes each) are
+collected first, so that ``make test``'s two workers (pytest-xdist, one module per unit) start the longest
+units first and finish together instead of one worker running a five-minute federation alone at the end.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,11 @@ import pytest
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Federation modules first, each module's tests kept together and in their own order."""
+    items.sort(key=lambda item: item.get_closest_marker("federation") is None)
 
 
 @pytest.fixture(scope="module")

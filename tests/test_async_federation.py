@@ -7,6 +7,8 @@ import pytest
 from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from server.commands.launcher import run_local_federation
 
+pytestmark = pytest.mark.federation
+
 CAPACITIES = (1.0, 0.25, 0.0625)
 DELAYS = (0.0, 1.0, 4.0)  # bench-delay-s: seconds per local epoch, so the nodes finish out of step
 ROUNDS = 4

@@ -6,8 +6,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from server.commands.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
+
+pytestmark = pytest.mark.federation
 
 ROUNDS = 5
 CAPACITIES = (1.0, 0.25, 0.0625)

@@ -22,6 +22,8 @@ from server.benchmarks.benchmark import (
     summarise,
 )
 
+pytestmark = pytest.mark.federation
+
 
 def test_partition_specs():
     assert Partition.parse("iid").run_config() == {"partitioner": "iid"}

@@ -21,6 +21,8 @@ import pytest
 from server.commands.launcher import APP_DIR, flower_env, free_port, wait_for_port
 from server.commands.process_group import ProcessGroup
 
+pytestmark = pytest.mark.federation
+
 DEPLOYMENT = APP_DIR / "docs" / "DEPLOYMENT.md"
 README = APP_DIR / "README.md"
 BLOCK = re.compile(r"<!-- by-hand (?P<name>[\w-]+):[^>]*-->\s*```bash\n(?P<body>.*?)```", re.DOTALL)

@@ -17,6 +17,8 @@ import pytest
 
 from tests.compose_topology import ComposeTopology, namespace_support
 
+pytestmark = pytest.mark.federation
+
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yml"
 # Where a SuperNode and a control one-shot find the CA certificate (each mounts only its own credentials).

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from server.commands.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
+
+pytestmark = pytest.mark.federation
 
 ROUNDS = 7
 
@@ -14,7 +18,9 @@ def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
     out = tmp_path / "run"
     result: dict = {}
     with LocalFederation((1.0, 0.25, 0.0625), tmp_path / "federation", echo=lambda line: None) as fed:
-        config = {"num-rounds": ROUNDS, "eval-every": 0, "local-epochs": 1, "round-timeout": 30.0}
+        # 60 s: the rejoined node's replies start fresh ClientApp processes, and with two test workers on two
+        # cores they took just over 30 s, so it was never seen training again.
+        config = {"num-rounds": ROUNDS, "eval-every": 0, "local-epochs": 1, "round-timeout": 60.0}
         thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
         thread.start()
         wait_for_round(out, 2)

@@ -13,9 +13,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from server.commands.launcher import LocalFederation
 from server.persistence import CHECKPOINT, check_checkpoint
 from tests.federation_progress import wait_for_round
+
+pytestmark = pytest.mark.federation
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"eval-every": 0, "local-epochs": 1}
@@ -43,8 +47,9 @@ def test_misconfigured_node_says_why_and_a_killed_node_leaves_no_children(tmp_pa
     # SuperNode 1 sleeps 120 s in its ClientApp after training (bench-delay-s): it is killed meanwhile.
     with LocalFederation((1.0, 0.5), tmp_path, echo=lines.append, delays=(0, 120)) as fed:
         fed.start_node(2, "partition-id=2 num-partitions=3 capacity=2.0")
-        # no warm-up: the TRAIN message the node is killed on is round 1's
-        config = {**QUICK, "num-rounds": 1, "min-nodes": 3, "round-timeout": 30.0, "fisher-warmup": False}
+        # no warm-up: the TRAIN message the node is killed on is round 1's; 60 s for node 0's reply while
+        # another test's federation shares the two cores
+        config = {**QUICK, "num-rounds": 1, "min-nodes": 3, "round-timeout": 60.0, "fisher-warmup": False}
         thread = threading.Thread(target=lambda: result.update(fed.run(config, tmp_path, timeout=600)))
         thread.start()
 

@@ -14,6 +14,8 @@ import pytest
 
 from server.commands.process_group import RELEASE, ProcessGroup, guard, pids_with_env, stop_pids
 
+pytestmark = pytest.mark.federation
+
 ROOT = Path(__file__).resolve().parents[1]
 SLEEPER = "import time; time.sleep(600)"
 # A daemon that starts a child in a session of its own, as Flower's SuperLink and SuperNodes do.

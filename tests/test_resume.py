@@ -8,11 +8,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from server.commands.launcher import LocalFederation
 from server.persistence import CHECKPOINT, load_checkpoint
 from tests.federation_progress import wait_for_round
+
+pytestmark = pytest.mark.federation
 
 CONFIG = {"num-rounds": 4, "eval-every": 0, "local-epochs": 1}
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from server.commands.launcher import LocalFederation, free_port
+
+pytestmark = pytest.mark.federation
 
 CAPACITIES = (1.0, 0.25, 0.5)
 UNREGISTERED = 2

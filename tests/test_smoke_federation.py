@@ -17,6 +17,8 @@ from common.wire.mask_codec import encode_mask
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.launcher import run_local_federation
 
+pytestmark = pytest.mark.federation
+
 CAPACITIES = (1.0, 0.25, 0.0625)
 ROUNDS = 3
 

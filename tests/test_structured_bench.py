@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from server.benchmarks.structured_bench import main
+
+pytestmark = pytest.mark.federation
 
 
 def test_structured_bench_writes_results_and_structured_costs_less(tmp_path):

@@ -7,6 +7,8 @@ import pytest
 from server.commands.launcher import run_local_federation
 from tests.test_smoke_federation import _processes_with_env
 
+pytestmark = pytest.mark.federation
+
 CAPACITIES = (1.0, 0.25, 0.0625)
 ROUNDS = 2
 
