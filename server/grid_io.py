@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -65,6 +68,102 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
             timeout,
         )
     return replies
+
+
+@dataclass
+class GridTime:
+    """Seconds :func:`ordered_replies` spent in the grid (pushing, pulling, waiting), not in its caller's work."""
+
+    seconds: float = 0.0
+
+
+#: Replies pulled ahead of the one the fold waits for, at most: the rest stay on the SuperLink until their turn.
+REPLY_WINDOW = 8
+
+
+def ordered_replies(
+    grid: Grid,
+    messages: list[Message],
+    timeout: float,
+    poll_interval: float,
+    window: int = REPLY_WINDOW,
+    spent: GridTime | None = None,
+) -> Iterator[Message]:
+    """Push ``messages``, then yield their replies in the order of ``messages``, each as soon as it can be.
+
+    The caller folds each reply and drops it before asking for the next, so the server holds at most
+    ``window`` replies at a time, whatever the number of messages: only the replies of the next ``window``
+    messages still awaited are pulled; the others wait on the SuperLink (or the Simulation Engine's link
+    state) until their turn. A message whose reply has not arrived ``timeout`` s after the push is skipped:
+    after the deadline every remaining message is asked for once, in order, and what has arrived is yielded.
+    The order is the messages', never the arrival order, so a fold of the replies repeats to the bit
+    whatever order the nodes answered in. Every reply comes back from the node it concerns: see
+    :func:`attributed`.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    messages : list[Message]
+        What to send, in the order the replies are wanted. Only their metadata is kept once they are pushed.
+    timeout : float
+        Seconds after the push after which a missing reply is not waited for.
+    poll_interval : float
+        Seconds between two pulls while the next reply has not arrived.
+    window : int
+        Replies pulled at most ahead of the next one wanted (>= 1).
+    spent : GridTime, optional
+        Receives the seconds spent here between the caller's requests for the next reply.
+    """
+    if not messages:
+        return
+    clock = spent if spent is not None else GridTime()
+    t0 = time.perf_counter()
+    ids = list(grid.push_messages(messages))
+    # What a reply is matched against is the request's metadata: the pushed content (every node's submodel) can
+    # go now, if the caller keeps no other reference to the list.
+    order = [(mid, request_stub(msg)) for mid, msg in zip(ids, messages, strict=False) if mid]
+    total = len(messages)
+    del messages
+    deadline = time.monotonic() + timeout
+    arrived: dict[str, Message] = {}
+    head = missing = 0
+    while head < len(order):
+        late = time.monotonic() >= deadline
+        ahead = order[head : head + window]
+        wanted = [mid for mid, _ in ahead if mid not in arrived]
+        if wanted:
+            requests = dict(ahead)
+            for m in grid.pull_messages(wanted):
+                mid = m.metadata.reply_to_message_id
+                arrived[mid] = attributed(m, requests.get(mid))
+        if late:  # each message of this window has now been asked for once since the deadline
+            for mid, _ in ahead:
+                reply = arrived.pop(mid, None)
+                if reply is None:
+                    missing += 1
+                else:
+                    clock.seconds += time.perf_counter() - t0
+                    yield reply
+                    t0 = time.perf_counter()
+            head += len(ahead)
+            continue
+        before = head
+        while head < len(order) and order[head][0] in arrived:
+            clock.seconds += time.perf_counter() - t0
+            yield arrived.pop(order[head][0])
+            t0 = time.perf_counter()
+            head += 1
+        if head == before:
+            time.sleep(poll_interval)
+    clock.seconds += time.perf_counter() - t0
+    if missing:
+        log(WARNING, "%d of %d replies did not arrive within %.0f s", missing, total, timeout)
+
+
+def request_stub(request: Message) -> Message:
+    """``request`` without its content: the same metadata (message id, destination), for :func:`attributed`."""
+    return Message(content=RecordDict(), metadata=copy.copy(request.metadata))
 
 
 def attributed(reply: Message, request: Message | None) -> Message:

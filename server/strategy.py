@@ -10,7 +10,7 @@ with its record (:mod:`server.strategy_core.round_records`) and its progress lin
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from logging import INFO, WARNING
 from typing import Any
 
@@ -23,12 +23,21 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
 from common.methods.base import Accepted
+from common.methods.round_fold import RoundFold, WarmUpFold
 from common.wire import protocol as P
-from common.wire.validation import ReplyError, TrainReply
-from server.grid_io import exchange
+from common.wire.validation import ReplyError
+from server.grid_io import GridTime, exchange, ordered_replies
 from server.replies import ReplyParts, expected_sent, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
 from server.strategy_core.round_records import RoundProgress, note_accepted, opening_record, round_record
+
+
+def train_parts(replies: Iterable[Message]) -> Iterator[ReplyParts]:
+    """Each TRAIN reply taken apart (:func:`server.replies.reply_parts`); the Message is let go before the next."""
+    for msg in replies:
+        parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
+        del msg  # its serialised arrays go before the next reply is pulled
+        yield parts
 
 
 class SubmodelStrategy(SubmodelStrategyBase, Strategy):
@@ -68,64 +77,102 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
     def train_messages(
         self, server_round: int, node_ids: Iterable[int], config: ConfigRecord | None = None
     ) -> list[Message]:
-        """TRAIN messages for ``node_ids``; what each was sent becomes this round's ``sent`` and ``clients``."""
+        """TRAIN messages for ``node_ids``, in the clients' key order (the order their replies are folded in).
+
+        What each was sent becomes this round's ``sent`` and ``clients``.
+        """
         self.sent, self.clients = {}, {}
         msgs = []
-        for node_id in node_ids:
+        for node_id in self.in_key_order(node_ids):
             msg, info = self.submodel_message(node_id, server_round, MessageType.TRAIN, self.sent, config=config)
             msgs.append(msg)
             self.clients[node_id] = info
         return msgs
 
+    def in_key_order(self, node_ids: Iterable[int]) -> list[int]:
+        """``node_ids`` sorted by the clients' stable keys (node ids last, for a node not discovered).
+
+        Not arrival order nor node ids (which the Simulation Engine draws anew each run): the float sums of the
+        fold and FedRolex's order-dependent count weights then repeat from run to run.
+        """
+        nodes = self.registry.nodes
+        return sorted(node_ids, key=lambda nid: (nid not in nodes, nodes[nid].key if nid in nodes else "", nid))
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate replies and let the method aggregate the accepted ones."""
-        parts = [reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in replies]
-        accepted = self.apply_train_replies(server_round, parts)
-        if not accepted:
-            return None, None
-        records = [RecordDict({P.METRICS: MetricRecord(r.metrics)}) for r in accepted]
-        metrics = aggregate_metricrecords(records, "num-examples")
-        metrics["num-examples"] = sum(r.metrics["num-examples"] for r in accepted)
-        return self.to_arrays(self.x), metrics
+        """Validate each reply and fold it into the round as it comes (``replies`` in the clients' key order).
 
-    def apply_train_replies(self, server_round: int, parts: list[ReplyParts]) -> list[TrainReply]:
-        """Validate each reply; fold the accepted ones into ``self.x`` and the method's state.
-
-        A rejected reply is logged with its reason and changes nothing.
+        ``replies`` may be a generator (:func:`server.grid_io.ordered_replies`): each reply is taken apart,
+        validated, folded and dropped before the next is asked for.
         """
-        accepted = self.accepted_replies(server_round, parts)
-        if accepted:
-            self.x = self.method.aggregate(self.x, accepted, server_round)
-        return [a.reply for a in accepted]
+        metrics = self.fold_train_replies(server_round, train_parts(replies))
+        if not metrics:
+            return None, None
+        records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in metrics]
+        aggregated = aggregate_metricrecords(records, "num-examples")
+        aggregated["num-examples"] = sum(m["num-examples"] for m in metrics)
+        return self.to_arrays(self.x), aggregated
 
-    def accepted_replies(self, server_round: int, parts: list[ReplyParts]) -> list[Accepted]:
-        """The valid replies in node order (none when fewer than ``min-replies``); rejections are logged."""
-        accepted: dict[int, TrainReply] = {}
+    def apply_train_replies(self, server_round: int, parts: list[ReplyParts]) -> list[dict[str, float]]:
+        """:meth:`fold_train_replies` of replies received in any order: they are folded in the clients' key order."""
+        rank = {nid: i for i, nid in enumerate(self.in_key_order({p.node_id for p in parts}))}
+        return self.fold_train_replies(server_round, sorted(parts, key=lambda p: rank[p.node_id]))
+
+    def fold_train_replies(
+        self, server_round: int, parts: Iterable[ReplyParts], warm_up: bool = False
+    ) -> list[dict[str, float]]:
+        """Validate each reply and fold the accepted ones into ``self.x`` and the method's state, in the given order.
+
+        Each reply is validated against what was sent and the model before the round, folded
+        (:meth:`~common.methods.base.Method.round_fold`) and dropped; a rejected one is logged with its reason and
+        changes nothing. With fewer than ``min-replies`` valid replies the round is skipped: ``self.x`` and the
+        method's state stay as they were.
+
+        Parameters
+        ----------
+        server_round : int
+            The round (0: the Fisher warm-up).
+        parts : Iterable[ReplyParts]
+            The replies, taken apart, in the order to fold them (the clients' key order).
+        warm_up : bool
+            Round 0's Fisher-only replies: :meth:`~common.methods.base.Method.warm_up` takes them; the model stays.
+
+        Returns
+        -------
+        The accepted replies' metrics, in fold order (empty when none was accepted or the round was skipped).
+        """
+        min_replies = self.cfg.min_replies
+        if warm_up:
+            fold: RoundFold = WarmUpFold(self.method, self.x, server_round, min_replies)
+        else:
+            fold = self.method.round_fold(self.x, server_round, min_replies)
+        accepted: dict[int, dict[str, float]] = {}
+        nodes = self.registry.nodes
         for p in parts:
             info = self.clients.get(p.node_id)
             try:
                 sent = expected_sent(p, self.sent, accepted)
                 reply = self.method.validate(p.records, sent, self.x)
-            except ReplyError as err:
+                fold.add(Accepted(p.node_id, nodes[p.node_id].key, reply))
+            except (ReplyError, ValueError) as err:
                 log(WARNING, "round %d: reply from node %d rejected: %s", server_round, p.node_id, err)
                 if info is not None and info.status in ("no reply",):
                     info.status = f"rejected: {err}"
                 continue
-            accepted[p.node_id] = reply
+            accepted[p.node_id] = reply.metrics
             note_accepted(info, p.nbytes, reply)
-        if 0 < len(accepted) < self.cfg.min_replies:
-            reason = f"only {len(accepted)} valid replies, min-replies={self.cfg.min_replies}: round skipped"
+            del reply, p  # the fold holds what it needs of it; the arrays go now
+        if 0 < len(accepted) < min_replies:
+            fold.discard()
+            reason = f"only {len(accepted)} valid replies, min-replies={min_replies}: round skipped"
             log(WARNING, "round %d: %s", server_round, reason)
             for node_id in accepted:
                 self.clients[node_id].status = f"skipped: {reason}"
             return []
-        # The clients' stable keys, not arrival order nor node ids (which the Simulation Engine draws anew each
-        # run): the float sums and FedRolex's order-dependent count weights then repeat from run to run.
-        nodes = self.registry.nodes
-        order = sorted(accepted, key=lambda nid: (nodes[nid].key, nid))
-        return [Accepted(nid, nodes[nid].key, accepted[nid]) for nid in order]
+        if accepted:
+            self.x = fold.finish()
+        return list(accepted.values())
 
     # ---------------------------------------------------------------- round 0
     def fisher_warmup(self, grid: Grid, timeout: float) -> dict[str, Any]:
@@ -137,14 +184,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         and round 1 ranks by it.
         """
         msgs = self.train_messages(0, self.registry.participants())
-        parts = [
-            reply_parts(m, P.UPDATE, P.METRICS, P.META) for m in exchange(grid, msgs, timeout, self.cfg.poll_interval)
-        ]
-        accepted = self.accepted_replies(0, parts)
-        self.method.warm_up(accepted, 0)
+        sent = len(msgs)
+        replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval)
+        del msgs
+        accepted = self.fold_train_replies(0, train_parts(replies), warm_up=True)
         return {
             "replies": len(accepted),
-            "sent": len(msgs),
+            "sent": sent,
             "bytes_down": sum(c.bytes_down for c in self.clients.values()),
             "bytes_up": sum(c.bytes_up for c in self.clients.values()),
         }
@@ -202,9 +248,14 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         t0 = time.perf_counter()
         msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
         server_seconds = time.perf_counter() - t0
-        replies = exchange(grid, msgs, timeout, self.cfg.poll_interval)
+        # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them are the
+        # grid's, not the server's work. The list goes with the stream, which lets the submodels go once pushed.
+        waited = GridTime()
+        replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited)
+        del msgs
         t0 = time.perf_counter()
         new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+        server_seconds -= waited.seconds
         if new_arrays is not None:
             result.arrays = new_arrays
         if train_metrics is not None:

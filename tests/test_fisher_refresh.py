@@ -192,12 +192,15 @@ def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estima
 
     monkeypatch.setattr(MaskedMethod, "client_train", forgetful)
     x_after_round: list[np.ndarray] = []
-    real_aggregate = fed.strategy.method.aggregate
-    monkeypatch.setattr(
-        fed.strategy.method,
-        "aggregate",
-        lambda x, accepted, rnd: x_after_round.append(real_aggregate(x, accepted, rnd)) or x_after_round[-1],
-    )
+    real_fold = fed.strategy.method.round_fold
+
+    def recording_fold(x, rnd, min_replies):  # records each round's committed model
+        fold = real_fold(x, rnd, min_replies)
+        real_finish = fold.finish
+        fold.finish = lambda: x_after_round.append(real_finish()) or x_after_round[-1]
+        return fold
+
+    monkeypatch.setattr(fed.strategy.method, "round_fold", recording_fold)
     fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn)
     assert len(refreshes) == 2
     (client,) = fed.records[2]["clients"]

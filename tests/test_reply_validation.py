@@ -239,7 +239,7 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
     heavy = copy.deepcopy(replies[OTHER])  # still carries fisher.* arrays: rejected
     accepted = s.apply_train_replies(ROUND, [lean, heavy])
-    assert len(accepted) == 1 and accepted[0].fisher is None
+    assert len(accepted) == 1 and s.clients[GOOD].status != "rejected"
     assert s.method.state_bytes() == b""  # magnitude ranking keeps no Fisher
     assert s.clients[OTHER].status.startswith("rejected")
 
@@ -254,15 +254,32 @@ def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
     assert all(s.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))
 
 
-def test_accepted_replies_come_in_client_key_order_whatever_the_node_ids(base):
+def test_replies_fold_in_client_key_order_whatever_the_node_ids(base):
     """Node ids are drawn anew each run; the clients' keys are stable, so the fold order (and FedRolex's
     order-dependent count weights) repeats from run to run."""
     strategy, replies = base
-    s = copy.deepcopy(strategy)
-    parts = [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])]
-    assert [a.node_id for a in s.accepted_replies(ROUND, parts)] == [GOOD, OTHER]  # partition-0, partition-1
+    assert strategy.in_key_order([OTHER, GOOD]) == [GOOD, OTHER]  # partition-0, partition-1
     s = copy.deepcopy(strategy)
     s.registry.nodes[GOOD] = dataclasses.replace(s.registry.nodes[GOOD], key="partition-9")
-    accepted = s.accepted_replies(ROUND, list(reversed(parts)))
-    assert [a.key for a in accepted] == ["partition-1", "partition-9"]
-    assert [a.node_id for a in accepted] == [OTHER, GOOD]
+    assert s.in_key_order([GOOD, OTHER]) == [OTHER, GOOD]
+    assert s.in_key_order([999, GOOD, OTHER]) == [OTHER, GOOD, 999]  # a node never discovered comes last
+    folded = []
+    s.method.round_fold = lambda x, rnd, least: _Recorder(folded)
+    s.apply_train_replies(ROUND, [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])])
+    assert folded == ["partition-1", "partition-9"]
+
+
+class _Recorder:
+    """A fold that records the client keys it is given, in order."""
+
+    def __init__(self, keys):
+        self.keys, self.count = keys, 0
+
+    def add(self, accepted):
+        self.keys.append(accepted.key)
+
+    def finish(self):
+        return np.zeros(1, np.float32)
+
+    def discard(self):
+        pass

@@ -6,7 +6,8 @@ A method decides, for one round,
   take part (:meth:`Method.participates`), what each is sent
   (:meth:`Method.mask_for`, :meth:`Method.encode`), what a reply must carry
   (:meth:`Method.validate`), how accepted replies change the global model
-  (:meth:`Method.aggregate`), and what it keeps between rounds (:meth:`Method.state_bytes`);
+  (:meth:`Method.round_fold`, one reply at a time, or :meth:`Method.aggregate`, all at once), and what it keeps
+  between rounds (:meth:`Method.state_bytes`);
 * **client side**: how a node turns what it received into a trained update
   (:meth:`Method.client_train`) and into a model to evaluate (:meth:`Method.client_model`);
 * **configuration** (its spec, :mod:`common.methods.specs`, which the implementation subclasses): its own
@@ -31,6 +32,7 @@ from torch import nn
 
 from common.aggregation.asynchronous import AsyncStep
 from common.aggregation.masked import MaskedUpdate
+from common.methods.round_fold import BufferedFold, RoundFold
 from common.methods.specs.base import MethodSpec
 from common.models.layout import ParamLayout
 from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
@@ -203,10 +205,13 @@ class Method(MethodSpec):
     def warm_up(self, accepted: Sequence[Accepted], server_round: int) -> None:
         """Fold the replies of a Fisher-only exchange (``fisher-warmup``: zero updates) into the method's state.
 
+        The strategy passes them one at a time, in client key order, as they are validated
+        (:class:`~common.methods.round_fold.WarmUpFold`).
+
         Parameters
         ----------
         accepted : Sequence[Accepted]
-            Validated replies, in node order.
+            Validated replies, in client key order.
         server_round : int
             The exchange's round (0: before the first round).
         """
@@ -266,8 +271,25 @@ class Method(MethodSpec):
         raise NotImplementedError
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """The new global model from the round's accepted replies (in node order), updating the method's state."""
+        """The new global model from the round's accepted replies (in client key order), updating the method's state."""
         raise NotImplementedError
+
+    def round_fold(self, x: NDArray[np.float32], server_round: int, min_replies: int) -> RoundFold:
+        """How this round's accepted replies are folded in as they are validated (:mod:`common.methods.round_fold`).
+
+        Default: :class:`~common.methods.round_fold.BufferedFold`, every reply kept until :meth:`aggregate` sees
+        them all; a method whose step is a running sum folds each reply in and frees it.
+
+        Parameters
+        ----------
+        x : NDArray[float32]
+            The global model before the round (not modified: the fold returns the new one).
+        server_round : int
+            The round.
+        min_replies : int
+            Valid replies the round needs to count (``min-replies``); until then the method's state is untouched.
+        """
+        return BufferedFold(self, x, server_round)
 
     def state_bytes(self) -> bytes:
         """State kept between rounds, for checkpoints (empty: none)."""

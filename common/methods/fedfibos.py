@@ -27,6 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.running_sums import HolderSum, ParticipantSum, RunningSum
 from common.aggregation.update_means import participant_mean_step
 from common.fisher.held_masks import HeldMasks, append_arrays
 from common.fisher.level_masks import LevelMasks
@@ -56,6 +57,13 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         if self.opts.aggregation == "participants":
             return participant_mean_step(x, updates, self.run.server_lr)
         return aggregate_masked(x, updates, self.run.server_lr)
+
+    def running_sum(self) -> RunningSum:
+        """:meth:`mean_step` one reply at a time."""
+        assert self.layout is not None, "start_server() first"
+        if self.opts.aggregation == "participants":
+            return ParticipantSum(self.layout.size, self.run.server_lr)
+        return HolderSum(self.layout.size, self.run.server_lr)
 
     def start_server(self, layout: ParamLayout) -> None:
         """The Fisher state (see :class:`FisherRankedMethod`), an empty cache of per-level masks, no held masks."""

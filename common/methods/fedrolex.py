@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from common.aggregation.masked import MaskedUpdate
+from common.aggregation.running_sums import HolderSum, RunningSum, UpdateCountSum
 from common.aggregation.update_means import update_count_mean_step
 from common.methods.heterofl import HeteroFL
 from common.methods.specs.width import FedRolexSpec
@@ -87,6 +88,18 @@ class FedRolex(FedRolexSpec, HeteroFL):
             return super().mean_step(x, updates)
         new, self.counts = update_count_mean_step(x, updates, self.counted, self.counts, self.fixed, self.run.server_lr)
         return new
+
+    def running_sum(self) -> RunningSum:
+        """:meth:`mean_step` one reply at a time, in the order the strategy adds them (the clients' keys)."""
+        assert self.layout is not None, "start_server() first"
+        if self.weighting != "avg":
+            return HolderSum(self.layout.size, self.run.server_lr)
+        return UpdateCountSum(self.layout.size, self.counted, self.counts, self.fixed, self.run.server_lr)
+
+    def sums_committed(self, sums: RunningSum) -> None:
+        """``avg``: the update counts after the round."""
+        if isinstance(sums, UpdateCountSum):
+            self.counts = sums.running
 
     def state_bytes(self) -> bytes:
         """The update counts of the count-weighted positions (empty unless ``avg``)."""

@@ -31,6 +31,7 @@ import torch
 from numpy.typing import NDArray
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.running_sums import HolderSum, NonzeroSum, RunningSum
 from common.aggregation.update_means import nonzero_mean_step
 from common.data.arrays import ArrayDataset
 from common.methods.base import LocalUpdate, Received
@@ -84,6 +85,13 @@ class FIARSE(FIARSESpec, MaskedMethod):
         if self.opts.aggregation == "nonzero":
             return nonzero_mean_step(x, updates, self.run.server_lr)
         return aggregate_masked(x, updates, self.run.server_lr)
+
+    def running_sum(self) -> RunningSum:
+        """:meth:`mean_step` one reply at a time."""
+        assert self.layout is not None, "start_server() first"
+        if self.opts.aggregation == "nonzero":
+            return NonzeroSum(self.layout.size, self.run.server_lr)
+        return HolderSum(self.layout.size, self.run.server_lr)
 
     # -------------------------------------------------------------- client side
     def client_train(

@@ -101,6 +101,10 @@ class LoRA(LoRASpec, FisherRankedMethod):
         """``lora-aggregation`` over the accepted adapters (the base class then updates the Fisher state)."""
         return aggregate_lora(x, self.layout, self.pairs, updates, self.opts.aggregation, self.run.server_lr)
 
+    def running_sum(self) -> None:
+        """None: FlexLoRA's SVD and HetLoRA's padding need every adapter of the round at once (buffered)."""
+        return None
+
     # -------------------------------------------------------------- client side
     def _federated_layout(self, train: ArrayDataset) -> ParamLayout:
         """The federated vector's layout, from the architecture alone (built on the meta device, no weights)."""

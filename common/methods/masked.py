@@ -28,11 +28,13 @@ from numpy.typing import NDArray
 from torch import nn
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.running_sums import HolderSum, RunningSum
 from common.data.arrays import ArrayDataset
 from common.fisher.codec import decode_fisher, encode_fisher, expected_names
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.state import FisherState, fisher_capacity
 from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
+from common.methods.round_fold import IncrementalFold, RoundFold
 from common.methods.specs.fisher import (
     FISHER_KEYS,
     MASK_GUARD_KEYS,
@@ -118,6 +120,27 @@ class MaskedMethod(Method):
     def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
         """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
         return aggregate_masked(x, updates, self.run.server_lr)
+
+    def running_sum(self) -> RunningSum | None:
+        """:meth:`mean_step` as a running sum, empty (``None``: it needs every update at once, so the round buffers).
+
+        A subclass that changes :meth:`mean_step` changes this with it: the two give the same vector to the bit.
+        One that changes only :meth:`mean_step` is buffered, so that its own rule is the one applied.
+        """
+        assert self.layout is not None, "start_server() first"
+        if type(self).mean_step is not MaskedMethod.mean_step:
+            return None
+        return HolderSum(self.layout.size, self.run.server_lr)
+
+    def sums_committed(self, sums: RunningSum) -> None:
+        """A round folded into ``sums`` was committed: take what the method keeps of it (default: nothing)."""
+
+    def round_fold(self, x: NDArray[np.float32], server_round: int, min_replies: int) -> RoundFold:
+        """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the round counts."""
+        sums = self.running_sum()
+        if sums is None:
+            return super().round_fold(x, server_round, min_replies)
+        return IncrementalFold(x, sums, lambda a: self.observe(a, server_round), min_replies, self.sums_committed)
 
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
         """Fold one accepted reply into the method's state (after the model update)."""

@@ -27,9 +27,13 @@ class ReplyError(ValueError):
     """A reply that must be dropped; the message is the logged reason."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SentSubmodel:
     """What the server sent one node in one round, to check the reply against.
+
+    The mask is kept as packed bits (``d / 8`` bytes): a round holds one of these per participant until its
+    reply is folded, so at hundreds of clients the unpacked masks (``d`` bytes each) would dominate the round's
+    memory. :attr:`mask` unpacks a fresh copy.
 
     Parameters
     ----------
@@ -49,10 +53,39 @@ class SentSubmodel:
 
     node_id: int
     round: int
-    mask: NDArray[np.bool_]
+    packed: NDArray[np.uint8]
+    d: int
+    kept: int
     digest: str
     max_examples: int
-    fisher: bool = True
+    fisher: bool
+
+    def __init__(
+        self,
+        node_id: int,
+        round: int,
+        mask: NDArray[np.bool_],
+        digest: str,
+        max_examples: int,
+        fisher: bool = True,
+    ) -> None:
+        flat = np.asarray(mask, dtype=bool).reshape(-1)
+        for name, value in (
+            ("node_id", node_id),
+            ("round", round),
+            ("packed", np.packbits(flat)),
+            ("d", int(flat.size)),
+            ("kept", int(np.count_nonzero(flat))),
+            ("digest", digest),
+            ("max_examples", max_examples),
+            ("fisher", fisher),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def mask(self) -> NDArray[np.bool_]:
+        """The mask sent (a fresh array of ``d`` booleans)."""
+        return np.unpackbits(self.packed, count=self.d).view(np.bool_)
 
 
 @dataclass(frozen=True)
@@ -142,7 +175,7 @@ def validate_train_reply(
     total = sum(int(np.asarray(a).nbytes) for a in arrays.values())
     if total > OVERSIZE_FACTOR * 4 * layout.size + 1024:
         raise ReplyError(f"update of {total} bytes is oversized for a model of {layout.size} parameters")
-    k = int(np.count_nonzero(sent.mask))
+    k = sent.kept
     delta = np.asarray(arrays[P.DELTA])
     if delta.dtype != np.float32 or delta.shape != (k,):
         raise ReplyError(

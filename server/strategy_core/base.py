@@ -194,7 +194,7 @@ class SubmodelStrategyBase:
             [
                 NodeEvaluation(
                     nodes[nid].capacity,
-                    bool(self.sent_eval[nid].mask.all()),
+                    self.sent_eval[nid].kept == self.sent_eval[nid].d,
                     int(m["num-examples"]),
                     m["eval-loss"],
                     m["eval-acc"],
@@ -254,7 +254,7 @@ class SubmodelStrategyBase:
             if sent is None:
                 continue
             if sent.digest not in seen:
-                if sent.mask.all():
+                if sent.kept == sent.d:
                     seen[sent.digest] = (float(full["accuracy"]), float(full["loss"]))
                 else:
                     sub = self.evaluate_fn(
