@@ -29,14 +29,24 @@ def test_capacities_cycle():
     assert capacities_for(5, [1.0, 0.25]) == [1.0, 0.25, 1.0, 0.25, 1.0]
 
 
-def test_round_memory_counts_each_reply_and_the_stored_estimates():
-    # Two clients of d = 100 at capacities 1 and 1/4: masks and decoded Fisher 5 bytes per position each,
-    # indices and deltas 12 bytes per kept position (100 + 25); both stored in fp32 plus 12 bytes per position.
-    assert round_memory(100, [1.0, 0.25], 2, parse_run_config({})) == {"replies": 2500.0, "fisher_state": 2000.0}
+def test_round_memory_grows_with_the_clients_only_by_their_packed_masks():
+    # d = 100 at capacities 1 and 1/4: 13 bytes of packed mask a client; the running sum (16 bytes per position),
+    # one reply unpacked (9 per position) with 100 kept (12 bytes each); both estimates stored in fp32 plus 12
+    # bytes per position, and the checkpoint's copy of the estimates.
+    two = round_memory(100, [1.0, 0.25], 2, parse_run_config({}))
+    assert two == {"sent": 26.0, "fold": 3700.0, "fisher_state": 2000.0, "checkpoint": 800.0}
+    many = round_memory(100, [1.0, 0.25], 2000, parse_run_config({}))
+    assert many["sent"] == 26_000.0 and many["fold"] == two["fold"]
     small = parse_run_config(
         {"fisher-memory-mb": 1.0, "fisher-precision": "fp16"}
     )  # a budget of 3 estimates (the floor)
     assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18
+
+
+def test_a_round_the_memory_cannot_hold_is_refused_before_it_runs_with_its_figure(tmp_path):
+    with pytest.raises(SystemExit, match=r"refused before any round: .*\n.*cnn x 3: needs ~\d+\.\d GiB \(process"):
+        main(["--models", "cnn", "--clients", "3", "--max-memory-gb", "0.01", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
 
 def test_tables_and_scaling_line():
@@ -72,5 +82,6 @@ def test_small_run_writes_json_and_plot(tmp_path):
         assert set(r["project"]) == {key for key, _ in STEPS}
         assert all(v >= 0 for v in r["project"].values())
     assert all(row["ratio"] <= 1.1 for row in doc["downloads"]["cnn"])
+    assert all(0 < r["peak_rss_gib"] <= r["estimate_gib"] for r in doc["rounds"])
     assert (tmp_path / "server_bench.png").stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["server_bench.json", "server_bench.png"]

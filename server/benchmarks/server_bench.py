@@ -1,30 +1,36 @@
 """Benchmark: the server's work per FedFIbOS round, step by step, against the plainest numpy code for each step.
 
 For every model and number of clients per round, one round of the server's steps
-runs in this process on synthetic data of the model's size (global values from
-the model's initialisation, heavy-tailed Fisher uploads): ranking each client's
-mask, encoding the downloads, validating and decoding the replies (``masked``
-Fisher encoding), the mask-aware aggregation, the Fisher-state update, the
-trimmed prior and its interval (one sort gives both, as in the strategy), the
-certified prior influence, the central-evaluation masks of every capacity level
-(once per level, cached as the method caches them) and the checkpoint. Next to each step the same run times
-the step's *anchor*, the plainest numpy code that does the same arithmetic
-without the product's checks and guarantees (``argpartition`` top-k, a dense
-float32 sum of the deltas, ...), so the ratio column does not depend on the
-machine. A second table compares each capacity's download with its
-information limit ``4k + d H(k/d) / 8`` bytes (``k`` values of 4 bytes and the
-entropy of a mask of ``k`` among ``d``).
+runs on synthetic data of the model's size (global values from the model's
+initialisation, heavy-tailed Fisher uploads), the way the strategy runs it: each
+client's mask is ranked and its download encoded (the round keeps only what it
+sent, the mask as packed bits); then the replies are taken one at a time, in the
+clients' key order, each validated and decoded (``masked`` Fisher encoding),
+added to the method's running sum (:mod:`common.aggregation.running_sums`), its
+Fisher folded into the state, and dropped; then the running sum gives the new
+model, the trimmed prior and its interval are computed (one sort gives both, as in
+the strategy), the certified prior influence, the central-evaluation masks of every
+capacity level (once per level, cached as the method caches them) and the
+checkpoint. Next to each step the same run times the step's *anchor*, the plainest
+numpy code that does the same arithmetic without the product's checks and
+guarantees (``argpartition`` top-k, a dense float32 sum of the deltas, ...), so the
+ratio column does not depend on the machine. A second table compares each
+capacity's download with its information limit ``4k + d H(k/d) / 8`` bytes (``k``
+values of 4 bytes and the entropy of a mask of ``k`` among ``d``).
 
-The state holds at most what ``fisher-memory-mb`` allows (the run config's
-default unless ``--fisher-memory-mb``); a configuration whose replies would
-not fit in ``--max-memory-gb`` (replies held until aggregation plus the Fisher
-state, :func:`round_memory`) is skipped and its estimated need printed.
+Each configuration runs in a process of its own (forked), whose peak resident
+memory is the round's: Python and numpy, the synthetic data, and what the round
+holds. The state holds at most what ``fisher-memory-mb`` allows (the run config's
+default unless ``--fisher-memory-mb``). Before anything runs, each configuration's
+memory is estimated (:func:`round_memory`); if one would not fit in
+``--max-memory-gb`` or in the memory the machine has available, the benchmark is
+refused with the figure it would need.
 
 Usage::
 
     fibos bench-server --models cnn,resnet18 --clients 10,50,200 --out results/server-bench
 
-Writes ``server_bench.json`` (every step's seconds) and ``server_bench.png``
+Writes ``server_bench.json`` (every step's seconds, the peak memory) and ``server_bench.png``
 (server seconds per round against clients, project and anchor) to ``--out``.
 """
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import sys
@@ -46,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from common.aggregation.masked import aggregate_masked
+from client.peak_memory import PeakRSS, current_rss_bytes
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.fisher.codec import encode_fisher
@@ -59,7 +66,7 @@ from common.models.architectures import build_model, model_layout, trainable_arr
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.protocol import encode_submodel
-from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
+from common.wire.validation import ReplyRecords, SentSubmodel
 from server.persistence import save_checkpoint
 
 #: (key, label) of the timed steps, in the order a round runs them.
@@ -67,7 +74,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("select", "select client masks"),
     ("encode", "encode downloads"),
     ("validate", "validate + decode replies"),
-    ("aggregate", "aggregate_masked"),
+    ("aggregate", "aggregate (running sum)"),
     ("fisher", "Fisher state update"),
     ("prior", "trimmed prior + interval"),
     ("influence", "prior_influence"),
@@ -93,20 +100,6 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def interleaved(pairs: Sequence[tuple[Callable[[], object], Callable[[], object]]]) -> tuple[float, float]:
-    """Total seconds of the project's and the anchor's calls, timed alternately pair by pair.
-
-    A step done once per client is timed client by client, the project's call and
-    then the anchor's, so a burst of load from other work on the machine falls on
-    both sides alike instead of on whichever ran during it.
-    """
-    project = anchor = 0.0
-    for run_project, run_anchor in pairs:
-        project += timed(run_project)
-        anchor += timed(run_anchor)
-    return project, anchor
-
-
 def mask_entropy_bytes(k: int, d: int) -> float:
     """``d H(k/d) / 8``: the information in a mask of ``k`` kept among ``d`` (bytes)."""
     if k in (0, d):
@@ -121,21 +114,92 @@ def capacities_for(n: int, levels: Sequence[float]) -> list[float]:
 
 
 def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dict[str, float]:
-    """Bytes a round of ``n`` clients holds at its peak (after validation, before aggregation), by part.
+    """Bytes a round of ``n`` clients holds at its peak besides the process itself, by part.
 
-    * ``replies``: per client, the mask sent (1 byte per position), the decoded Fisher (4 per position),
-      the update's indices (8 per kept position) and its delta (4 per kept position);
+    * ``sent``: what the round keeps of each download until the reply is folded, the mask as packed bits
+      (``d / 8`` bytes a client);
+    * ``fold``: the running sum (16 bytes per position: two float64 sums, the most any method's takes), and the
+      one reply being folded: its mask unpacked (1 byte per position), its decoded Fisher (4), its Fisher
+      payload as received (4 at most), the update's indices (8 per kept position) and delta (4 per kept);
     * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``) and the state's fixed
-      12 bytes per position (:func:`common.fisher.state.fisher_capacity`).
+      12 bytes per position (:func:`common.fisher.state.fisher_capacity`);
+    * ``checkpoint``: the state serialised for the checkpoint (a copy of the stored estimates).
 
-    The benchmark shares one delta array between replies of the same size, so it holds a little less
-    than ``replies``; a server holds more: the received messages until the round is aggregated.
+    Only ``sent`` grows with the clients of the round; the rest is bounded by the model and ``fisher-memory-mb``.
     """
-    kept = [budget(g, d) for g in capacities_for(n, levels)]
-    replies = sum(d * (1 + 4) + k * (8 + 4) for k in kept)
-    stored = min(n, fisher_capacity(cfg.options("fisher").memory_mb, d, cfg.options("fisher").precision))
-    state = stored * d * np.dtype(cfg.options("fisher").precision.replace("fp", "float")).itemsize + 12 * d
-    return {"replies": float(replies), "fisher_state": float(state)}
+    fisher = cfg.options("fisher")
+    kept = max(budget(g, d) for g in levels)
+    stored = min(n, fisher_capacity(fisher.memory_mb, d, fisher.precision))
+    estimates = stored * d * np.dtype(fisher.precision.replace("fp", "float")).itemsize
+    return {
+        "sent": float(n * ((d + 7) // 8)),
+        "fold": float(16 * d + d * (1 + 4 + 4) + kept * (8 + 4)),
+        "fisher_state": float(estimates + 12 * d),
+        "checkpoint": float(estimates),
+    }
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (bytes; 0 where ``/proc`` is not available)."""
+    return current_rss_bytes() or 0
+
+
+def available_bytes() -> int | None:
+    """Memory the machine has available for a new process (``MemAvailable``, bytes; ``None`` without ``/proc``)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def in_own_process(fn: Callable[[], StepTimes]) -> tuple[StepTimes, int]:
+    """``fn()`` run in a forked process; its result and that process's peak resident memory (bytes).
+
+    The peak is the kernel's high-water mark (``VmHWM``), reset when the process starts
+    (``/proc/self/clear_refs``), so it is this configuration's alone, whatever ran before in the parent;
+    without ``/proc`` it is sampled (:class:`client.peak_memory.PeakRSS`).
+    """
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child() -> None:
+        exact = reset_high_water_mark()
+        with PeakRSS() as sampled:
+            out = fn()
+        send.send((out, high_water_mark() if exact else sampled.peak_bytes))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        out, peak = receive.recv()
+    except EOFError as err:
+        proc.join()
+        raise RuntimeError(f"the benchmark's round process ended with status {proc.exitcode}") from err
+    proc.join()
+    return out, int(peak)
+
+
+def reset_high_water_mark() -> bool:
+    """Reset this process's peak resident memory to its current one (Linux); whether it could."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def high_water_mark() -> int:
+    """This process's peak resident memory since the last reset (``VmHWM``, bytes)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 class SyntheticRound:
@@ -170,106 +234,111 @@ class SyntheticRound:
 
 
 def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path) -> StepTimes:
-    """One round for ``n`` clients, every step timed with its anchor.
+    """One round for ``n`` clients, every step timed with its anchor, the replies folded one at a time.
 
     The Fisher state first receives one upload per client (round 1, not timed),
     so the timed round 2 ranks every client by its own estimate, as a running
-    federation does.
+    federation does in a refresh round.
     """
     layout, x, d = data.layout, data.x, data.layout.size
+    fisher_keys = cfg.options("fisher")
     state = FisherState(
         d,
-        cfg.options("fisher").staleness_decay,
-        cfg.options("fisher").ema,
-        cfg.options("fisher").trim,
-        max_clients=fisher_capacity(cfg.options("fisher").memory_mb, d, cfg.options("fisher").precision),
-        precision=cfg.options("fisher").precision,
+        fisher_keys.staleness_decay,
+        fisher_keys.ema,
+        fisher_keys.trim,
+        max_clients=fisher_capacity(fisher_keys.memory_mb, d, fisher_keys.precision),
+        precision=fisher_keys.precision,
     )
     caps = capacities_for(n, levels)
-    keys = [f"client-{i}" for i in range(n)]
-    uploads = [data.uploads[i % len(data.uploads)] for i in range(n)]
-    for key, f in zip(keys, uploads):
-        state.update(key, f, 100.0, 1)
+    keys = [f"client-{i:06d}" for i in range(n)]  # sorted as the strategy folds them: by client key
+    for i, key in enumerate(keys):
+        state.update(key, data.uploads[i % len(data.uploads)], 100.0, 1)
     rnd = 2
     t = StepTimes()
+    for key, _ in STEPS:
+        t.project[key], t.anchor[key] = 0.0, 0.0
+    t.anchor["validate"] = t.anchor["influence"] = None
     absx = np.abs(x)
-
-    masks: list[NDArray[np.bool_]] = []
     levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level
 
-    def select(key: str, gamma: float) -> None:
+    def select(key: str, gamma: float) -> NDArray[np.bool_]:
         if key in state.clients:
-            masks.append(select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg)))
-            return
+            return select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg))
 
         def by_prior() -> NDArray[np.bool_]:
             return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
 
         # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
-        masks.append(levels_cache.get(x, (state, state.version), gamma, by_prior))
+        return levels_cache.get(x, (state, state.version), gamma, by_prior)
 
     def select_anchor(f: NDArray[np.float32], gamma: float) -> None:
         k = budget(gamma, d)
         if k < d:
             np.argpartition(f * absx, d - k)[d - k :]
 
-    t.project["select"], t.anchor["select"] = interleaved(
-        [(partial(select, key, gamma), partial(select_anchor, f, gamma)) for key, f, gamma in zip(keys, uploads, caps)]
-    )
+    def add(key: str, project: float, anchor: float | None = None) -> None:
+        t.project[key] += project
+        if anchor is not None:
+            t.anchor[key] = (t.anchor[key] or 0.0) + anchor
 
-    payloads = []
-    t.project["encode"] = timed(lambda: payloads.extend(encode_submodel(x, m) for m in masks))
-    t.anchor["encode"] = timed(lambda: [(x[m], np.packbits(m)) for m in masks])
+    # Configure: each client's mask and download; the round keeps what it sent (packed mask) and no download.
+    # Each step is timed client by client, the project's call and then the anchor's, so that a burst of load from
+    # other work on the machine falls on both sides alike instead of on whichever ran during it.
+    sent: list[SentSubmodel] = []
+    for i, (key, gamma) in enumerate(zip(keys, caps)):
+        t0 = time.perf_counter()
+        mask = select(key, gamma)
+        t1 = time.perf_counter()
+        select_anchor(data.uploads[i % len(data.uploads)], gamma)
+        t2 = time.perf_counter()
+        payload = encode_submodel(x, mask)
+        t3 = time.perf_counter()
+        x[mask], np.packbits(mask)
+        add("select", t1 - t0, t2 - t1)
+        add("encode", t3 - t2, time.perf_counter() - t3)
+        sent.append(SentSubmodel(i, rnd, mask, payload.digest, 1000))
 
-    sent, arrays, fisher_out = [], [], {}
-    for i, (m, p) in enumerate(zip(masks, payloads)):
-        sent.append(SentSubmodel(i, rnd, m, p.digest, 1000))
-        k = int(np.count_nonzero(m))
-        key = (i % len(uploads), k)
-        if key not in fisher_out:  # reply payloads are shared by clients with the same upload and size
-            fisher_out[key] = encode_fisher(uploads[i], m, layout, "masked")
-        arrays.append({P.DELTA: data.delta(k), **fisher_out[key]})
-    metrics = {"num-examples": 100, "train-loss": 1.0, "train-seconds": 1.0, "fisher-seconds": 0.1}
-    replies: list[TrainReply] = []
-
-    method = create_method(parse_run_config({"fisher-encoding": "masked"}))  # decodes the payload encoded above
+    # Fold: each reply validated, added to the running sum, its Fisher into the state, and dropped.
+    method = create_method(parse_run_config({"fisher-encoding": "masked"}))  # decodes the payload encoded below
     method.start_server(layout)
-
-    def validate() -> None:
-        for s, a in zip(sent, arrays):
-            replies.append(method.validate(ReplyRecords(a, metrics, {"round": rnd, "mask-digest": s.digest}), s, x))
-
-    t.project["validate"] = timed(validate)
-    t.anchor["validate"] = None
-    arrays.clear()  # the decoded replies hold what the round needs from here on
-
-    updates = [r.update for r in replies]
-    t.project["aggregate"] = timed(lambda: aggregate_masked(x, updates, cfg.server_lr))
+    sums = method.running_sum()
+    assert sums is not None
+    metrics = {"num-examples": 100, "train-loss": 1.0, "train-seconds": 1.0, "fisher-seconds": 0.1}
+    fisher_out: dict[tuple[int, int], dict[str, NDArray]] = {}  # payloads shared by replies of one upload and size
+    acc = np.zeros(d, dtype=np.float32)  # the anchors' dense float32 sums (12 bytes per position with `dense`, `buf`)
     dense = np.zeros(d, dtype=np.float32)
-
-    def aggregate_anchor() -> None:
-        acc = np.zeros(d, dtype=np.float32)
-        for _ in updates:
-            acc += dense
-        x + acc
-
-    t.anchor["aggregate"] = timed(aggregate_anchor)
-    updates.clear()
-
-    acc = np.zeros(d, dtype=np.float32)
     buf = np.empty(d, dtype=np.float32)
-
-    def fisher_anchor(fisher: NDArray[np.float32]) -> None:
-        np.multiply(fisher, np.float32(1 / fisher.mean()), out=buf)
+    for i, (key, s) in enumerate(zip(keys, sent)):
+        upload = i % len(data.uploads)
+        if (upload, s.kept) not in fisher_out:
+            fisher_out[(upload, s.kept)] = encode_fisher(data.uploads[upload], s.mask, layout, "masked")
+        arrays = {P.DELTA: data.delta(s.kept), **fisher_out[(upload, s.kept)]}
+        records = ReplyRecords(arrays, metrics, {"round": rnd, "mask-digest": s.digest})
+        t0 = time.perf_counter()
+        reply = method.validate(records, s, x)
+        t1 = time.perf_counter()
+        sums.add(reply.update)
+        t2 = time.perf_counter()
+        np.add(acc, dense, out=acc)
+        t3 = time.perf_counter()
+        assert reply.fisher is not None
+        state.update(key, reply.fisher, reply.update.weight, rnd)
+        t4 = time.perf_counter()
+        np.multiply(reply.fisher, np.float32(1 / reply.fisher.mean()), out=buf)
         np.add(acc, buf, out=acc)
-
-    steps = []
-    for key, r in zip(keys, replies):
-        assert r.fisher is not None
-        steps.append((partial(state.update, key, r.fisher, r.update.weight, rnd), partial(fisher_anchor, r.fisher)))
-    t.project["fisher"], t.anchor["fisher"] = interleaved(steps)
-    steps.clear()
-    replies.clear()
+        add("validate", t1 - t0)
+        add("aggregate", t2 - t1, t3 - t2)
+        add("fisher", t4 - t3, time.perf_counter() - t4)
+        del reply, records, arrays  # as the strategy drops each reply once folded
+    fisher_out.clear()
+    sent.clear()
+    t0 = time.perf_counter()
+    sums.apply(x)
+    t1 = time.perf_counter()
+    x + acc
+    add("aggregate", t1 - t0, time.perf_counter() - t1)
+    del sums, acc, dense, buf
 
     intervals: list = []
 
@@ -281,7 +350,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     t.project["prior"] = timed(prior)
     stored = [c.fisher for c in state.clients.values()]
     m = len(stored)
-    cut = trim_count(cfg.options("fisher").trim, m)
+    cut = trim_count(fisher_keys.trim, m)
 
     def prior_anchor() -> None:
         block = 1 << 20
@@ -305,7 +374,6 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
             contested_by_level(layout, x, below, *interval, min_per_row(cfg))
 
     t.project["influence"] = timed(influence)
-    t.anchor["influence"] = None
 
     def eval_masks() -> None:
         for gamma in sorted(set(caps), reverse=True):
@@ -326,9 +394,9 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     # A folder of its own: a repeated round would otherwise find its state's chunks stored by the one before.
     folder = Path(tempfile.mkdtemp(dir=workdir))
     path = folder / "checkpoint.npz"
-    stored: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
-    t.project["checkpoint"] = timed(lambda: stored.append(save_checkpoint(path, rnd, x, state.to_bytes())))
-    size = path.stat().st_size + stored[0]
+    written: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
+    t.project["checkpoint"] = timed(lambda: written.append(save_checkpoint(path, rnd, x, state.to_bytes())))
+    size = path.stat().st_size + written[0]
 
     def checkpoint_anchor() -> None:
         raw = folder / "raw.bin"
@@ -344,14 +412,49 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     first = next(iter(state.clients))
     state.update(first, data.uploads[-1] * 2.0, 100.0, rnd + 1)
     t0 = time.perf_counter()
-    written = save_checkpoint(path, rnd + 1, x, state.to_bytes())
+    again = save_checkpoint(path, rnd + 1, x, state.to_bytes())
     t.extra = {
         "checkpoint_mb": size / 2**20,
-        "incremental_written_mb": written / 2**20,
+        "incremental_written_mb": again / 2**20,
         "incremental_seconds": time.perf_counter() - t0,
     }
     shutil.rmtree(folder)
     return t
+
+
+def repeated_rounds(
+    data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path, repeat: int
+) -> StepTimes:
+    """``repeat`` rounds of :func:`run_round`; each step's fastest (load from other work only adds time)."""
+    t = run_round(data, cfg, n, levels, workdir)
+    for _ in range(repeat - 1):
+        again = run_round(data, cfg, n, levels, workdir)
+        t.project = {k: min(v, again.project[k]) for k, v in t.project.items()}
+        t.anchor = {k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()}
+    return t
+
+
+def synthetic_memory(d: int, levels: Sequence[float], pool: int) -> dict[str, float]:
+    """Bytes of the benchmark's own data: global values, the pool of uploads, a delta and a Fisher payload per size,
+    and the anchors' three float32 vectors (none of which a server holds)."""
+    kept = sum(budget(g, d) for g in levels)
+    return {"synthetic": float(4 * d * (1 + pool) + 4 * kept * (1 + 2 * pool) + 12 * d)}
+
+
+def memory_table(results: list[dict]) -> str:
+    """Per round: the peak resident memory measured, and the estimate the benchmark checked before it ran."""
+    lines = [
+        "| model | clients | peak RSS GiB | estimated GiB | of which grows with the clients (sent masks) GiB |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "skipped" in r or "peak_rss_gib" not in r:
+            continue
+        lines.append(
+            f"| {r['model']} | {r['clients']} | {r['peak_rss_gib']:.2f} | {r['estimate_gib']:.2f} | "
+            f"{r['memory_gib']['sent']:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float]) -> list[dict[str, float | str]]:
@@ -477,7 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fisher-memory-mb", type=float, default=None, help="default: the run config's")
     ap.add_argument("--fisher-precision", default=None, choices=("fp32", "fp16"), help="default: the run config's")
     ap.add_argument(
-        "--max-memory-gb", type=float, default=8.0, help="skip rounds whose replies and Fisher state need more (GiB)"
+        "--max-memory-gb",
+        type=float,
+        default=8.0,
+        help="refuse to start when a configuration would need more (GiB; also refused beyond the available memory)",
     )
     ap.add_argument("--repeat", type=int, default=1, help="rounds per configuration; each step's fastest is kept")
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
@@ -502,34 +608,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Read before anything is written: the earlier file may be the one this run replaces.
     earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
     levels = [float(g) for g in args.capacities.split(",")]
+    built = {}
+    for model_name in models:
+        model = build_model(model_name, 10, IN_CHANNELS[model_name], args.seed)
+        layout = model_layout(model)
+        built[model_name] = (layout, layout.flatten(trainable_arrays(model)))
+        del model
+    process = resident_bytes()
+    available = available_bytes()
+    limit = args.max_memory_gb * 2**30 if available is None else min(args.max_memory_gb * 2**30, available)
+    needs = {
+        (m, n): {
+            "process": float(process),
+            **synthetic_memory(layout.size, levels, args.pool),
+            **round_memory(layout.size, levels, n, cfg),
+        }
+        for m, (layout, _) in built.items()
+        for n in clients
+    }
+    refused = [
+        f"{m} x {n}: needs ~{sum(parts.values()) / 2**30:.1f} GiB ("
+        + ", ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}" for k, v in parts.items())
+        + ")"
+        for (m, n), parts in needs.items()
+        if sum(parts.values()) > limit
+    ]
+    if refused:
+        why = f"--max-memory-gb {args.max_memory_gb:g}"
+        if available is not None and available < args.max_memory_gb * 2**30:
+            why = f"the {available / 2**30:.1f} GiB this machine has available"
+        raise SystemExit("refused before any round: more memory than " + why + "\n" + "\n".join(refused))
     args.out.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     downloads: dict[str, list] = {}
     with tempfile.TemporaryDirectory(dir=args.out) as tmp:
-        for model_name in models:
-            model = build_model(model_name, 10, IN_CHANNELS[model_name], args.seed)
-            layout = model_layout(model)
-            x = layout.flatten(trainable_arrays(model))
-            del model
+        for model_name, (layout, x) in built.items():
             data = SyntheticRound(layout, x, args.pool, args.seed)
             downloads[model_name] = download_rows(data, cfg, levels)
             for n in clients:
-                memory = {k: v / 2**30 for k, v in round_memory(layout.size, levels, n, cfg).items()}
-                need = sum(memory.values())
-                row: dict = {"model": model_name, "d": layout.size, "clients": n, "memory_gib": memory}
-                if need > args.max_memory_gb:
-                    row["skipped"] = (
-                        f"needs ~{need:.1f} GiB (replies {memory['replies']:.1f}, Fisher state "
-                        f"{memory['fisher_state']:.1f}) > --max-memory-gb {args.max_memory_gb:g}"
-                    )
-                    print(f"{model_name} x {n}: {row['skipped']}", flush=True)
-                    results.append(row)
-                    continue
-                t = run_round(data, cfg, n, levels, Path(tmp))
-                for _ in range(args.repeat - 1):  # each step's fastest of the repeats: load spikes only add time
-                    again = run_round(data, cfg, n, levels, Path(tmp))
-                    t.project = {k: min(v, again.project[k]) for k, v in t.project.items()}
-                    t.anchor = {k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()}
+                need = needs[(model_name, n)]
+                row: dict = {
+                    "model": model_name,
+                    "d": layout.size,
+                    "clients": n,
+                    "memory_gib": {k: v / 2**30 for k, v in need.items()},
+                }
+                t, peak = in_own_process(partial(repeated_rounds, data, cfg, n, levels, Path(tmp), args.repeat))
                 row.update(
                     project=t.project,
                     anchor=t.anchor,
@@ -537,12 +661,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     round_project=sum(t.project.values()),
                     round_anchor=sum(v for v in t.anchor.values() if v is not None),
                     one_mask_seconds=t.project["select"] / max(1, sum(g < 1 for g in capacities_for(n, levels))),
+                    peak_rss_gib=peak / 2**30,
+                    estimate_gib=sum(need.values()) / 2**30,
                 )
                 results.append(row)
                 print(
-                    f"{model_name} x {n}: round {row['round_project']:.2f} s (anchor {row['round_anchor']:.2f} s)",
+                    f"{model_name} x {n}: round {row['round_project']:.2f} s (anchor {row['round_anchor']:.2f} s), "
+                    f"peak RSS {row['peak_rss_gib']:.2f} GiB (estimated {row['estimate_gib']:.2f})",
                     flush=True,
                 )
+            del data
     print()
     print(table(results, earlier))
     print()
@@ -551,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         if "skipped" not in r:
             print(f"{r['model']} x {r['clients']}: {r['one_mask_seconds']:.3f} s per mask below capacity 1")
+    print()
+    print(memory_table(results))
     print()
     print("| model | clients | checkpoint MiB | next round, one client re-uploaded: MiB written | seconds |")
     print("|---|---|---|---|---|")
