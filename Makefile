@@ -60,7 +60,7 @@ system-deps:
 # heartbeats and process start-up, so two of them share two cores without slowing each other much.
 TEST_WORKERS ?= 2
 test: lint system-deps
-	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Docker end to end (root): installs the engine and Compose v2 where missing, starts the engine
 # (stopped again after), builds stand-ins for the public images, then builds the app image and runs
