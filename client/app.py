@@ -11,7 +11,6 @@ from flwr.common.logger import log
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
-from client.peak_memory import PeakRSS
 from client.replies import train_reply
 from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
@@ -21,6 +20,7 @@ from common.methods.base import Method, Received
 from common.training.device import pick_device
 from common.training.evaluation import evaluate
 from common.training.loop import round_train_config
+from common.training.peak_memory import PeakRSS
 from common.wire import protocol as P
 
 app = ClientApp()

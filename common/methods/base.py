@@ -32,7 +32,7 @@ from torch import nn
 
 from common.aggregation.asynchronous import AsyncStep
 from common.aggregation.masked import MaskedUpdate
-from common.methods.round_fold import BufferedFold, RoundFold
+from common.methods.round_fold import Accepted, BufferedFold, RoundFold
 from common.methods.specs.base import MethodSpec
 from common.models.layout import ParamLayout
 from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
@@ -129,25 +129,6 @@ class LocalUpdate:
     loss: float
     train_seconds: float
     fisher_seconds: float
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """A validated TRAIN reply with the identity of the client that sent it.
-
-    Parameters
-    ----------
-    node_id : int
-        Flower node id of the sender.
-    key : str
-        The client's stable key (survives a SuperNode restart).
-    reply : TrainReply
-        The validated reply.
-    """
-
-    node_id: int
-    key: str
-    reply: TrainReply
 
 
 class Method(MethodSpec):

@@ -22,16 +22,48 @@ For the same replies in the same order every fold gives the batch result to the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from common.aggregation.running_sums import RunningSum
+from common.wire.validation import TrainReply
 
-if TYPE_CHECKING:
-    from common.methods.base import Accepted, Method
+
+@dataclass(frozen=True)
+class Accepted:
+    """A validated TRAIN reply with the identity of the client that sent it.
+
+    Parameters
+    ----------
+    node_id : int
+        Flower node id of the sender.
+    key : str
+        The client's stable key (survives a SuperNode restart).
+    reply : TrainReply
+        The validated reply.
+    """
+
+    node_id: int
+    key: str
+    reply: TrainReply
+
+
+class AggregatesRound(Protocol):
+    """What :class:`BufferedFold` needs of a method: :meth:`~common.methods.base.Method.aggregate`."""
+
+    def aggregate(
+        self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int
+    ) -> NDArray[np.float32]: ...
+
+
+class WarmsUp(Protocol):
+    """What :class:`WarmUpFold` needs of a method: :meth:`~common.methods.base.Method.warm_up`."""
+
+    def warm_up(self, accepted: Sequence[Accepted], server_round: int) -> None: ...
 
 
 class RoundFold(Protocol):
@@ -139,7 +171,7 @@ class BufferedFold:
 
     Parameters
     ----------
-    method : Method
+    method : AggregatesRound
         The run's method.
     x : NDArray[float32]
         The global vector before the round.
@@ -147,7 +179,7 @@ class BufferedFold:
         The round.
     """
 
-    def __init__(self, method: Method, x: NDArray[np.float32], server_round: int) -> None:
+    def __init__(self, method: AggregatesRound, x: NDArray[np.float32], server_round: int) -> None:
         self.method = method
         self.x = x
         self.server_round = server_round
@@ -174,7 +206,7 @@ class WarmUpFold:
 
     Parameters
     ----------
-    method : Method
+    method : WarmsUp
         The run's method.
     x : NDArray[float32]
         The global vector; returned unchanged by :meth:`finish`.
@@ -184,7 +216,7 @@ class WarmUpFold:
         Valid replies the exchange needs (``min-replies``).
     """
 
-    def __init__(self, method: Method, x: NDArray[np.float32], server_round: int, min_replies: int) -> None:
+    def __init__(self, method: WarmsUp, x: NDArray[np.float32], server_round: int, min_replies: int) -> None:
         self.x = x
         self.state = CertainAfter(min_replies, lambda a: method.warm_up([a], server_round))
         self.count = 0

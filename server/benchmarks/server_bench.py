@@ -53,7 +53,6 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from client.peak_memory import PeakRSS, current_rss_bytes
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.fisher.codec import encode_fisher
@@ -64,6 +63,7 @@ from common.fisher.state import FisherState, fisher_capacity
 from common.methods import create_method
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.models.layout import ParamLayout
+from common.training.peak_memory import PeakRSS, current_rss_bytes
 from common.wire import protocol as P
 from common.wire.protocol import encode_submodel
 from common.wire.validation import ReplyRecords, SentSubmodel
@@ -161,7 +161,7 @@ def in_own_process(fn: Callable[[], StepTimes]) -> tuple[StepTimes, int]:
 
     The peak is the kernel's high-water mark (``VmHWM``), reset when the process starts
     (``/proc/self/clear_refs``), so it is this configuration's alone, whatever ran before in the parent;
-    without ``/proc`` it is sampled (:class:`client.peak_memory.PeakRSS`).
+    without ``/proc`` it is sampled (:class:`common.training.peak_memory.PeakRSS`).
     """
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
