@@ -80,13 +80,15 @@ def train(msg: Message, context: Context) -> Message:
     run, node, data = _setup(context)
     method: Method = create_method(run)
     got = received(msg)
+    cpu0 = time.process_time()
     with PeakRSS() as peak:
         update = method.client_train(
             got, data.train, round_train_config(run, node, got.round), pick_device(node.device)
         )
+    cpu_seconds = time.process_time() - cpu0
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
     peak_mib = peak.peak_mib if peak.peak_bytes else None
-    return train_reply(msg, update, got.round, got.digest, peak_mib)
+    return train_reply(msg, update, got.round, got.digest, peak_mib, cpu_seconds)
 
 
 @app.evaluate()

@@ -18,6 +18,7 @@ def train_reply(
     server_round: int,
     mask_digest: str,
     peak_rss_mib: float | None = None,
+    cpu_seconds: float | None = None,
 ) -> Message:
     """Reply to ``msg`` with the method's local ``update``.
 
@@ -33,6 +34,9 @@ def train_reply(
         Digest of the mask (or kept channels) the server sent, echoed back.
     peak_rss_mib : float or None
         The client process's peak resident memory while it trained, in MiB; ``None`` sends no value.
+    cpu_seconds : float or None
+        The client process's CPU seconds of training and Fisher estimation (all its threads; what the node
+        would take alone on one core per thread, whatever else shares the machine); ``None`` sends no value.
     """
     metrics = {
         "num-examples": update.num_examples,
@@ -42,6 +46,8 @@ def train_reply(
     }
     if peak_rss_mib is not None:
         metrics["peak-rss-mib"] = float(peak_rss_mib)
+    if cpu_seconds is not None:
+        metrics["cpu-seconds"] = float(cpu_seconds)
     content = RecordDict(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),

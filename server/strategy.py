@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import asdict
 from logging import INFO, WARNING
 from typing import Any
 
@@ -193,6 +194,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             "sent": sent,
             "bytes_down": sum(c.bytes_down for c in self.clients.values()),
             "bytes_up": sum(c.bytes_up for c in self.clients.values()),
+            "clients": [asdict(c) for c in self.clients.values()],
         }
 
     def opening_round(self, grid: Grid, num_rounds: int, timeout: float) -> None:

@@ -133,6 +133,8 @@ CATALOGUE = {
     "negative seconds": _set("metrics", "train-seconds", -1.0),
     "negative peak memory": _set("metrics", "peak-rss-mib", -3.0),
     "NaN peak memory": _set("metrics", "peak-rss-mib", float("nan")),
+    "negative CPU seconds": _set("metrics", "cpu-seconds", -0.5),
+    "infinite CPU seconds": _set("metrics", "cpu-seconds", float("inf")),
     "reply from node that was not sent": lambda r: ReplyParts(999, r.arrays, r.metrics, r.meta),
 }
 

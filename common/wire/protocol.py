@@ -21,7 +21,8 @@ Client -> server (TRAIN)::
                                              methods (common.fisher.codec), the classes a width-method
                                              client holds (common.submodels.label_split)
     metrics "metrics":  num-examples, train-loss, train-seconds, fisher-seconds,
-                        peak-rss-mib (optional: the client process's peak resident MiB while training)
+                        peak-rss-mib (optional: the client process's peak resident MiB while training),
+                        cpu-seconds (optional: the client process's CPU seconds of training and Fisher)
     config "meta":      round, mask-digest
 
 A method packs its own payload (``Method.client_train``) and checks it (``Method.validate``); it may send a

@@ -187,8 +187,10 @@ def validate_train_reply(
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
         values[key] = _finite_number(metrics, key)
-    if "peak-rss-mib" in metrics:  # optional: a client on a platform without /proc or resource sends none
-        values["peak-rss-mib"] = _finite_number(metrics, "peak-rss-mib")
+    # Optional: a client on a platform without /proc or resource sends no peak; an older client, no CPU seconds.
+    for key in ("peak-rss-mib", "cpu-seconds"):
+        if key in metrics:
+            values[key] = _finite_number(metrics, key)
     update = MaskedUpdate(np.flatnonzero(sent.mask), delta.copy(), float(n))
     return TrainReply(update, None, values), {name: arrays[name] for name in payload}
 

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.benchmarks.wallclock_bench",
         "Wall-clock time to accuracy with slow nodes (sync vs async)",
     ),
+    "bench-vs-flower": (
+        "server.benchmarks.vs_flower.comparison",
+        "Time to accuracy against a stock Flower FedAvg app on the same nodes, data and initial weights",
+    ),
     "bench-poisoning": (
         "server.benchmarks.poisoning_bench",
         "How far one client can move another's Fisher-ranked mask",

@@ -64,6 +64,7 @@ PACKAGES = (
     "common/wire",
     "server/commands",
     "server/benchmarks",
+    "server/benchmarks/vs_flower",
 )
 
 

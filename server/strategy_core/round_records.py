@@ -8,6 +8,7 @@ round has a :class:`ClientRound` entry. :func:`progress_line` is the one log lin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from logging import INFO
@@ -40,6 +41,7 @@ class ClientRound:
     train_seconds: float | None = None
     fisher_seconds: float | None = None
     peak_rss_mib: float | None = None  # the client process's peak resident memory while it trained
+    cpu_seconds: float | None = None  # the client process's CPU seconds of training and Fisher
     num_examples: int | None = None
     capacity_source: str = "node-config"
     client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
@@ -71,6 +73,7 @@ def note_accepted(info: ClientRound | None, bytes_up: int, reply: TrainReply) ->
     info.train_seconds = reply.metrics["train-seconds"]
     info.fisher_seconds = reply.metrics["fisher-seconds"]
     info.peak_rss_mib = reply.metrics.get("peak-rss-mib")
+    info.cpu_seconds = reply.metrics.get("cpu-seconds")
     info.num_examples = int(reply.metrics["num-examples"])
 
 
@@ -89,9 +92,19 @@ def opening_record(
     nodes_in, nodes_out : list of dict
         The nodes discovered, and those left out, at the start.
     warmup : dict or None
-        The Fisher warm-up's counts (``fisher_warmup``; left out when the run has none).
+        The Fisher warm-up's counts and its clients' entries (``fisher_warmup``; left out when the run has none).
+
+    ``time`` is the Unix time the record was made (also in every round's record): with the submission's time it
+    gives the seconds a run took to reach an accuracy, start-up included.
     """
-    record = {"round": 0, "global": central, "clients": [], "nodes_in": nodes_in, "nodes_out": nodes_out}
+    record = {
+        "round": 0,
+        "global": central,
+        "clients": [],
+        "nodes_in": nodes_in,
+        "nodes_out": nodes_out,
+        "time": time.time(),
+    }
     return {**record, "fisher_warmup": warmup} if warmup else record
 
 
@@ -134,6 +147,8 @@ def round_record(
         Wall-clock seconds of the whole round, node refresh and client evaluation included.
     method_entries : Mapping[str, Any]
         The method's own entries (:meth:`~common.methods.base.Method.round_entries`), last.
+
+    ``time``: the Unix time the record was made.
     """
     return {
         "round": server_round,
@@ -148,6 +163,7 @@ def round_record(
         "nodes_out": nodes_out,
         "server_seconds": server_seconds,
         "round_seconds": round_seconds,
+        "time": time.time(),
         **method_entries,
     }
 
