@@ -11,7 +11,7 @@ from flwr.common.logger import log
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
-from client.replies import train_reply
+from client.replies import train_records, train_reply
 from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
@@ -55,9 +55,10 @@ def query(msg: Message, context: Context) -> Message:
         # In the node's own log too: the server leaves this node out, and it would otherwise sit idle silently.
         log(ERROR, "this node cannot take part in the run, the server will leave it out: %s", reason)
         return Message(RecordDict({P.PROFILE: ConfigRecord({"error": reason, **key})}), reply_to=msg)
+    capacity = probe.capacity if probe else node.capacity
     metrics = MetricRecord(
         {
-            "capacity": probe.capacity if probe else node.capacity,
+            "capacity": capacity,
             "num-train-examples": len(data.train),
             "num-test-examples": len(data.test),
             **({"probe-memory-gib": probe.memory_gib, "probe-gflops": probe.gflops} if probe else {}),
@@ -71,7 +72,33 @@ def query(msg: Message, context: Context) -> Message:
         metrics["skipped-examples"] = sum(data.report.skipped.values())
         level = WARNING if data.report.skipped or data.report.notes else INFO
         log(level, "own data at %s: %s", node.data_path, data.report.summary())
-    return Message(RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)}), reply_to=msg)
+    content = RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)})
+    if P.OPENING in msg.content.array_records:
+        for name, record in opening_warmup(msg, run, node, data, float(capacity)).items():
+            content[name] = record
+    return Message(content, reply_to=msg)
+
+
+def opening_warmup(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData, capacity: float) -> RecordDict:
+    """The round-0 TRAIN reply's records for a QUERY carrying the initial model: the node's warm-up Fisher.
+
+    The node builds the round-0 download it would have been sent (:meth:`opening_received`) and measures its
+    Fisher there as a round-0 TRAIN message would have it do. When it cannot, it says why (``opening-error``)
+    and the server ranks it by the prior until its first refresh.
+    """
+    try:
+        method = create_method(run)
+        x0 = msg.content.array_records[P.OPENING][P.VALUES].numpy()
+        got = method.opening_received(data.train, x0, capacity)
+        cpu0 = time.process_time()
+        with PeakRSS() as peak:
+            update = method.client_train(got, data.train, round_train_config(run, node, 0), pick_device(node.device))
+        cpu_seconds = time.process_time() - cpu0
+    except Exception as err:  # the profile still goes back: the node takes part, ranked by the prior at first
+        reason = f"{type(err).__name__}: {err}"
+        log(WARNING, "no warm-up Fisher from the discovery message: %s", reason)
+        return RecordDict({P.OPENING_ERROR: ConfigRecord({P.OPENING_ERROR: reason})})
+    return train_records(update, 0, got.digest, peak.peak_mib if peak.peak_bytes else None, cpu_seconds)
 
 
 @app.train()

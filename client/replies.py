@@ -20,12 +20,21 @@ def train_reply(
     peak_rss_mib: float | None = None,
     cpu_seconds: float | None = None,
 ) -> Message:
-    """Reply to ``msg`` with the method's local ``update``.
+    """Reply to ``msg`` (the TRAIN message answered) with :func:`train_records`."""
+    return Message(train_records(update, server_round, mask_digest, peak_rss_mib, cpu_seconds), reply_to=msg)
+
+
+def train_records(
+    update: LocalUpdate,
+    server_round: int,
+    mask_digest: str,
+    peak_rss_mib: float | None = None,
+    cpu_seconds: float | None = None,
+) -> RecordDict:
+    """The records of a TRAIN reply carrying the method's local ``update``.
 
     Parameters
     ----------
-    msg : Message
-        The TRAIN message answered.
     update : LocalUpdate
         Update arrays (delta and Fisher payload, or small-model tensors and channel scores) and metrics.
     server_round : int
@@ -48,11 +57,10 @@ def train_reply(
         metrics["peak-rss-mib"] = float(peak_rss_mib)
     if cpu_seconds is not None:
         metrics["cpu-seconds"] = float(cpu_seconds)
-    content = RecordDict(
+    return RecordDict(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),
             P.METRICS: MetricRecord(metrics),
             P.META: ConfigRecord({"round": server_round, "mask-digest": mask_digest}),
         }
     )
-    return Message(content, reply_to=msg)

@@ -29,7 +29,7 @@ from common.wire import protocol as P
 from common.wire.validation import ReplyError
 from server.grid_io import GridTime, exchange, ordered_replies
 from server.replies import ReplyParts, expected_sent, reply_parts
-from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
+from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, array_record
 from server.strategy_core.round_records import RoundProgress, note_accepted, opening_record, round_record
 
 
@@ -57,6 +57,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
     """
 
     first_round = 1  # > 1 when resuming from a checkpoint
+    opened: dict[str, Any] | None = None  # the warm-up :meth:`opening_discovery` folded, for round 0's record
 
     def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
         """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
@@ -197,15 +198,78 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             "clients": [asdict(c) for c in self.clients.values()],
         }
 
+    def opening_discovery(self, grid: Grid, timeout: float) -> None:
+        """Discovery and round 0's Fisher warm-up in one exchange (:meth:`Method.warmup_in_discovery`).
+
+        Each QUERY carries the initial model (every node would have been sent all of it for the warm-up anyway);
+        each node replies with its profile and its Fisher for the submodel it would get in round 0, which it
+        builds itself (:meth:`~common.methods.masked.FisherRankedMethod.opening_received`). Replies are taken
+        in node-id order as they come: each registers its node, is checked against the round-0 submodel the
+        server would have sent that node (same checks as a warm-up reply, the mask digest included) and is
+        folded into the method's state, as :meth:`fisher_warmup` would. A node that sends no Fisher, or one that
+        fails the checks, is ranked by the prior until its first refresh. Saves one message exchange before round
+        1 (a SuperNode poll and a ClientApp start per node).
+        """
+        node_ids = sorted(grid.get_node_ids())
+        opening = array_record({P.VALUES: self.x})
+        msgs = [
+            Message(RecordDict({P.OPENING: opening}), dst_node_id=nid, message_type=MessageType.QUERY)
+            for nid in node_ids
+        ]
+        self.sent, self.clients = {}, {}
+        sent = 0
+
+        def warmup_parts() -> Iterator[ReplyParts]:
+            nonlocal sent
+            for msg in ordered_replies(grid, msgs, timeout, self.cfg.poll_interval):
+                node_id = int(msg.metadata.src_node_id)
+                if not self.registry.profile_reply(reply_parts(msg, None, P.PROFILE, None)):
+                    continue
+                if node_id not in self.registry.participants():
+                    continue
+                # The opening mask, not mask_for: the warm-ups folded so far already make a prior, which the
+                # separate warm-up's masks (all chosen before any reply) never saw.
+                mask = self.method.opening_mask(self.layout, self.x, self.registry.nodes[node_id].capacity)
+                _, info = self.submodel_message(node_id, 0, MessageType.TRAIN, self.sent, (mask, "magnitude"))
+                info.bytes_down, info.values_bytes, info.mask_bytes = opening.count_bytes(), self.x.nbytes, 0
+                info.mask_kind = "opening"
+                self.clients[node_id] = info
+                sent += 1
+                parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
+                if parts.arrays is None and not parts.error:
+                    reason = parts.extras.get(P.OPENING_ERROR, "the reply carries no Fisher")
+                    log(
+                        WARNING,
+                        "node %d: no warm-up Fisher (%s); ranked by the prior until it reports",
+                        node_id,
+                        reason,
+                    )
+                    info.status = f"rejected: {reason}"
+                    continue
+                yield parts
+
+        accepted = self.fold_train_replies(0, warmup_parts(), warm_up=True)
+        self.opened = {
+            "replies": len(accepted),
+            "sent": sent,
+            "with_discovery": True,
+            "bytes_down": sum(c.bytes_down for c in self.clients.values()),
+            "bytes_up": sum(c.bytes_up for c in self.clients.values()),
+            "clients": [asdict(c) for c in self.clients.values()],
+        }
+
     def opening_round(self, grid: Grid, num_rounds: int, timeout: float) -> None:
-        """Round 0 of a fresh run: the method's Fisher warm-up when it asks for one, then the initial model's record."""
-        warmup = None
-        if self.method.runs_warmup():
+        """Round 0 of a fresh run: the method's Fisher warm-up when it asks for one (unless discovery carried it,
+        :meth:`opening_discovery`), then the initial model's record."""
+        warmup = self.opened
+        if warmup is None and self.method.runs_warmup():
             warmup = self.fisher_warmup(grid, timeout)
+        if warmup is not None:
             log(
                 INFO,
-                "[round 0/%d] Fisher warm-up: %d of %d nodes replied",
+                "[round 0/%d] Fisher warm-up%s: %d of %d nodes replied",
                 num_rounds,
+                " (with discovery)" if warmup.get("with_discovery") else "",
                 warmup["replies"],
                 warmup["sent"],
             )
@@ -336,8 +400,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         train_config = train_config or ConfigRecord()
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result(arrays=initial_arrays)
-        self.registry.join(grid, timeout)
         self.x = self._flat(initial_arrays)
+        fold_warmup = self.first_round == 1 and self.method.warmup_in_discovery()
+        self.registry.join(grid, timeout, self.opening_discovery if fold_warmup else None)
         if self.first_round == 1:
             self.opening_round(grid, num_rounds, timeout)
         progress = RoundProgress(num_rounds)

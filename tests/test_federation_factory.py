@@ -95,12 +95,29 @@ def test_a_two_round_run_gives_the_model_it_gave_before_the_strategy_was_regroup
     """The digests and accuracies were measured on commit 21a4dbc, before the strategy was split into
     ``server/strategy_core`` and ``server/federation.py``: these same in-process runs, started as here (a fresh
     cache, ``round-timeout`` 60 s), three times under different hash seeds, the same every time; and after the
-    split, equal again, with the same metrics records (timings aside) and progress lines. They pin this machine's
-    float arithmetic (torch's CPU kernels) as well: another platform may differ in the last bits without any
-    change of the code.
+    split, equal again, with the same metrics records (timings aside) and progress lines.
+
+    They also pin that machine's float arithmetic (torch's CPU kernels): on another processor the same code
+    gives other last bits (seen: an AVX-512/AMX Xeon gave other digests and moved one round-1 accuracy by 2 of
+    360 test images). So a run that does not reproduce the reference digest and accuracies must be
+    deterministic (the same digest and accuracies twice) and within 1 % of every reference accuracy.
     """
-    monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    fed = inprocess_federation(run_config, capacities)
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn)
-    assert hashlib.sha256(np.ascontiguousarray(fed.strategy.x).tobytes()).hexdigest() == digest
-    assert [r["global"]["accuracy"] for r in fed.records] == accuracies
+
+    def run() -> tuple[str, list[float]]:
+        monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / f"cache-{len(digests)}"))
+        fed = inprocess_federation(run_config, capacities)
+        fed.strategy.start(
+            fed.grid, fed.strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn
+        )
+        return hashlib.sha256(np.ascontiguousarray(fed.strategy.x).tobytes()).hexdigest(), [
+            r["global"]["accuracy"] for r in fed.records
+        ]
+
+    digests: list[str] = []
+    got, accs = run()
+    digests.append(got)
+    if accs == accuracies and got == digest:
+        return
+    assert accs == pytest.approx(accuracies, abs=0.01)
+    again, accs_again = run()
+    assert (again, accs_again) == (got, accs)

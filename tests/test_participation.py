@@ -103,9 +103,8 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
     grid, strategy, records = fed.grid, fed.strategy, fed.records
     strategy.start(grid, strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn)
     trained = [m for m in grid.handled if m.metadata.message_type == "train"]
-    warmup = [m for m in trained if int(m.content.config_records["submodel-config"]["round"]) == 0]
-    assert len(warmup) == 6  # the Fisher warm-up asks every node that can train
-    assert len(trained) - len(warmup) == 3 * 3
+    assert len(trained) == 3 * 3  # the Fisher warm-up rode on discovery ...
+    assert records[0]["fisher_warmup"]["replies"] == 6  # ... and asked every node that can train
     keys = {nid: strategy.registry.nodes[nid].key for nid in capacities}
     for rec in records[1:]:
         expected = sample_clients(list(keys.values()), 0.5, 2, 5, rec["round"])

@@ -306,6 +306,28 @@ class Method(MethodSpec):
         # The warm-up takes no step, so a `path` estimate (squared training gradients) would be empty.
         return self.reads_fisher(self.run) and fisher.warmup and fisher.estimator != "path"
 
+    def warmup_in_discovery(self) -> bool:
+        """Whether a fresh run's Fisher warm-up rides on discovery instead of an exchange of its own.
+
+        Then each QUERY carries the initial model and each node replies with its profile and its Fisher at the
+        submodel it would be sent in round 0 (:meth:`~common.methods.masked.FisherRankedMethod.opening_received`),
+        which needs that submodel to follow from the initial model and the node's capacity alone. Default: no.
+        """
+        return False
+
+    def opening_mask(self, layout: ParamLayout, x: NDArray[np.float32], gamma: float) -> NDArray[np.bool_]:
+        """The round-0 mask of a node of capacity ``gamma`` in a fresh run, from the initial model ``x`` alone.
+
+        Defined by the methods whose :meth:`warmup_in_discovery` is true: the mask the server would choose in
+        round 0 with no Fisher yet, computed alike on the server and on the node (the server checks the digest).
+        """
+        raise NotImplementedError(f"{self.name} has no opening mask: its warm-up is an exchange of its own")
+
+    def opening_received(self, train: ArrayDataset, x: NDArray[np.float32], gamma: float) -> Received:
+        """The round-0 TRAIN download a node of capacity ``gamma`` would get, built on the node from the initial
+        model ``x`` of the discovery message (methods whose :meth:`warmup_in_discovery` is true)."""
+        raise NotImplementedError(f"{self.name} does not fold its warm-up into discovery")
+
     def participation_requirement(self) -> str:
         """What a node needs to take part (:meth:`participates`), named when no discovered node can (``""``: none)."""
         return ""

@@ -81,6 +81,18 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             self.held = HeldMasks.from_arrays(z) if "held_d" in z.files else HeldMasks(self.fisher.d)
 
+    def warmup_in_discovery(self) -> bool:
+        """With the ``global`` estimator: round 0's mask is magnitude top-k, which a node can compute itself.
+
+        The warm-up already sends every node the whole model then, so the QUERY carrying it costs no more bytes.
+        """
+        return self.runs_warmup() and self.fisher_keys.estimator == "global"
+
+    def opening_mask(self, layout: ParamLayout, x: NDArray[np.float32], gamma: float) -> NDArray[np.bool_]:
+        """Magnitude top-``ceil(gamma d)`` under the run's guards: :meth:`mask_for` before any Fisher exists."""
+        guards = self.guards
+        return select_mask(layout, x, gamma, "magnitude", None, guards.min_per_row, guards.keep_vectors)
+
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:

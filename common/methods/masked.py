@@ -246,6 +246,24 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
                 accepted.node_id,
             )
 
+    def opening_received(self, train: ArrayDataset, x: NDArray[np.float32], gamma: float) -> Received:
+        """The round-0 TRAIN download a node of capacity ``gamma`` would get, built on the node from the QUERY.
+
+        The submodel of :meth:`opening_mask` and, with the ``global`` estimator, the values outside it, exactly as
+        the server would encode them; :meth:`client_train` then measures the warm-up Fisher from it.
+
+        Raises ``ValueError`` when ``x`` does not fit this node's model (the run configs differ).
+        """
+        _, layout = self._model(train)
+        if x.shape != (layout.size,) or x.dtype != np.float32:
+            raise ValueError(f"the opening model holds {x.dtype}[{x.size}], this node's model float32[{layout.size}]")
+        mask = self.opening_mask(layout, x, gamma)
+        download = self.encode(x, mask)
+        records = dict(download.records)
+        if self.fisher_keys.estimator == "global":
+            records[P.FISHER_AT] = {P.VALUES: np.ascontiguousarray(x[~mask], dtype=np.float32)}
+        return Received(records, download.kind, download.digest, layout.size, 0)
+
     def fisher_due(self, key: str, server_round: int) -> bool:
         """``global`` estimator: whether ``key`` has no estimate, or one at least ``fisher-every`` rounds old."""
         own = self.fisher.clients.get(key)

@@ -35,6 +35,11 @@ Client -> server (EVALUATE)::
     metrics "metrics":  num-examples, eval-loss, eval-acc
     config "meta":      round, mask-digest
 
+Server -> client (QUERY): empty, or, when a fresh run's method opens with a Fisher warm-up it can fold into
+discovery (``Method.warmup_in_discovery``)::
+
+    arrays "opening":   values  float32[d]   the initial global model, flat
+
 Client -> server (QUERY), a node that could read its configuration::
 
     metrics "profile":  capacity, num-train-examples, num-test-examples
@@ -42,7 +47,10 @@ Client -> server (QUERY), a node that could read its configuration::
     config "device":    device, client-key, capacity-source ("node-config" or "auto"),
                         capacity-kind ("bandwidth" or "memory", when the node config sets it)
 
-and a misconfigured node::
+plus, when the QUERY carried "opening", the records of the node's round-0 TRAIN reply ("update", "metrics",
+"meta"): its Fisher at the initial model, for the submodel the server would send it in round 0
+(``FisherRankedMethod.opening_received``; the mask digest echoed lets the server check it is that one), or
+``config "opening-error": reason`` when it could not measure it. And a misconfigured node::
 
     config "profile":   error  (why, e.g. "ConfigError: capacity=2: allowed range is (0, 1]")
 """
@@ -64,6 +72,8 @@ UPDATE = "update"
 METRICS = "metrics"
 META = "meta"
 PROFILE = "profile"
+OPENING = "opening"  # the initial model in a QUERY that also asks for the warm-up Fisher
+OPENING_ERROR = "opening-error"
 DELTA = "delta"
 VALUES = "values"
 MASK = "mask"

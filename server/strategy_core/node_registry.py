@@ -8,6 +8,7 @@ ones for their profile, forgets departed ones, and answers which nodes train (th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -80,7 +81,7 @@ class NodeRegistry:
         return sorted(by_key[k] for k in keys)
 
     # ------------------------------------------------------------- discovery
-    def join(self, grid: Grid, timeout: float) -> None:
+    def join(self, grid: Grid, timeout: float, discover: Callable[[Grid, float], None] | None = None) -> None:
         """Wait for ``min-nodes`` SuperNodes, discover them, and stop with the reason when none can train.
 
         Parameters
@@ -89,9 +90,12 @@ class NodeRegistry:
             The ServerApp's grid.
         timeout : float
             Seconds to wait for the nodes, and for their discovery replies.
+        discover : Callable, optional
+            ``(grid, timeout)``: the discovery exchange, which passes each reply to :meth:`profile_reply`
+            (default :meth:`discover`; the strategy's may carry more, e.g. the Fisher warm-up).
         """
         wait_for_nodes(grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
-        self.discover(grid, timeout)
+        (discover or self.discover)(grid, timeout)
         if not self.nodes:
             raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
         if not self.participants():
@@ -138,8 +142,8 @@ class NodeRegistry:
         for msg in exchange(grid, msgs, timeout, self.cfg.poll_interval):
             self.profile_reply(reply_parts(msg, None, P.PROFILE, None))
 
-    def profile_reply(self, parts: ReplyParts) -> None:
-        """Register the node of one discovery reply, or exclude it (logged, and noted for ``nodes_out``)."""
+    def profile_reply(self, parts: ReplyParts) -> bool:
+        """Register the node of one discovery reply (``True``), or exclude it (logged, noted for ``nodes_out``)."""
         try:
             if parts.error:
                 raise ReplyError(parts.error)
@@ -151,7 +155,7 @@ class NodeRegistry:
             log(WARNING, "node %d excluded at discovery: %s", parts.node_id, e)
             self.excluded.add(parts.node_id)
             self.node_out(parts.node_id, parts.extras.get("client-key"), "excluded", str(e))
-            return
+            return False
         device = str(parts.extras.get("device", "unknown"))
         key = str(parts.extras.get("client-key") or f"node-{parts.node_id}")
         if any(p.key == key for p in self.nodes.values()):
@@ -182,6 +186,7 @@ class NodeRegistry:
             n_train,
             n_test,
         )
+        return True
 
     # ------------------------------------------------------ record bookkeeping
     def node_out(self, node_id: int, key: Any, event: str, reason: str) -> None:

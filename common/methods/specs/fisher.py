@@ -45,8 +45,9 @@ class FisherOptions(Schema):
     warmup: bool = Field(
         True,
         description="before round 1, every node that trains returns its Fisher at the initial model (no training), "
-        "so round 1 is ranked by Fisher instead of by magnitude (one exchange; with `global` it costs each node "
-        "one download of the model); applies to methods that rank by Fisher with the `global` or `received` "
+        "so round 1 is ranked by Fisher instead of by magnitude (with `global` it costs each node one download of "
+        "the model; `fedfibos` with `global` sends it with the discovery message, so it costs no exchange of its "
+        "own, the others one exchange); applies to methods that rank by Fisher with the `global` or `received` "
         "estimator",
     )
     batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
