@@ -50,6 +50,11 @@ APP_DIR = Path(__file__).resolve().parents[2]
 ROUND_LINE = re.compile(r"\[(?:round|update) \d+/\d+\].*")
 #: The last line of a Python traceback: ``package.module.SomeError: message``.
 EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+#: ``--superlink-database`` value for Flower's in-memory state (no SQLite file; ``flower-superlink`` without
+#: ``--database``).
+MEMORY_DATABASE = "memory"
+#: What SQLite says when a write waited past its busy timeout (Flower's: 5 s, ``SQLITE_PRAGMAS``).
+DATABASE_LOCKED = "database is locked"
 
 
 def free_port() -> int:
@@ -117,6 +122,45 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0 or seconds == float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
     return seconds
+
+
+def superlink_database(text: str) -> str:
+    """``--superlink-database``: ``memory``, or a file for the SuperLink's SQLite state (argparse type).
+
+    A path is returned absolute; its folder must exist, and it must not be a folder itself.
+    """
+    if text.strip().lower() == MEMORY_DATABASE:
+        return MEMORY_DATABASE
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give memory or a file path")
+    path = Path(text).expanduser().resolve()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path (e.g. {path / 'state.db'}) or memory")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: the folder {path.parent} does not exist")
+    return str(path)
+
+
+def database_diagnosis(superlink_log: Path, database: str) -> str:
+    """Why a run failed, when the SuperLink's log shows its SQLite database locked; empty when it does not.
+
+    Under load (or with another process holding the file) a SuperLink write waits past SQLite's busy timeout
+    (Flower: 5 s, not configurable) and the request fails with an internal server error; the ServerApp or a
+    node then sees only that error (``500 Internal Server Error``, ``push session may have expired``).
+    """
+    try:
+        count = superlink_log.read_text(errors="replace").count(DATABASE_LOCKED)
+    except OSError:
+        return ""
+    if not count:
+        return ""
+    return (
+        f"the SuperLink's database {database} was locked ('{DATABASE_LOCKED}', {count} times in {superlink_log}): "
+        "a write waited longer than SQLite's 5 s busy timeout, because another process held the file or the "
+        "machine was too loaded to commit in time. Launch again with --superlink-database memory (nothing the "
+        "run needs is lost; -c resume=true continues from the last checkpoint), or with the database on a local, "
+        'idle disk (--superlink-database PATH); docs/RELIABILITY.md, "The SuperLink\'s database under load"'
+    )
 
 
 def check_results_folder(results_dir: Path, flag: str = "--results") -> None:
@@ -219,6 +263,10 @@ class LocalFederation:
     data_paths : Sequence[str]
         With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its node
         config's ``data-path``, client id ``node-<i>``) instead of a partition; empty = partitions.
+    database : str, optional
+        The SuperLink's state: ``None`` (default) a SQLite file of this launch, ``<FLWR_HOME>/state.db``,
+        removed at the end; ``"memory"`` Flower's in-memory state (no SQLite, nothing on disk); or a file
+        path (kept after the launch).
     """
 
     def __init__(
@@ -231,6 +279,7 @@ class LocalFederation:
         unregistered: Sequence[int] = (),
         delays: Sequence[float] = (),
         data_paths: Sequence[str] = (),
+        database: str | None = None,
     ) -> None:
         if secure and simulation:
             raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
@@ -243,6 +292,7 @@ class LocalFederation:
             raise ValueError("data paths need one entry per SuperNode process (not available in simulation)")
         self.data_paths = [str(Path(p).expanduser().resolve()) for p in data_paths]
         self.capacities = list(capacities)
+        self.database = database
         self.home = home.resolve()
         self.simulation = simulation
         self.echo = echo
@@ -345,8 +395,7 @@ class LocalFederation:
                 "127.0.0.1",
                 "--port",
                 str(link_port),
-                "--database",
-                str(self.flwr_home / "state.db"),
+                *([] if self.database == MEMORY_DATABASE else ["--database", self.database_path]),
                 *(["--simulation"] if self.simulation else []),
             ],
             self.logs / "superlink.log",
@@ -363,6 +412,13 @@ class LocalFederation:
             if self.secure and i not in self.unregistered:
                 self.register_node(i)
             self.start_node(i)
+
+    @property
+    def database_path(self) -> str:
+        """Where the SuperLink keeps its state: a file path, or ``memory``."""
+        if self.database is None:
+            return str(self.flwr_home / "state.db")
+        return self.database
 
     def register_node(self, i: int) -> None:
         """Register SuperNode ``i``'s public key with the SuperLink (``flwr supernode register``)."""
@@ -552,19 +608,28 @@ class LocalFederation:
         cmd.append(toml_overrides(overrides))
         self.echo("$ " + shlex.join(cmd))
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
-        with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
-            try:
-                run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
-            except RuntimeError:
-                # The run can fail before the watcher's next look; the operator must still learn why.
-                time.sleep(0.2)
-                self._report_dead_superlink()
+        try:
+            with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
+                try:
+                    run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
+                except RuntimeError:
+                    # The run can fail before the watcher's next look; the operator must still learn why.
+                    time.sleep(0.2)
+                    self._report_dead_superlink()
+                    raise
+            metrics_path = results_dir / "metrics.json"
+            if not metrics_path.exists():
+                raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
+            if not (results_dir / "model.pt").exists():
+                raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
+        except (RuntimeError, RunTimeout) as err:
+            # Flower's own words for a locked database are an internal server error far from the cause.
+            why = database_diagnosis(self.logs / "superlink.log", self.database_path)
+            if not why:
                 raise
-        metrics_path = results_dir / "metrics.json"
-        if not metrics_path.exists():
-            raise RuntimeError(f"the run wrote no {metrics_path}; see {log}")
-        if not (results_dir / "model.pt").exists():
-            raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
+            if isinstance(err, RunTimeout):
+                raise RunTimeout(f"{why}\n{err}", err.run_id) from err
+            raise RuntimeError(f"{why}\n{err}") from err
         return json.loads(metrics_path.read_text())
 
 
@@ -578,6 +643,7 @@ def run_local_federation(
     simulation: bool = False,
     delays: Sequence[float] = (),
     data_paths: Sequence[str] = (),
+    database: str | None = None,
 ) -> dict:
     """Start a :class:`LocalFederation` in ``results_dir``, run the app once, stop everything.
 
@@ -585,7 +651,9 @@ def run_local_federation(
     ``delays`` (test/benchmark knob): extra seconds per local epoch per SuperNode.
     Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
     """
-    federation = LocalFederation(capacities, results_dir, simulation, echo, delays=delays, data_paths=data_paths)
+    federation = LocalFederation(
+        capacities, results_dir, simulation, echo, delays=delays, data_paths=data_paths, database=database
+    )
     federation.run_overrides(run_config, results_dir, app_dir)
     with federation:
         return federation.run(run_config, results_dir, app_dir, timeout)
@@ -790,6 +858,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as that node\'s own '
         "data (an image folder, a save_to_disk folder, Parquet/CSV files, or label<TAB>text lines)",
     )
+    parser.add_argument(
+        "--superlink-database",
+        type=superlink_database,
+        default=None,
+        metavar="memory|PATH",
+        help="where the SuperLink keeps its state: memory (no SQLite file; advised on a loaded machine), or a "
+        "SQLite file (kept after the run); default: a file of this launch under RESULTS/.flwr, removed at the end",
+    )
     args = parser.parse_args(argv)
     delays = [float(v) for v in args.delays.split(",") if v.strip()]
     if delays and len(delays) != len(args.capacities):
@@ -802,7 +878,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything is checked before any process starts: a bad setting costs no SuperLink start-up.
         flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
         overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
-        federation = LocalFederation(args.capacities, args.results, delays=delays, data_paths=data_paths)
+        federation = LocalFederation(
+            args.capacities, args.results, delays=delays, data_paths=data_paths, database=args.superlink_database
+        )
         federation.run_overrides(overrides, args.results)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
