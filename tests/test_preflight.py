@@ -176,3 +176,87 @@ def test_an_unknown_setting_name_is_refused(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as refused:
         main(argv)
     assert refused.value.code == 2 and "--names 'superlnk=X': expected OPTION=NAME" in capsys.readouterr().err
+
+
+# docker/supernode.sh: flower-supernode as it is, plus a message naming the key when the SuperLink refuses it.
+WRAPPER = Path(__file__).resolve().parents[1] / "docker" / "supernode.sh"
+FLOWER_REFUSAL = """\
+ERROR :     Exit Code: 305
+Failed to initialize the connection to the SuperLink.
+[code: 2004] Failed to activate SuperNode.
+The SuperNode could not establish a connection to the SuperLink.
+"""
+
+
+def _fake_supernode(folder: Path, body: str) -> dict[str, str]:
+    """An environment whose ``flower-supernode`` is a shell script running ``body``."""
+    import os
+
+    folder.mkdir(exist_ok=True)
+    script = folder / "flower-supernode"
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_the_wrapper_names_the_key_and_its_setting_when_flower_refuses_it(tmp_path: Path) -> None:
+    import subprocess
+
+    env = _fake_supernode(tmp_path / "bin", f"cat <<'X'\n{FLOWER_REFUSAL}X\nexit 1\n")
+    argv = ["sh", str(WRAPPER), "--superlink", "h:1", "--auth-supernode-private-key", "/keys/lab-1", "--insecure"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1  # the SuperNode's own status: a restart policy sees what it saw before
+    assert FLOWER_REFUSAL in done.stdout  # Flower's lines pass through, in order
+    assert done.stderr.startswith(
+        "error: the SuperLink refused this node's key /keys/lab-1, set by --auth-supernode-private-key /keys/lab-1:"
+    ), done.stderr
+    assert "another SuperNode with the same key is connected" in done.stderr
+    assert "Each\nmachine needs its own key pair" in done.stderr
+    named = subprocess.run(argv, env={**env, "FIBOS_KEY_SETTING": "FIBOS_NODE_NAME=lab-1"}, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    assert "set by FIBOS_NODE_NAME=lab-1:" in named.stderr, named.stderr
+
+
+def test_the_wrapper_adds_nothing_to_other_exits_and_passes_their_status(tmp_path: Path) -> None:
+    import subprocess
+
+    env = _fake_supernode(tmp_path / "bin", 'echo "args: $*"; echo oops >&2; exit 7\n')
+    done = subprocess.run(["sh", str(WRAPPER), "--a", "b c"], env=env, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (7, "args: --a b c\noops\n", "")
+    env = _fake_supernode(tmp_path / "bin", "exit 0\n")
+    assert subprocess.run(["sh", str(WRAPPER)], env=env, capture_output=True, timeout=60).returncode == 0
+
+
+def test_the_wrapper_hands_a_stop_signal_to_the_supernode(tmp_path: Path) -> None:
+    """``docker stop`` signals the container's first process, the shell: the SuperNode must get it too."""
+    import signal
+    import subprocess
+
+    env = _fake_supernode(
+        tmp_path / "bin", "trap 'echo stopped by TERM; exit 0' TERM\necho started\nwhile :; do sleep 0.1; done\n"
+    )
+    proc = subprocess.Popen(["sh", str(WRAPPER)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "started\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert proc.stdout.read() == "stopped by TERM\n"
+
+
+@pytest.mark.federation
+def test_a_supernode_started_with_a_connected_nodes_key_is_told_why(tmp_path: Path) -> None:
+    """A real secure federation: a second SuperNode with node 0's key while node 0 is connected."""
+    import subprocess
+
+    from server.commands.launcher import LocalFederation
+
+    with LocalFederation((1.0,), tmp_path / "federation", echo=lambda line: None, secure=True) as fed:
+        argv = ["sh", str(WRAPPER), "--root-certificates", str(fed.certs / "ca.crt"), "--superlink",
+                f"127.0.0.1:{fed.link_port}", "--auth-supernode-private-key", str(fed.certs / "node-0"),
+                "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=1"]  # fmt: skip
+        log = tmp_path / "clone.log"
+        with open(log, "w") as out:
+            status = subprocess.Popen(argv, env=fed.env, stdout=out, stderr=subprocess.STDOUT).wait(timeout=180)
+        text = log.read_text()
+        assert status != 0 and "Failed to activate SuperNode" in text, text
+        assert f"error: the SuperLink refused this node's key {fed.certs / 'node-0'}" in text, text
+        assert fed.nodes[0].poll() is None  # the node that holds the key is unaffected
