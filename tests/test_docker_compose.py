@@ -36,7 +36,10 @@ deployment):
   coordinator's ``register``; no node's private key on the coordinator, a node's
   SuperNode reads its own key and its executor none; CPU and memory limits on
   the executors; a node handed another coordinator's CA stops at its preflight,
-  naming the setting; two rounds on the two nodes;
+  naming the setting; a third node started with a connected node's key (copied
+  into its project) is refused by the SuperLink and its SuperNode's log names
+  the key and ``FIBOS_NODE_NAME`` (``docker/supernode.sh``); two rounds on the
+  two nodes;
 * ``docker/node.yml`` without its settings, or with a CA path that does not
   exist: refused by Compose, naming each;
 * opt-in (``FIBOS_DOCKER_ARM64=1``, ``make test-docker-arm64``): an arm64
@@ -584,6 +587,27 @@ def test_coordinator_stack_and_two_node_stacks_run_a_federation(compose: Compose
         for node in nodes.values():
             node.run("up", "-d", timeout=600)
         print(f"two node stacks up: {time.monotonic() - t0:.0f} s")
+
+        # A third machine started with edge-a's key (a copied key file or disk image) while edge-a is connected:
+        # the SuperLink refuses it, and its SuperNode's log says which key and setting (docker/supernode.sh).
+        coordinator.wait_log("superlink", "[Fleet.ActivateNode] Activated", len(REMOTE_NODES), timeout=300)
+        stolen = tmp_path / "stolen-key"
+        stolen.mkdir()
+        for name in ("edge-a", "edge-a.pub"):
+            nodes["edge-a"].copy_out("node-key", f"/keys/{name}", stolen / name)
+        clone = nodes["edge-clone"] = Compose(
+            nodes["edge-a"].env, compose.log_dir, f"{PROJECT}-edge-clone", [REPO / "docker" / "node.yml"]
+        )
+        clone.run("run", "--rm", "--no-deps", "-v", f"{stolen}:/stolen:ro", "--entrypoint", "sh", "node-key",
+                  "-c", "cp /stolen/edge-a /stolen/edge-a.pub /keys/", timeout=300)  # fmt: skip
+        clone.run("up", "-d", timeout=600, check=False)  # fails: the SuperNode never becomes healthy
+        clone.wait_log("supernode", "error: the SuperLink refused this node's key /credentials/key/edge-a", 1, 300)
+        clone_log = clone.logs("supernode")
+        assert "set by FIBOS_NODE_NAME=edge-a" in clone_log and "Failed to activate SuperNode" in clone_log, clone_log
+        assert "Traceback" not in clone_log, clone_log
+        clone.run("down", "-v", timeout=180)
+        del nodes["edge-clone"]
+        assert nodes["edge-a"].state("supernode")["Status"] == "running"  # the key's own node is unaffected
 
         # Least privilege across machines: no node's private key on the coordinator, and on a node only its own.
         coordinator_files = coordinator.run(

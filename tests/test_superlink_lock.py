@@ -1,0 +1,70 @@
+"""The SuperLink's SQLite database held locked mid-run: under Flower's 5 s busy timeout the run goes on, past it
+``fibos local`` exits 1 naming the database and the lock (docs/RELIABILITY.md, "The SuperLink's database under
+load").
+
+The lock is what a loaded machine does to the SuperLink's writes (a commit that cannot finish in time), made
+deterministic: another process holds the database file with ``BEGIN EXCLUSIVE`` from the end of round 1.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.federation_progress import wait_for_round
+
+pytestmark = pytest.mark.federation
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _lock_after_round_one(results: Path, seconds: float, held: dict) -> None:
+    """Once round 1 is recorded, hold the launch's SuperLink database exclusively for ``seconds``."""
+    try:
+        wait_for_round(results, 1, timeout=600)
+        db = next((results.resolve() / ".flwr").rglob("state.db"))
+        con = sqlite3.connect(db, timeout=30, isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        held["db"] = db
+        time.sleep(seconds)
+        con.execute("COMMIT")
+        con.close()
+    except BaseException as err:  # noqa: BLE001 - reported by the test
+        held["error"] = err
+
+
+def _local_run_with_a_lock(tmp_path: Path, seconds: float) -> tuple[subprocess.CompletedProcess[str], dict]:
+    results = tmp_path / "run"
+    held: dict = {}
+    locker = threading.Thread(target=_lock_after_round_one, args=(results, seconds, held), daemon=True)
+    locker.start()
+    done = subprocess.run(
+        [sys.executable, "-m", "server.commands.launcher", "--capacities", "1,1/2", "--rounds", "2",
+         "--results", str(results), "--timeout", "600", "-c", "eval-every=0", "-c", "round-timeout=60"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    locker.join(timeout=60)
+    assert "error" not in held, held
+    assert "db" in held, f"round 1 never completed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done, held
+
+
+def test_a_lock_shorter_than_the_busy_timeout_is_waited_out(tmp_path: Path) -> None:
+    done, _ = _local_run_with_a_lock(tmp_path, 2.0)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "run" / "model.pt").exists()
+
+
+def test_a_lock_past_the_busy_timeout_fails_the_run_naming_the_database(tmp_path: Path) -> None:
+    done, held = _local_run_with_a_lock(tmp_path, 12.0)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "run" / "model.pt").exists()
+    assert f"the SuperLink's database {held['db']} was locked" in done.stderr, done.stderr
+    assert "'database is locked'" in done.stderr and "--superlink-database memory" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
