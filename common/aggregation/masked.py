@@ -25,15 +25,17 @@ class MaskedUpdate:
 
     Parameters
     ----------
-    indices : NDArray[int64]
-        Flat positions the client held, strictly increasing.
+    indices : NDArray[int32 or int64]
+        Flat positions the client held, strictly increasing (a validated reply's are ``int32`` while
+        ``d <= 2^31``: :func:`common.wire.mask_codec.position_dtype`).
     delta : NDArray[float32]
-        The client's change at those positions (trained minus received), same length.
+        The client's change at those positions (trained minus received), same length; read, never written
+        (a validated reply's is a read-only view of the received array).
     weight : float
         Aggregation weight, normally the number of local training examples (> 0).
     """
 
-    indices: NDArray[np.int64]
+    indices: NDArray[np.signedinteger]
     delta: NDArray[np.float32]
     weight: float
 
@@ -98,7 +100,7 @@ def aggregate_masked(
             lo, hi = np.searchsorted(u.indices, (start, stop))
             if lo == hi:
                 continue
-            idx = u.indices[lo:hi] - start
+            idx = np.subtract(u.indices[lo:hi], start, dtype=np.intp)  # one cast, then indexed twice per array
             num[idx] += np.multiply(u.delta[lo:hi], u.weight, dtype=np.float64)
             den[idx] += u.weight
         # x + eta * num / den where somebody held the position, in place on the block's float64 sums.

@@ -50,6 +50,14 @@ def _chunks(n: int) -> range:
     return range(0, n, AGGREGATION_BLOCK)
 
 
+def _positions(indices: NDArray[np.signedinteger]) -> NDArray[np.intp]:
+    """A chunk of an update's indices as numpy's index type: cast once (``int32`` ones), not at every indexing.
+
+    ``a[idx] += v`` indexes twice (read, then write), and numpy casts non-``intp`` indices at each.
+    """
+    return indices.astype(np.intp, copy=False)
+
+
 class HolderSum:
     """``x_j + eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j``, the holder mean of :func:`aggregate_masked`.
 
@@ -79,7 +87,7 @@ class HolderSum:
                 self.num[lo:hi] += scaled
                 self.den[lo:hi] += w
             else:
-                idx = update.indices[lo:hi]
+                idx = _positions(update.indices[lo:hi])
                 self.num[idx] += scaled
                 self.den[idx] += w
         self.count += 1
@@ -123,7 +131,11 @@ class ParticipantSum:
         k = update.indices.size
         for lo in _chunks(k):
             hi = min(lo + AGGREGATION_BLOCK, k)
-            self.num[update.indices[lo:hi]] += np.multiply(update.delta[lo:hi], update.weight, dtype=np.float64)
+            scaled = np.multiply(update.delta[lo:hi], update.weight, dtype=np.float64)
+            if k == self.d:  # strictly increasing indices below d: a slice, no index arithmetic
+                self.num[lo:hi] += scaled
+            else:
+                self.num[_positions(update.indices[lo:hi])] += scaled
         self.total += update.weight
         self.count += 1
 
@@ -163,7 +175,7 @@ class NonzeroSum:
         k = update.indices.size
         for lo in _chunks(k):
             hi = min(lo + AGGREGATION_BLOCK, k)
-            idx, delta = update.indices[lo:hi], update.delta[lo:hi]
+            idx, delta = _positions(update.indices[lo:hi]), update.delta[lo:hi]
             self.num[idx] += delta.astype(np.float64)
             self.moved[idx] += delta != 0
         self.count += 1

@@ -47,8 +47,9 @@ def nonzero_mean_step(
     count = np.zeros(d, dtype=np.int64)
     check_updates(updates, d)
     for u in updates:
-        num[u.indices] += u.delta.astype(np.float64)
-        count[u.indices] += u.delta != 0
+        idx = u.indices.astype(np.intp, copy=False)  # int32 indices cast once, not at each of four indexings
+        num[idx] += u.delta.astype(np.float64)
+        count[idx] += u.delta != 0
     moved = count > 0
     out = x.copy()
     out[moved] = (x[moved].astype(np.float64) + server_lr * num[moved] / count[moved]).astype(x.dtype)
@@ -74,7 +75,8 @@ def participant_mean_step(
     total = 0.0
     check_updates(updates, d)
     for u in updates:
-        num[u.indices] += u.weight * u.delta.astype(np.float64)
+        idx = u.indices.astype(np.intp, copy=False)
+        num[idx] += u.weight * u.delta.astype(np.float64)
         total += u.weight
     if total == 0.0:
         return x.copy()

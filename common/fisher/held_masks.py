@@ -41,7 +41,7 @@ class HeldMasks:
         held = self._held.get(key)
         if held is None or held[0] != estimate_round or held[1] != gamma:
             return None
-        return np.unpackbits(held[2], count=self.d).astype(bool)
+        return np.unpackbits(held[2], count=self.d).view(np.bool_)  # a fresh array: unpacked, not copied again
 
     def put(self, key: str, estimate_round: int, gamma: float, mask: NDArray[np.bool_]) -> None:
         """Hold ``mask`` for ``key`` until its estimate (measured in ``estimate_round``) or capacity changes."""

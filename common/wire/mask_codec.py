@@ -39,6 +39,59 @@ def index_dtype(d: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
+def position_dtype(d: int) -> np.dtype:
+    """Signed dtype of the positions of a model of ``d`` parameters: ``int32`` while every index fits, else ``int64``.
+
+    Four bytes per kept position instead of eight for every model below 2^31 parameters; numpy indexes with
+    either (the consumers cast a block at a time where they index repeatedly).
+    """
+    return np.dtype(np.int32) if d - 1 <= np.iinfo(np.int32).max else np.dtype(np.int64)
+
+
+#: Bytes of packed bits unpacked at a time by :func:`packed_positions` (2^20 positions).
+_POSITIONS_BLOCK = 1 << 17
+
+
+def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np.signedinteger]:
+    """The set positions of a packed mask of ``d`` bits, increasing, as :func:`position_dtype` (``int32`` mostly).
+
+    The same positions as ``np.flatnonzero(np.unpackbits(packed, count=d))``, without the unpacked mask (``d``
+    bytes) or an int64 array of them (8 bytes per position): blocks of 2^20 bits are unpacked one at a time
+    (8 MiB of int64 positions at most) and their positions written into the result. A full mask
+    (``kept == d``) is ``arange(d)``.
+
+    Parameters
+    ----------
+    packed : NDArray[uint8]
+        ``ceil(d / 8)`` bytes, most significant bit first (``np.packbits``); padding bits are ignored.
+    d : int
+        Bits of the mask.
+    kept : int
+        Set bits among the first ``d``; ``ValueError`` when the mask holds another number.
+    """
+    dt = position_dtype(d)
+    if packed.dtype != np.uint8 or packed.shape != ((d + 7) // 8,):
+        raise ValueError(f"packed mask must be uint8[{(d + 7) // 8}], got {packed.dtype}{list(packed.shape)}")
+    if kept == d:
+        out = np.arange(d, dtype=dt)
+        if d and int(np.count_nonzero(np.unpackbits(packed, count=d).view(np.bool_))) != d:
+            raise ValueError(f"packed mask does not hold {kept} set positions")
+        return out
+    out = np.empty(kept, dtype=dt)
+    n = 0
+    for start in range(0, packed.size, _POSITIONS_BLOCK):
+        bits = np.unpackbits(packed[start : start + _POSITIONS_BLOCK], count=min(8 * _POSITIONS_BLOCK, d - 8 * start))
+        pos = np.flatnonzero(bits.view(np.bool_))  # numpy's fast path is for booleans (several times uint8's)
+        if n + pos.size > kept:
+            raise ValueError(f"packed mask holds more than {kept} set positions")
+        pos += 8 * start
+        out[n : n + pos.size] = pos  # below d: fits the dtype
+        n += pos.size
+    if n != kept:
+        raise ValueError(f"packed mask holds {n} set positions, expected {kept}")
+    return out
+
+
 def elias_fano_low_bits(d: int, k: int) -> int:
     """Low bits per index of the Elias-Fano code of ``k`` indices below ``d``: ``floor(log2(d / k))``."""
     if k <= 0 or d <= k:

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
+from common.wire.mask_codec import packed_positions
 
 # A single reply above this many bytes is refused before decoding (4x dense fp32 + slack).
 OVERSIZE_FACTOR = 4
@@ -86,6 +87,14 @@ class SentSubmodel:
     def mask(self) -> NDArray[np.bool_]:
         """The mask sent (a fresh array of ``d`` booleans)."""
         return np.unpackbits(self.packed, count=self.d).view(np.bool_)
+
+    def positions(self) -> NDArray[np.signedinteger]:
+        """The positions sent, increasing: ``int32`` while ``d <= 2^31``.
+
+        :func:`common.wire.mask_codec.packed_positions`: built from the packed bits a block at a time, neither
+        the unpacked mask nor int64 positions are made.
+        """
+        return packed_positions(self.packed, self.d, self.kept)
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,9 @@ def validate_train_reply(
 
     Returns
     -------
-    The reply with its update and metrics (``fisher`` ``None``), and the method's own arrays by name.
+    The reply with its update and metrics (``fisher`` ``None``), and the method's own arrays by name. The update
+    copies nothing it received: its delta is a read-only view of the reply's ``delta`` array, and its indices
+    are the positions sent, built from the packed mask as ``int32`` (:meth:`SentSubmodel.positions`).
     """
     arrays, metrics = reply.arrays, reply.metrics
     check_meta(reply.meta, sent)
@@ -191,8 +202,19 @@ def validate_train_reply(
     for key in ("peak-rss-mib", "cpu-seconds"):
         if key in metrics:
             values[key] = _finite_number(metrics, key)
-    update = MaskedUpdate(np.flatnonzero(sent.mask), delta.copy(), float(n))
+    update = MaskedUpdate(sent.positions(), read_only(delta), float(n))
     return TrainReply(update, None, values), {name: arrays[name] for name in payload}
+
+
+def read_only(a: NDArray) -> NDArray:
+    """A read-only view of ``a`` (no copy): the update's delta is the received buffer itself.
+
+    The consumers (running sums, batch aggregation) only read it; a write through the view raises instead of
+    reaching the reply's buffer.
+    """
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def validate_evaluate_reply(
