@@ -43,11 +43,10 @@ def _round_recorded(results: Path, rnd: int, timeout: float) -> None:
     raise TimeoutError(f"round {rnd} was not recorded within {timeout:.0f} s")
 
 
-def _hold_lock(results: Path, flwr_home: Path, seconds: float, note: dict) -> None:
-    """Once round 1 is recorded in ``results``, hold the SuperLink's SQLite file exclusively for ``seconds``."""
+def _hold_lock(results: Path, db: Path, seconds: float, note: dict) -> None:
+    """Once round 1 is recorded in ``results``, hold the SuperLink's SQLite file ``db`` exclusively for ``seconds``."""
     try:
         _round_recorded(results, 1, timeout=900)
-        db = next(flwr_home.rglob("state.db"))
         con = sqlite3.connect(db, timeout=60, isolation_level=None)
         t0 = time.monotonic()
         con.execute("BEGIN EXCLUSIVE")
@@ -76,14 +75,17 @@ def run_case(out: Path, database: str, lock: float, rounds: int, load: int) -> d
         with LocalFederation((1.0, 0.5), home, echo=lambda line: None, database=db) as fed:
             locker = None
             if lock > 0 and database != MEMORY_DATABASE:
-                home_of_db = fed.flwr_home if db is None else Path(db).parent
-                locker = threading.Thread(target=_hold_lock, args=(results, home_of_db, lock, note), daemon=True)
+                where = Path(fed.database_path)
+                locker = threading.Thread(target=_hold_lock, args=(results, where, lock, note), daemon=True)
                 locker.start()
             try:
                 fed.run({"num-rounds": rounds, "eval-every": 0, "round-timeout": 60.0}, results, timeout=900)
                 outcome, why = "finished", ""
             except (RuntimeError, TimeoutError) as err:
-                outcome, why = "failed", str(err).splitlines()[0][:160]
+                # The launcher's own explanation (the database named) comes first; Flower's error is the cause.
+                named = err.__cause__ is not None
+                outcome = "failed, database named" if named else "failed"
+                why = str(err.__cause__ or err).splitlines()[0][:200]
             log = (fed.logs / "superlink.log").read_text(errors="replace")
             if locker is not None:
                 locker.join(timeout=120)
@@ -91,6 +93,9 @@ def run_case(out: Path, database: str, lock: float, rounds: int, load: int) -> d
         stop.set()
         for p in spinners:
             p.join(timeout=5)
+        if db is not None and db != MEMORY_DATABASE:  # a file this case made in the given folder
+            for suffix in ("", "-wal", "-shm"):
+                Path(db + suffix).unlink(missing_ok=True)
     return {
         "database": database,
         "lock_s": lock if database != MEMORY_DATABASE else None,
