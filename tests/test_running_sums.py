@@ -16,7 +16,10 @@ from common.aggregation.update_means import nonzero_mean_step, participant_mean_
 
 @st.composite
 def _rounds(draw):
-    """A global vector and a round of updates: sparse, dense (every position) and empty, mixed weights."""
+    """A global vector and a round of updates: sparse, dense (every position) and empty, mixed weights.
+
+    Indices int64 or int32 (a validated reply's), deltas read-only (a validated reply's are views of what was
+    received): the sums must neither depend on the index type nor write into a delta."""
     d = draw(st.integers(1, 40))
     n = draw(st.integers(0, 6))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
@@ -30,7 +33,9 @@ def _rounds(draw):
         delta = rng.standard_normal(int(held.sum())).astype(np.float32) * np.float32(draw(st.sampled_from([1e-6, 1.0])))
         delta[rng.random(delta.size) < 0.2] = 0.0  # FIARSE's rule counts only moved positions
         weight = float(draw(st.one_of(st.integers(1, 60_000), st.floats(1e-3, 1e4))))
-        updates.append(MaskedUpdate(np.flatnonzero(held).astype(np.int64), delta, weight))
+        delta.flags.writeable = False  # a validated reply's delta is a read-only view of what was received
+        indices = np.flatnonzero(held).astype(draw(st.sampled_from([np.int64, np.int32])))  # a reply's are int32
+        updates.append(MaskedUpdate(indices, delta, weight))
     eta = draw(st.sampled_from([0.0, 0.5, 1.0, 1.7]))
     block = draw(st.sampled_from([1 << 20, 3, 7]))  # small blocks: every chunk boundary is crossed
     return x, updates, eta, block

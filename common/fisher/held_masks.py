@@ -43,6 +43,11 @@ class HeldMasks:
             return None
         return np.unpackbits(held[2], count=self.d).view(np.bool_)  # a fresh array: unpacked, not copied again
 
+    def packed(self, key: str) -> NDArray[np.uint8] | None:
+        """The packed bits of ``key``'s held mask, whatever it was ranked by (``None``: none held); not a copy."""
+        held = self._held.get(key)
+        return None if held is None else held[2]
+
     def put(self, key: str, estimate_round: int, gamma: float, mask: NDArray[np.bool_]) -> None:
         """Hold ``mask`` for ``key`` until its estimate (measured in ``estimate_round``) or capacity changes."""
         if mask.shape != (self.d,):

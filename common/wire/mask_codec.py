@@ -21,6 +21,8 @@ and decoding validates every field, like the other kinds.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Literal
 
 import numpy as np
@@ -73,10 +75,10 @@ def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np
     if packed.dtype != np.uint8 or packed.shape != ((d + 7) // 8,):
         raise ValueError(f"packed mask must be uint8[{(d + 7) // 8}], got {packed.dtype}{list(packed.shape)}")
     if kept == d:
-        out = np.arange(d, dtype=dt)
-        if d and int(np.count_nonzero(np.unpackbits(packed, count=d).view(np.bool_))) != d:
-            raise ValueError(f"packed mask does not hold {kept} set positions")
-        return out
+        n = int(np.count_nonzero(np.unpackbits(packed, count=d).view(np.bool_)))
+        if n != d:
+            raise ValueError(f"packed mask holds {n} set positions, expected {kept}")
+        return np.arange(d, dtype=dt)
     out = np.empty(kept, dtype=dt)
     n = 0
     for start in range(0, packed.size, _POSITIONS_BLOCK):
@@ -189,18 +191,85 @@ def mask_kind(d: int, k: int) -> tuple[MaskKind, int]:
     return kind, int(sizes[kind])  # type: ignore[return-value]
 
 
+#: Bytes of ``indices`` and ``elias-fano`` encodings :func:`encode_mask` keeps for masks it meets again.
+ENCODING_CACHE_BYTES = 32 << 20
+
+
+class EncodingCache:
+    """Encodings of recent masks by content (their packed bits' BLAKE2b digest), least recently used dropped first.
+
+    Between Fisher refreshes the server sends a client the same mask round after round (held masks), and every
+    client ranked by the prior at a capacity level the same one: their ``indices`` or ``elias-fano`` code is
+    then looked up (one ``packbits`` and one hash of ``d / 8`` bytes) instead of recomputed. Keyed by content,
+    so a changed mask is simply another key. The arrays handed out are read-only: callers share them.
+
+    Parameters
+    ----------
+    limit : int
+        Bytes of encodings kept at most.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.nbytes = 0
+        self.hits = 0
+        self._entries: OrderedDict[tuple[int, str, bytes], NDArray] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[int, str, bytes]) -> NDArray | None:
+        """The encoding stored under ``key``, now the most recently used; ``None`` if none is."""
+        data = self._entries.get(key)
+        if data is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+        return data
+
+    def put(self, key: tuple[int, str, bytes], data: NDArray) -> None:
+        """Keep ``data`` (made read-only) under ``key``, dropping the least recently used beyond :attr:`limit`."""
+        if data.nbytes > self.limit or key in self._entries:
+            return
+        data.flags.writeable = False
+        self._entries[key] = data
+        self.nbytes += data.nbytes
+        while self.nbytes > self.limit:
+            _, old = self._entries.popitem(last=False)
+            self.nbytes -= old.nbytes
+
+    def clear(self) -> None:
+        """Drop every encoding."""
+        self._entries.clear()
+        self.nbytes = self.hits = 0
+
+
+#: The cache :func:`encode_mask` uses.
+ENCODINGS = EncodingCache(ENCODING_CACHE_BYTES)
+
+
 def encode_mask(mask: NDArray[np.bool_]) -> tuple[MaskKind, NDArray]:
-    """Encode a boolean mask as its smallest kind (:func:`mask_kind`); returns ``(kind, array)``."""
+    """Encode a boolean mask as its smallest kind (:func:`mask_kind`); returns ``(kind, array)``.
+
+    ``indices`` and ``elias-fano`` codes are kept by content (:class:`EncodingCache`, :data:`ENCODINGS`): a mask
+    met again (a held mask, a capacity level's prior-ranked mask) is looked up, and its array is then
+    read-only and shared. ``bits`` costs one ``packbits``, the key's price, and is not kept.
+    """
     mask = np.asarray(mask, dtype=bool)
     d = mask.shape[0]
     kind, _ = mask_kind(d, int(np.count_nonzero(mask)))
     if kind == "full":
         return "full", np.zeros(0, dtype=np.uint8)
-    if kind == "indices":
-        return "indices", np.flatnonzero(mask).astype(index_dtype(d))
     if kind == "bits":
         return "bits", np.packbits(mask)
-    return "elias-fano", encode_elias_fano(np.flatnonzero(mask), d)
+    key = (d, kind, hashlib.blake2b(np.packbits(mask).data, digest_size=16).digest())
+    data = ENCODINGS.get(key)
+    if data is None:
+        if kind == "indices":
+            data = np.flatnonzero(mask).astype(index_dtype(d))
+        else:
+            data = encode_elias_fano(np.flatnonzero(mask), d)
+        ENCODINGS.put(key, data)
+    return kind, data
 
 
 def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
@@ -241,8 +310,6 @@ def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
 
 def mask_digest(kind: str, data: NDArray) -> str:
     """Short content hash of an encoded mask; a reply must echo the one it was sent."""
-    import hashlib
-
     h = hashlib.sha256(kind.encode())
     h.update(np.ascontiguousarray(data).tobytes())
     return h.hexdigest()[:16]
