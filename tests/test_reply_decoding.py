@@ -195,3 +195,67 @@ def test_fedfibos_validates_a_reply_without_fisher_to_int32_positions():
     reply = method.validate(_reply(delta, sent), sent, np.zeros(d, dtype=np.float32))
     assert reply.fisher is None and reply.update.indices.dtype == np.int32
     assert np.array_equal(reply.update.indices, np.flatnonzero(mask)) and np.shares_memory(reply.update.delta, delta)
+
+
+def _array(a: np.ndarray, version: tuple[int, int] | None = None, pickle: bool = False):
+    import io
+
+    from flwr.app import Array
+
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, a, version=version, allow_pickle=pickle)
+    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=buf.getvalue())
+
+
+@pytest.mark.parametrize(
+    "a",
+    [
+        np.arange(7, dtype=np.float32),
+        np.zeros(0, dtype=np.float32),
+        np.arange(12, dtype=np.int64).reshape(3, 4),
+        np.asfortranarray(np.arange(12, dtype=np.float64).reshape(3, 4)),
+        np.array([1, 0, 1], dtype=np.uint8),
+        np.array(3.5, dtype=np.float32),
+        np.arange(5, dtype=">f4"),
+    ],
+)
+def test_array_view_is_what_numpy_loads_viewed_on_the_received_bytes(a):
+    from flwr.app import Array
+
+    from server.replies import array_view
+
+    arr = Array(a)
+    view, loaded = array_view(arr), arr.numpy()
+    assert view.dtype == loaded.dtype and view.shape == loaded.shape and np.array_equal(view, loaded)
+    assert not view.flags.writeable
+    if a.size:
+        assert np.shares_memory(view, np.frombuffer(arr.data, dtype=np.uint8))  # no copy
+    v2 = array_view(_array(a, version=(2, 0)))
+    assert np.array_equal(v2, loaded) and v2.dtype == loaded.dtype
+    v3 = array_view(_array(a, version=(3, 0)))  # any other header version: Flower's own reader
+    assert np.array_equal(v3, loaded) and v3.dtype == loaded.dtype
+
+
+def test_array_view_refuses_a_wrong_length_and_object_arrays():
+    from flwr.app import Array
+
+    from server.replies import array_view
+
+    good = Array(np.arange(4, dtype=np.float32))
+    for data in (good.data[:-1], good.data + b"\0"):
+        with pytest.raises(ValueError, match="needs 16 bytes"):
+            array_view(Array(dtype="float32", shape=(4,), stype="numpy.ndarray", data=data))
+    with pytest.raises(ValueError, match="object"):
+        array_view(_array(np.array([{"a": 1}], dtype=object), pickle=True))
+
+
+def test_reply_parts_hand_the_validator_views_of_the_message():
+    from flwr.app import Array, ArrayRecord
+
+    from server.replies import record_arrays
+
+    delta = np.arange(6, dtype=np.float32)
+    record = ArrayRecord({P.DELTA: Array(delta), "fisher.rowmean": Array(np.ones(2, dtype=np.float32))})
+    arrays = record_arrays(record)
+    assert set(arrays) == {P.DELTA, "fisher.rowmean"} and np.array_equal(arrays[P.DELTA], delta)
+    assert all(not a.flags.writeable for a in arrays.values())

@@ -13,6 +13,8 @@ from server.benchmarks.server_bench import (
     capacities_for,
     main,
     mask_entropy_bytes,
+    per_client_rows,
+    per_client_table,
     round_memory,
     scaling_lines,
     table,
@@ -31,16 +33,17 @@ def test_capacities_cycle():
 
 def test_round_memory_grows_with_the_clients_only_by_their_packed_masks():
     # d = 100 at capacities 1 and 1/4: 13 bytes of packed mask a client; the running sum (16 bytes per position),
-    # one reply unpacked (9 per position) with 100 kept (12 bytes each); both estimates stored in fp32 plus 12
-    # bytes per position, and the checkpoint's copy of the estimates.
+    # one reply unpacked (9 per position) with 100 kept (8 bytes each: int32 index, delta); both estimates stored
+    # in fp32 with their held masks (13 bytes each) plus 12 bytes per position, and the checkpoint's copy of the
+    # estimates and held masks.
     two = round_memory(100, [1.0, 0.25], 2, parse_run_config({}))
-    assert two == {"sent": 26.0, "fold": 3700.0, "fisher_state": 2000.0, "checkpoint": 800.0}
+    assert two == {"sent": 26.0, "fold": 3300.0, "fisher_state": 2026.0, "checkpoint": 826.0}
     many = round_memory(100, [1.0, 0.25], 2000, parse_run_config({}))
     assert many["sent"] == 26_000.0 and many["fold"] == two["fold"]
     small = parse_run_config(
         {"fisher-memory-mb": 1.0, "fisher-precision": "fp16"}
     )  # a budget of 3 estimates (the floor)
-    assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18
+    assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18 + 3 * 2**15
 
 
 def test_a_round_the_memory_cannot_hold_is_refused_before_it_runs_with_its_figure(tmp_path):
@@ -74,13 +77,114 @@ def test_tables_and_scaling_line():
     assert "| m | 20 | select client masks | 1.000 | 1.000 | 1.0 | - | - |" in beside  # not measured before
 
 
+def test_per_client_rows_divide_by_the_clients_and_take_slopes_between_counts():
+    def row(n, kind, total, cpu, work, work_cpu):
+        return {
+            "model": "m",
+            "clients": n,
+            "round": kind,
+            "round_project": total,
+            "round_anchor": total / 2,
+            "round_cpu": cpu,
+            "per_client_seconds": work,
+            "per_client_cpu_seconds": work_cpu,
+        }
+
+    rows = [
+        row(50, "held", 20.0, 10.0, 10.0, 5.0),
+        row(10, "held", 4.0, 2.0, 2.0, 1.0),
+        row(10, "refresh", 9.0, 6.0, 5.0, 3.0),
+        {"model": "m", "clients": 500, "round": "held", "skipped": "too big"},
+    ]
+    got = per_client_rows(rows)
+    assert got == [
+        {
+            "model": "m",
+            "round": "held",
+            "clients": 10,
+            "work": 0.2,
+            "work_cpu": 0.1,
+            "slope": None,
+            "slope_cpu": None,
+            "ratio": 2.0,
+        },
+        {
+            "model": "m",
+            "round": "held",
+            "clients": 50,
+            "work": 0.2,
+            "work_cpu": 0.1,
+            "slope": (20.0 - 4.0) / 40,
+            "slope_cpu": (10.0 - 2.0) / 40,
+            "ratio": 2.0,
+        },
+        {
+            "model": "m",
+            "round": "refresh",
+            "clients": 10,
+            "work": 0.5,
+            "work_cpu": 0.3,
+            "slope": None,
+            "slope_cpu": None,
+            "ratio": 2.0,
+        },
+    ]
+    text = per_client_table(rows)
+    assert "| m | held | 50 | 0.200 | 0.100 | 0.400 | 0.200 | 2.0 |" in text
+    assert "| m | refresh | 10 | 0.500 | 0.300 | - | - | 2.0 |" in text
+
+
+def test_table_and_lines_name_the_round_kind():
+    steps = {key: 1.0 for key, _ in STEPS}
+    rows = [
+        {
+            "model": "m",
+            "clients": n,
+            "round": kind,
+            "project": steps,
+            "anchor": {**steps, "validate": None},
+            "round_project": (2.0 if kind == "held" else 3.0) * n,
+            "round_anchor": float(n),
+        }
+        for kind in ("refresh", "held")
+        for n in (10, 20)
+    ]
+    earlier = [{**rows[0], "round_project": 40.0}]
+    del earlier[0]["round"]  # an earlier run's rows have no kind: refresh rounds
+    text = table(rows, earlier)
+    assert "| m | 10 | held | **whole round** | 20.00 | 10.00 | 2.0 | - | - |" in text
+    assert "| m | 10 | refresh | **whole round** | 30.00 | 10.00 | 3.0 | 40.00 | 4.0 |" in text
+    assert [line.split(" = ")[0] for line in scaling_lines(rows)] == [
+        "m, refresh round: server seconds per round",
+        "m, held round: server seconds per round",
+    ]
+    assert [line.split(" + ")[1] for line in scaling_lines(rows)] == [
+        "3.0000 x clients (largest deviation 0%)",
+        "2.0000 x clients (largest deviation 0%)",
+    ]
+
+
 def test_small_run_writes_json_and_plot(tmp_path):
     assert main(["--models", "cnn", "--clients", "2,4", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "server_bench.json").read_text())
-    assert [r["clients"] for r in doc["rounds"]] == [2, 4]
+    assert [(r["round"], r["clients"]) for r in doc["rounds"]] == [
+        ("refresh", 2),
+        ("refresh", 4),
+        ("held", 2),
+        ("held", 4),
+    ]
     for r in doc["rounds"]:
-        assert set(r["project"]) == {key for key, _ in STEPS}
+        assert set(r["project"]) == set(r["cpu"]) == {key for key, _ in STEPS}
         assert all(v >= 0 for v in r["project"].values())
+        assert 0 <= r["per_client_seconds"] <= r["round_project"] and 0 <= r["per_client_cpu_seconds"]
+    held = [r for r in doc["rounds"] if r["round"] == "held"]
+    assert all(r["project"]["fisher"] == 0.0 and r["anchor"]["fisher"] is None for r in held)  # no uploads
+    assert [(r["round"], r["clients"]) for r in doc["per_client"]] == [
+        ("refresh", 2),
+        ("refresh", 4),
+        ("held", 2),
+        ("held", 4),
+    ]
     assert all(row["ratio"] <= 1.1 for row in doc["downloads"]["cnn"])
     assert all(0 < r["peak_rss_gib"] <= r["estimate_gib"] for r in doc["rounds"])
     assert (tmp_path / "server_bench.png").stat().st_size > 0

@@ -18,6 +18,15 @@ ratio column does not depend on the machine. A second table compares each
 capacity's download with its information limit ``4k + d H(k/d) / 8`` bytes (``k``
 values of 4 bytes and the entropy of a mask of ``k`` among ``d``).
 
+Two kinds of round are timed (``--rounds``, :func:`run_round`): a *refresh* round (every stored client
+ranked anew by its own estimate, every reply a Fisher upload) and a *held* round, the steady state
+between refreshes with the ``global`` estimator (each stored client's mask held, replies the update
+only). Each reply is timed from its bytes as they arrive (Flower ``Array`` records, viewed in place by
+:func:`server.replies.record_arrays`). Besides each step's wall-clock seconds the benchmark records the
+project's CPU seconds, and the per-client constant: the seconds of the work done once per client,
+divided by the clients, and the slope of the whole round between client counts
+(:func:`per_client_rows`).
+
 Each configuration runs in a process of its own (forked), whose peak resident
 memory is the round's: Python and numpy, the synthetic data, and what the round
 holds. The state holds at most what ``fisher-memory-mb`` allows (the run config's
@@ -28,7 +37,7 @@ refused with the figure it would need.
 
 Usage::
 
-    fibos bench-server --models cnn,resnet18 --clients 10,50,200 --out results/server-bench
+    fibos bench-server --models cnn,resnet18 --clients 10,50,200 --rounds refresh,held --out results/server-bench
 
 Writes ``server_bench.json`` (every step's seconds, the peak memory) and ``server_bench.png``
 (server seconds per round against clients, project and anchor) to ``--out``.
@@ -51,11 +60,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from flwr.app import Array, ArrayRecord
 from numpy.typing import NDArray
 
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.fisher.codec import encode_fisher
+from common.fisher.held_masks import HeldMasks, append_arrays
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level, trim_count
 from common.fisher.selection import budget, select_mask
@@ -68,6 +79,7 @@ from common.wire import protocol as P
 from common.wire.protocol import encode_submodel
 from common.wire.validation import ReplyRecords, SentSubmodel
 from server.persistence import save_checkpoint
+from server.replies import record_arrays
 
 #: (key, label) of the timed steps, in the order a round runs them.
 STEPS: tuple[tuple[str, str], ...] = (
@@ -90,6 +102,7 @@ class StepTimes:
 
     project: dict[str, float] = field(default_factory=dict)
     anchor: dict[str, float | None] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # the project's CPU seconds (this process, every thread)
     extra: dict[str, float] = field(default_factory=dict)  # checkpoint sizes and the incremental save
 
 
@@ -98,6 +111,27 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+class Laps:
+    """Wall-clock and CPU seconds between successive :meth:`lap` calls (CPU: this process's, every thread)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        """Seconds (wall, CPU) since the previous lap."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = (wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return out
+
+
+def measure(t: StepTimes, key: str, fn: Callable[[], object]) -> None:
+    """``fn()`` timed as the project's step ``key``: wall clock and CPU seconds."""
+    clock = Laps()
+    fn()
+    t.project[key], t.cpu[key] = clock.lap()
 
 
 def mask_entropy_bytes(k: int, d: int) -> float:
@@ -120,10 +154,12 @@ def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dic
       (``d / 8`` bytes a client);
     * ``fold``: the running sum (16 bytes per position: two float64 sums, the most any method's takes), and the
       one reply being folded: its mask unpacked (1 byte per position), its decoded Fisher (4), its Fisher
-      payload as received (4 at most), the update's indices (8 per kept position) and delta (4 per kept);
-    * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``) and the state's fixed
-      12 bytes per position (:func:`common.fisher.state.fisher_capacity`);
-    * ``checkpoint``: the state serialised for the checkpoint (a copy of the stored estimates).
+      payload as received (4 at most), the update's indices (4 per kept position: ``int32``) and its delta as
+      received (4 per kept; validation views it, no copy);
+    * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``), the state's fixed
+      12 bytes per position (:func:`common.fisher.state.fisher_capacity`) and each stored client's held mask
+      (packed bits, ``d / 8`` bytes);
+    * ``checkpoint``: the state serialised for the checkpoint (a copy of the stored estimates and held masks).
 
     Only ``sent`` grows with the clients of the round; the rest is bounded by the model and ``fisher-memory-mb``.
     """
@@ -131,9 +167,10 @@ def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dic
     kept = max(budget(g, d) for g in levels)
     stored = min(n, fisher_capacity(fisher.memory_mb, d, fisher.precision))
     estimates = stored * d * np.dtype(fisher.precision.replace("fp", "float")).itemsize
+    estimates += stored * ((d + 7) // 8)  # the held masks, serialised with the estimates
     return {
         "sent": float(n * ((d + 7) // 8)),
-        "fold": float(16 * d + d * (1 + 4 + 4) + kept * (8 + 4)),
+        "fold": float(16 * d + d * (1 + 4 + 4) + kept * (4 + 4)),
         "fisher_state": float(estimates + 12 * d),
         "checkpoint": float(estimates),
     }
@@ -233,13 +270,34 @@ class SyntheticRound:
         return self._deltas[k]
 
 
-def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path) -> StepTimes:
+#: The round kinds :func:`run_round` times.
+ROUND_KINDS: tuple[str, ...] = ("refresh", "held")
+
+
+def run_round(
+    data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path, kind: str = "refresh"
+) -> StepTimes:
     """One round for ``n`` clients, every step timed with its anchor, the replies folded one at a time.
 
-    The Fisher state first receives one upload per client (round 1, not timed),
-    so the timed round 2 ranks every client by its own estimate, as a running
-    federation does in a refresh round.
+    ``kind``:
+
+    * ``refresh``: the Fisher state first receives one upload per client (round 1, not timed), so the timed
+      round 2 ranks every stored client by its own estimate (its mask is then held, as the method holds it), and
+      every reply carries a Fisher upload (``masked``), each download the global values outside its mask
+      (``fisher-at``). A running federation with the ``global`` estimator splits this work over two rounds (the
+      refresh round's downloads still use the held masks; the masks are ranked anew in the round after it), so
+      this is the costliest round there is.
+    * ``held``: the steady state between refreshes (``fisher-every`` rounds). Round 1's uploads and round 2's
+      selection (not timed) leave every stored client a held mask; in the timed round 3 each stored client's
+      mask is its held one (:class:`common.fisher.held_masks.HeldMasks`), every other client is ranked by the
+      prior (one mask per level), and the replies carry the update only.
+
+    The work done once per client (select, encode and what the round keeps of the download, validate, add to
+    the running sum, the Fisher state) is also summed by itself, wall clock and CPU, in ``extra``
+    (``per_client_seconds``, ``per_client_cpu_seconds``): the per-client constant.
     """
+    if kind not in ROUND_KINDS:
+        raise ValueError(f"round kind {kind!r}; expected one of {ROUND_KINDS}")
     layout, x, d = data.layout, data.x, data.layout.size
     fisher_keys = cfg.options("fisher")
     state = FisherState(
@@ -254,17 +312,33 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     keys = [f"client-{i:06d}" for i in range(n)]  # sorted as the strategy folds them: by client key
     for i, key in enumerate(keys):
         state.update(key, data.uploads[i % len(data.uploads)], 100.0, 1)
-    rnd = 2
+    held = HeldMasks(d)  # as the method holds them (``global`` estimator): stamped with the estimate's round
+    if kind == "held":
+        for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked and held
+            if key in state.clients:
+                own = state.clients[key]
+                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), min_per_row(cfg))
+                held.put(key, own.round, gamma, mask)
+    rnd = 2 if kind == "refresh" else 3
+    uploads = kind == "refresh"
     t = StepTimes()
     for key, _ in STEPS:
-        t.project[key], t.anchor[key] = 0.0, 0.0
+        t.project[key], t.anchor[key], t.cpu[key] = 0.0, 0.0, 0.0
     t.anchor["validate"] = t.anchor["influence"] = None
+    if not uploads:
+        t.anchor["fisher"] = None
     absx = np.abs(x)
-    levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level
+    levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level (the model has changed)
 
     def select(key: str, gamma: float) -> NDArray[np.bool_]:
-        if key in state.clients:
-            return select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg))
+        own = state.clients.get(key)
+        if own is not None:
+            kept = held.get(key, own.round, gamma)
+            if kept is not None:
+                return kept
+            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg))
+            held.put(key, own.round, gamma, mask)
+            return mask
 
         def by_prior() -> NDArray[np.bool_]:
             return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
@@ -272,13 +346,20 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
         return levels_cache.get(x, (state, state.version), gamma, by_prior)
 
-    def select_anchor(f: NDArray[np.float32], gamma: float) -> None:
+    def select_anchor(key: str, f: NDArray[np.float32], gamma: float) -> None:
+        if kind == "held" and key in state.clients:  # the plainest mask kept between rounds: its packed bits
+            np.unpackbits(held.packed(key), count=d).view(np.bool_)
+            return
         k = budget(gamma, d)
         if k < d:
             np.argpartition(f * absx, d - k)[d - k :]
 
-    def add(key: str, project: float, anchor: float | None = None) -> None:
-        t.project[key] += project
+    def add(key: str, project: tuple[float, float], anchor: float | None = None, per_client: bool = True) -> None:
+        t.project[key] += project[0]
+        t.cpu[key] += project[1]
+        if per_client:
+            t.extra["per_client_seconds"] = t.extra.get("per_client_seconds", 0.0) + project[0]
+            t.extra["per_client_cpu_seconds"] = t.extra.get("per_client_cpu_seconds", 0.0) + project[1]
         if anchor is not None:
             t.anchor[key] = (t.anchor[key] or 0.0) + anchor
 
@@ -287,19 +368,23 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     # other work on the machine falls on both sides alike instead of on whichever ran during it.
     sent: list[SentSubmodel] = []
     for i, (key, gamma) in enumerate(zip(keys, caps)):
-        t0 = time.perf_counter()
+        clock = Laps()
         mask = select(key, gamma)
-        t1 = time.perf_counter()
-        select_anchor(data.uploads[i % len(data.uploads)], gamma)
-        t2 = time.perf_counter()
+        selected = clock.lap()
+        select_anchor(key, data.uploads[i % len(data.uploads)], gamma)
+        select_wall = clock.lap()[0]
         payload = encode_submodel(x, mask)
-        t3 = time.perf_counter()
+        fisher_at = np.ascontiguousarray(x[~mask]) if uploads else None  # a refresh: the values outside the mask
+        sent.append(SentSubmodel(i, rnd, mask, payload.digest, 1000, uploads))
+        encoded = clock.lap()
         x[mask], np.packbits(mask)
-        add("select", t1 - t0, t2 - t1)
-        add("encode", t3 - t2, time.perf_counter() - t3)
-        sent.append(SentSubmodel(i, rnd, mask, payload.digest, 1000))
+        if uploads:
+            x[~mask]
+        add("select", selected, select_wall)
+        add("encode", encoded, clock.lap()[0])
+        del mask, payload, fisher_at
 
-    # Fold: each reply validated, added to the running sum, its Fisher into the state, and dropped.
+    # Fold: each reply validated, added to the running sum, its Fisher (if any) into the state, and dropped.
     method = create_method(parse_run_config({"fisher-encoding": "masked"}))  # decodes the payload encoded below
     method.start_server(layout)
     sums = method.running_sum()
@@ -311,33 +396,40 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     buf = np.empty(d, dtype=np.float32)
     for i, (key, s) in enumerate(zip(keys, sent)):
         upload = i % len(data.uploads)
-        if (upload, s.kept) not in fisher_out:
-            fisher_out[(upload, s.kept)] = encode_fisher(data.uploads[upload], s.mask, layout, "masked")
-        arrays = {P.DELTA: data.delta(s.kept), **fisher_out[(upload, s.kept)]}
-        records = ReplyRecords(arrays, metrics, {"round": rnd, "mask-digest": s.digest})
-        t0 = time.perf_counter()
+        arrays = {P.DELTA: data.delta(s.kept)}
+        if uploads:
+            if (upload, s.kept) not in fisher_out:
+                fisher_out[(upload, s.kept)] = encode_fisher(data.uploads[upload], s.mask, layout, "masked")
+            arrays.update(fisher_out[(upload, s.kept)])
+        record = ArrayRecord({name: Array(a) for name, a in arrays.items()})  # the reply as it arrives (bytes)
+        del arrays
+        clock = Laps()
+        records = ReplyRecords(record_arrays(record), metrics, {"round": rnd, "mask-digest": s.digest})
         reply = method.validate(records, s, x)
-        t1 = time.perf_counter()
+        validated = clock.lap()
         sums.add(reply.update)
-        t2 = time.perf_counter()
+        summed = clock.lap()
         np.add(acc, dense, out=acc)
-        t3 = time.perf_counter()
-        assert reply.fisher is not None
-        state.update(key, reply.fisher, reply.update.weight, rnd)
-        t4 = time.perf_counter()
-        np.multiply(reply.fisher, np.float32(1 / reply.fisher.mean()), out=buf)
-        np.add(acc, buf, out=acc)
-        add("validate", t1 - t0)
-        add("aggregate", t2 - t1, t3 - t2)
-        add("fisher", t4 - t3, time.perf_counter() - t4)
-        del reply, records, arrays  # as the strategy drops each reply once folded
+        sum_anchor = clock.lap()[0]
+        add("validate", validated)
+        add("aggregate", summed, sum_anchor)
+        if uploads:
+            assert reply.fisher is not None
+            state.update(key, reply.fisher, reply.update.weight, rnd)
+            folded = clock.lap()
+            np.multiply(reply.fisher, np.float32(1 / reply.fisher.mean()), out=buf)
+            np.add(acc, buf, out=acc)
+            add("fisher", folded, clock.lap()[0])
+        else:
+            assert reply.fisher is None
+        del reply, records, record  # as the strategy drops each reply once folded
     fisher_out.clear()
     sent.clear()
-    t0 = time.perf_counter()
+    clock = Laps()
     sums.apply(x)
-    t1 = time.perf_counter()
+    applied = clock.lap()
     x + acc
-    add("aggregate", t1 - t0, time.perf_counter() - t1)
+    add("aggregate", applied, clock.lap()[0], per_client=False)
     del sums, acc, dense, buf
 
     intervals: list = []
@@ -347,7 +439,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         intervals.append(state.prior_interval())
         state.global_prior()
 
-    t.project["prior"] = timed(prior)
+    measure(t, "prior", prior)
     stored = [c.fisher for c in state.clients.values()]
     m = len(stored)
     cut = trim_count(fisher_keys.trim, m)
@@ -373,7 +465,7 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         if interval is not None:
             contested_by_level(layout, x, below, *interval, min_per_row(cfg))
 
-    t.project["influence"] = timed(influence)
+    measure(t, "influence", influence)
 
     def eval_masks() -> None:
         for gamma in sorted(set(caps), reverse=True):
@@ -388,14 +480,19 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
         for gamma in below:
             np.argpartition(scores, d - budget(gamma, d))
 
-    t.project["eval_masks"] = timed(eval_masks)
+    measure(t, "eval_masks", eval_masks)
     t.anchor["eval_masks"] = timed(eval_masks_anchor)
 
     # A folder of its own: a repeated round would otherwise find its state's chunks stored by the one before.
     folder = Path(tempfile.mkdtemp(dir=workdir))
     path = folder / "checkpoint.npz"
     written: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
-    t.project["checkpoint"] = timed(lambda: written.append(save_checkpoint(path, rnd, x, state.to_bytes())))
+
+    def state_bytes() -> bytes:
+        # As FedFIbOS serialises its state: the Fisher state's npz with the held masks appended.
+        return append_arrays(state.to_bytes(), held.arrays())
+
+    measure(t, "checkpoint", lambda: written.append(save_checkpoint(path, rnd, x, state_bytes())))
     size = path.stat().st_size + written[0]
 
     def checkpoint_anchor() -> None:
@@ -404,6 +501,10 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
             f.write(x.tobytes())
             for c in state.clients.values():
                 f.write(c.fisher.tobytes())
+            for key in state.clients:
+                bits = held.packed(key)
+                if bits is not None:
+                    f.write(bits.tobytes())
             f.flush()
             os.fsync(f.fileno())
 
@@ -412,25 +513,34 @@ def run_round(data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[flo
     first = next(iter(state.clients))
     state.update(first, data.uploads[-1] * 2.0, 100.0, rnd + 1)
     t0 = time.perf_counter()
-    again = save_checkpoint(path, rnd + 1, x, state.to_bytes())
-    t.extra = {
-        "checkpoint_mb": size / 2**20,
-        "incremental_written_mb": again / 2**20,
-        "incremental_seconds": time.perf_counter() - t0,
-    }
+    again = save_checkpoint(path, rnd + 1, x, state_bytes())
+    t.extra.update(
+        checkpoint_mb=size / 2**20,
+        incremental_written_mb=again / 2**20,
+        incremental_seconds=time.perf_counter() - t0,
+    )
     shutil.rmtree(folder)
     return t
 
 
 def repeated_rounds(
-    data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path, repeat: int
+    data: SyntheticRound,
+    cfg: RunConfig,
+    n: int,
+    levels: Sequence[float],
+    workdir: Path,
+    repeat: int,
+    kind: str = "refresh",
 ) -> StepTimes:
     """``repeat`` rounds of :func:`run_round`; each step's fastest (load from other work only adds time)."""
-    t = run_round(data, cfg, n, levels, workdir)
+    t = run_round(data, cfg, n, levels, workdir, kind)
     for _ in range(repeat - 1):
-        again = run_round(data, cfg, n, levels, workdir)
+        again = run_round(data, cfg, n, levels, workdir, kind)
         t.project = {k: min(v, again.project[k]) for k, v in t.project.items()}
+        t.cpu = {k: min(v, again.cpu[k]) for k, v in t.cpu.items()}
         t.anchor = {k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()}
+        for k in ("per_client_seconds", "per_client_cpu_seconds"):
+            t.extra[k] = min(t.extra[k], again.extra[k])
     return t
 
 
@@ -441,17 +551,22 @@ def synthetic_memory(d: int, levels: Sequence[float], pool: int) -> dict[str, fl
     return {"synthetic": float(4 * d * (1 + pool) + 4 * kept * (1 + 2 * pool) + 12 * d)}
 
 
+def kind_of(row: dict) -> str:
+    """A result row's round kind (an earlier run's rows, before there were kinds, are refresh rounds)."""
+    return row.get("round", "refresh")
+
+
 def memory_table(results: list[dict]) -> str:
     """Per round: the peak resident memory measured, and the estimate the benchmark checked before it ran."""
     lines = [
-        "| model | clients | peak RSS GiB | estimated GiB | of which grows with the clients (sent masks) GiB |",
-        "|---|---|---|---|---|",
+        "| model | clients | round | peak RSS GiB | estimated GiB | of which grows with the clients (sent masks) GiB |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         if "skipped" in r or "peak_rss_gib" not in r:
             continue
         lines.append(
-            f"| {r['model']} | {r['clients']} | {r['peak_rss_gib']:.2f} | {r['estimate_gib']:.2f} | "
+            f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['peak_rss_gib']:.2f} | {r['estimate_gib']:.2f} | "
             f"{r['memory_gib']['sent']:.3f} |"
         )
     return "\n".join(lines)
@@ -481,7 +596,7 @@ def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float])
 
 
 def table(results: list[dict], earlier: list[dict] | None = None) -> str:
-    """The per-step Markdown table: one block of rows per (model, clients).
+    """The per-step Markdown table: one block of rows per (model, clients, round kind).
 
     Parameters
     ----------
@@ -489,11 +604,14 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
         This run's rounds (``server_bench.json``'s ``rounds``).
     earlier : list[dict], optional
         An earlier run's rounds: its project seconds and ratio are shown beside this run's, step by step
-        (``-`` where it did not measure that model, client count or step).
+        (``-`` where it did not measure that model, client count, round kind or step).
+
+    A ``round`` column appears when the rows name their kind (:data:`ROUND_KINDS`).
     """
-    before = {(r["model"], r["clients"]): r for r in earlier or [] if "skipped" not in r}
-    head = "| model | clients | step | project s | numpy anchor s | ratio |"
-    rule = "|---|---|---|---|---|---|"
+    before = {(r["model"], r["clients"], kind_of(r)): r for r in earlier or [] if "skipped" not in r}
+    kinds = any("round" in r for r in results)
+    head = "| model | clients |" + (" round |" if kinds else "") + " step | project s | numpy anchor s | ratio |"
+    rule = "|---|---|" + ("---|" if kinds else "") + "---|---|---|---|"
     if earlier is not None:
         head += " earlier project s | earlier ratio |"
         rule += "---|---|"
@@ -504,16 +622,17 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
 
     lines = [head, rule]
     for r in results:
+        lead = f"| {r['model']} | {r['clients']} |" + (f" {kind_of(r)} |" if kinds else "")
         if "skipped" in r:
             tail = " - | - |" if earlier is not None else ""
-            lines.append(f"| {r['model']} | {r['clients']} | skipped: {r['skipped']} | - | - | - |{tail}")
+            lines.append(f"{lead} skipped: {r['skipped']} | - | - | - |{tail}")
             continue
-        old = before.get((r["model"], r["clients"]))
+        old = before.get((r["model"], r["clients"], kind_of(r)))
         rows = [(label, r["project"][key], r["anchor"][key], key, 3) for key, label in STEPS]
         rows.append(("**whole round**", r["round_project"], r["round_anchor"], None, 2))
         for label, p, a, key, digits in rows:
             project, anchor, ratio = cells(p, a, digits)
-            line = f"| {r['model']} | {r['clients']} | {label} | {project} | {anchor} | {ratio} |"
+            line = f"{lead} {label} | {project} | {anchor} | {ratio} |"
             if earlier is not None:
                 if old is None:
                     then = (None, None)
@@ -528,16 +647,73 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
 
 
 def scaling_lines(results: list[dict]) -> list[str]:
-    """Per model: the least-squares line ``seconds = a + b * clients`` through the measured rounds."""
+    """Per model (and round kind): the least-squares line ``seconds = a + b * clients`` through the measured rounds."""
     out = []
-    for model in dict.fromkeys(r["model"] for r in results):
-        pts = [(r["clients"], r["round_project"]) for r in results if r["model"] == model and "skipped" not in r]
+    for model, kind in dict.fromkeys((r["model"], r.get("round")) for r in results):
+        pts = [
+            (r["clients"], r["round_project"])
+            for r in results
+            if r["model"] == model and r.get("round") == kind and "skipped" not in r
+        ]
         if len(pts) < 2:
             continue
         b, a = np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)
         worst = max(abs(s - (a + b * c)) / s for c, s in pts)
-        out.append(f"{model}: server seconds per round = {a:.3f} + {b:.4f} x clients (largest deviation {worst:.0%})")
+        name = model if kind is None else f"{model}, {kind} round"
+        out.append(f"{name}: server seconds per round = {a:.3f} + {b:.4f} x clients (largest deviation {worst:.0%})")
     return out
+
+
+def per_client_rows(results: list[dict]) -> list[dict]:
+    """Per model, round kind and client count: the server's seconds per client of the round.
+
+    * ``work``, ``work_cpu``: the steps done once per client (select, encode and keep what was sent, validate,
+      the running sum, the Fisher state), wall clock and CPU, divided by the clients: the per-client constant;
+    * ``slope``, ``slope_cpu``: the whole round's seconds between this client count and the one before,
+      ``(T(n) - T(m)) / (n - m)``: linear time shows as slopes that do not grow with the clients;
+    * ``ratio``: the whole round against its numpy anchors.
+    """
+    out = []
+    done = [r for r in results if "skipped" not in r and "per_client_seconds" in r]
+    for model, kind in dict.fromkeys((r["model"], kind_of(r)) for r in done):
+        prev = None
+        for r in sorted((r for r in done if r["model"] == model and kind_of(r) == kind), key=lambda r: r["clients"]):
+            n = r["clients"]
+            row = {
+                "model": model,
+                "round": kind,
+                "clients": n,
+                "work": r["per_client_seconds"] / n,
+                "work_cpu": r["per_client_cpu_seconds"] / n,
+                "slope": None,
+                "slope_cpu": None,
+                "ratio": r["round_project"] / r["round_anchor"] if r["round_anchor"] > 0 else None,
+            }
+            if prev is not None:
+                row["slope"] = (r["round_project"] - prev["round_project"]) / (n - prev["clients"])
+                row["slope_cpu"] = (r["round_cpu"] - prev["round_cpu"]) / (n - prev["clients"])
+            out.append(row)
+            prev = r
+    return out
+
+
+def per_client_table(results: list[dict]) -> str:
+    """:func:`per_client_rows` as a Markdown table."""
+
+    def f(v: float | None, digits: int = 3) -> str:
+        return "-" if v is None else f"{v:.{digits}f}"
+
+    lines = [
+        "| model | round | clients | per-client steps s / client | CPU s / client | whole round: slope s / client "
+        "| CPU slope s / client | whole round / anchor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in per_client_rows(results):
+        lines.append(
+            f"| {r['model']} | {r['round']} | {r['clients']} | {f(r['work'])} | {f(r['work_cpu'])} | {f(r['slope'])} "
+            f"| {f(r['slope_cpu'])} | {f(r['ratio'], 1)} |"
+        )
+    return "\n".join(lines)
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -555,9 +731,11 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
         rows = [r for r in results if r["model"] == model and "skipped" not in r]
-        n = [r["clients"] for r in rows]
-        ax.plot(n, [r["round_project"] for r in rows], "o-", label="project")
-        ax.plot(n, [r["round_anchor"] for r in rows], "s--", alpha=0.7, label="numpy anchor")
+        for kind in dict.fromkeys(kind_of(r) for r in rows):
+            mine = [r for r in rows if kind_of(r) == kind]
+            n = [r["clients"] for r in mine]
+            ax.plot(n, [r["round_project"] for r in mine], "o-", label=f"project, {kind} round")
+            ax.plot(n, [r["round_anchor"] for r in mine], "s--", alpha=0.7, label=f"numpy anchor, {kind} round")
         ax.set_title(f"{model} (d = {rows[0]['d']:,})")
         ax.set_xlabel("clients per round")
         ax.set_ylabel("server seconds per round")
@@ -585,6 +763,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=8.0,
         help="refuse to start when a configuration would need more (GiB; also refused beyond the available memory)",
     )
+    ap.add_argument(
+        "--rounds",
+        default=",".join(ROUND_KINDS),
+        help="round kinds, comma-separated: refresh (stored clients ranked anew, every reply a Fisher upload), "
+        "held (masks held between refreshes, replies the update only)",
+    )
     ap.add_argument("--repeat", type=int, default=1, help="rounds per configuration; each step's fastest is kept")
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
     ap.add_argument("--seed", type=int, default=0)
@@ -605,6 +789,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if m not in IN_CHANNELS:
             raise SystemExit(f"--models: unknown model {m!r}; expected some of {sorted(IN_CHANNELS)}")
     clients = [int(c) for c in args.clients.split(",")]
+    kinds = [k.strip() for k in args.rounds.split(",") if k.strip()]
+    for k in kinds:
+        if k not in ROUND_KINDS:
+            raise SystemExit(f"--rounds: unknown round kind {k!r}; expected some of {list(ROUND_KINDS)}")
     # Read before anything is written: the earlier file may be the one this run replaces.
     earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
     levels = [float(g) for g in args.capacities.split(",")]
@@ -645,18 +833,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         for model_name, (layout, x) in built.items():
             data = SyntheticRound(layout, x, args.pool, args.seed)
             downloads[model_name] = download_rows(data, cfg, levels)
-            for n in clients:
+            for kind, n in ((kind, n) for kind in kinds for n in clients):
                 need = needs[(model_name, n)]
                 row: dict = {
                     "model": model_name,
                     "d": layout.size,
                     "clients": n,
+                    "round": kind,
                     "memory_gib": {k: v / 2**30 for k, v in need.items()},
                 }
-                t, peak = in_own_process(partial(repeated_rounds, data, cfg, n, levels, Path(tmp), args.repeat))
+                run = partial(repeated_rounds, data, cfg, n, levels, Path(tmp), args.repeat, kind)
+                t, peak = in_own_process(run)
                 row.update(
                     project=t.project,
                     anchor=t.anchor,
+                    cpu=t.cpu,
+                    round_cpu=sum(t.cpu.values()),
                     **t.extra,
                     round_project=sum(t.project.values()),
                     round_anchor=sum(v for v in t.anchor.values() if v is not None),
@@ -666,8 +858,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 results.append(row)
                 print(
-                    f"{model_name} x {n}: round {row['round_project']:.2f} s (anchor {row['round_anchor']:.2f} s), "
-                    f"peak RSS {row['peak_rss_gib']:.2f} GiB (estimated {row['estimate_gib']:.2f})",
+                    f"{model_name} x {n}, {kind} round: {row['round_project']:.2f} s, CPU {row['round_cpu']:.2f} s "
+                    f"(anchor {row['round_anchor']:.2f} s), per client {row['per_client_seconds'] / n:.3f} s, CPU "
+                    f"{row['per_client_cpu_seconds'] / n:.3f} s; peak RSS {row['peak_rss_gib']:.2f} GiB "
+                    f"(estimated {row['estimate_gib']:.2f})",
                     flush=True,
                 )
             del data
@@ -676,19 +870,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for line in scaling_lines(results):
         print(line)
-    for r in results:
-        if "skipped" not in r:
-            print(f"{r['model']} x {r['clients']}: {r['one_mask_seconds']:.3f} s per mask below capacity 1")
     print()
-    print(memory_table(results))
+    print(per_client_table(results))
     print()
-    print("| model | clients | checkpoint MiB | next round, one client re-uploaded: MiB written | seconds |")
-    print("|---|---|---|---|---|")
     for r in results:
         if "skipped" not in r:
             print(
-                f"| {r['model']} | {r['clients']} | {r['checkpoint_mb']:.0f} | {r['incremental_written_mb']:.0f} | "
-                f"{r['incremental_seconds']:.2f} |"
+                f"{r['model']} x {r['clients']}, {kind_of(r)} round: {r['one_mask_seconds']:.3f} s per mask below "
+                "capacity 1"
+            )
+    print()
+    print(memory_table(results))
+    print()
+    print("| model | clients | round | checkpoint MiB | next round, one client re-uploaded: MiB written | seconds |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        if "skipped" not in r:
+            print(
+                f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['checkpoint_mb']:.0f} | "
+                f"{r['incremental_written_mb']:.0f} | {r['incremental_seconds']:.2f} |"
             )
     print()
     print("| model | capacity | kept k | mask kind | mask bytes | download bytes | 4k + d H(k/d)/8 | ratio |")
@@ -701,10 +901,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     doc = {
         "command": "fibos bench-server " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "settings": {"capacities": levels, "pool": args.pool, "seed": args.seed, "repeat": args.repeat, **overrides},
+        "settings": {
+            "capacities": levels,
+            "pool": args.pool,
+            "seed": args.seed,
+            "repeat": args.repeat,
+            "rounds": kinds,
+            **overrides,
+        },
         "rounds": results,
         "downloads": downloads,
         "scaling": scaling_lines(results),
+        "per_client": per_client_rows(results),
     }
     (args.out / "server_bench.json").write_text(json.dumps(doc, indent=1))
     plot(results, args.out / "server_bench.png")
