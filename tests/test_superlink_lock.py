@@ -68,3 +68,23 @@ def test_a_lock_past_the_busy_timeout_fails_the_run_naming_the_database(tmp_path
     assert f"the SuperLink's database {held['db']} was locked" in done.stderr, done.stderr
     assert "'database is locked'" in done.stderr and "--superlink-database memory" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_in_memory_database_leaves_no_file_to_lock(tmp_path: Path) -> None:
+    """``--superlink-database memory``: Flower's in-memory state, no SQLite file while it runs; the run finishes."""
+    results = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.commands.launcher", "--capacities", "1,1/2", "--rounds", "1",
+         "--results", str(results), "--timeout", "600", "-c", "eval-every=0", "--superlink-database", "memory"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen: set[str] = set()
+    looked = 0
+    while proc.poll() is None:  # the launch's Flower state is removed at its end: look while it runs
+        seen.update(str(p) for p in tmp_path.rglob("*") if p.name.endswith((".db", ".db-wal", ".db-shm")))
+        looked += (results / ".flwr").is_dir()
+        time.sleep(0.2)
+    out = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode == 0, out[-3000:]
+    assert (results / "model.pt").exists() and looked > 10
+    assert not seen, seen
