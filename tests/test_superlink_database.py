@@ -56,3 +56,8 @@ def test_a_locked_database_in_the_superlink_log_is_named_with_what_to_do(tmp_pat
     why = database_diagnosis(log, "/x/state.db")
     assert why.startswith("the SuperLink's database /x/state.db was locked ('database is locked', 2 times in ")
     assert "--superlink-database memory" in why and "resume=true" in why
+    earlier = log.stat().st_size  # what an earlier run of the same SuperLink logged is not this run's cause
+    assert database_diagnosis(log, "/x/state.db", since=earlier) == ""
+    with open(log, "a") as more:
+        more.write("ERROR: [/v1/runtime/push-messages] ... database is locked\n")
+    assert "('database is locked', once in" in database_diagnosis(log, "/x/state.db", since=earlier)

@@ -141,21 +141,27 @@ def superlink_database(text: str) -> str:
     return str(path)
 
 
-def database_diagnosis(superlink_log: Path, database: str) -> str:
+def database_diagnosis(superlink_log: Path, database: str, since: int = 0) -> str:
     """Why a run failed, when the SuperLink's log shows its SQLite database locked; empty when it does not.
+
+    ``since``: the log's size in bytes when the run began (what an earlier run of the same SuperLink logged is
+    not this run's cause).
 
     Under load (or with another process holding the file) a SuperLink write waits past SQLite's busy timeout
     (Flower: 5 s, not configurable) and the request fails with an internal server error; the ServerApp or a
     node then sees only that error (``500 Internal Server Error``, ``push session may have expired``).
     """
     try:
-        count = superlink_log.read_text(errors="replace").count(DATABASE_LOCKED)
+        with open(superlink_log, "rb") as log:
+            log.seek(since)
+            count = log.read().decode(errors="replace").count(DATABASE_LOCKED)
     except OSError:
         return ""
     if not count:
         return ""
+    times = "once" if count == 1 else f"{count} times"
     return (
-        f"the SuperLink's database {database} was locked ('{DATABASE_LOCKED}', {count} times in {superlink_log}): "
+        f"the SuperLink's database {database} was locked ('{DATABASE_LOCKED}', {times} in {superlink_log}): "
         "a write waited longer than SQLite's 5 s busy timeout, because another process held the file or the "
         "machine was too loaded to commit in time. Launch again with --superlink-database memory (nothing the "
         "run needs is lost; -c resume=true continues from the last checkpoint), or with the database on a local, "
@@ -608,6 +614,8 @@ class LocalFederation:
         cmd.append(toml_overrides(overrides))
         self.echo("$ " + shlex.join(cmd))
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
+        superlink_log = self.logs / "superlink.log"
+        logged_before = superlink_log.stat().st_size if superlink_log.exists() else 0
         try:
             with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
                 try:
@@ -624,7 +632,7 @@ class LocalFederation:
                 raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
         except (RuntimeError, RunTimeout) as err:
             # Flower's own words for a locked database are an internal server error far from the cause.
-            why = database_diagnosis(self.logs / "superlink.log", self.database_path)
+            why = database_diagnosis(superlink_log, self.database_path, since=logged_before)
             if not why:
                 raise
             if isinstance(err, RunTimeout):
