@@ -717,7 +717,8 @@ def per_client_table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Server seconds per round against clients per round, project and anchor: one panel per model."""
+    """Server seconds per round against clients per round, project and anchor (and the project's CPU seconds,
+    which load from other work on the machine moves less): one panel per model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -736,6 +737,8 @@ def plot(results: list[dict], path: Path) -> None:
             n = [r["clients"] for r in mine]
             ax.plot(n, [r["round_project"] for r in mine], "o-", label=f"project, {kind} round")
             ax.plot(n, [r["round_anchor"] for r in mine], "s--", alpha=0.7, label=f"numpy anchor, {kind} round")
+            if all("round_cpu" in r for r in mine):
+                ax.plot(n, [r["round_cpu"] for r in mine], "^:", label=f"project CPU seconds, {kind} round")
         ax.set_title(f"{model} (d = {rows[0]['d']:,})")
         ax.set_xlabel("clients per round")
         ax.set_ylabel("server seconds per round")
