@@ -259,3 +259,45 @@ def test_reply_parts_hand_the_validator_views_of_the_message():
     arrays = record_arrays(record)
     assert set(arrays) == {P.DELTA, "fisher.rowmean"} and np.array_equal(arrays[P.DELTA], delta)
     assert all(not a.flags.writeable for a in arrays.values())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    shapes=st.lists(
+        st.one_of(
+            st.tuples(st.integers(1, 9)),
+            st.tuples(st.integers(1, 6), st.integers(1, 7)),
+            st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3), st.integers(1, 3)),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    seed=st.integers(0, 2**32 - 1),
+    density=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
+)
+def test_row_filled_fisher_decodes_to_the_bits_of_the_row_id_gather(shapes, seed, density):
+    """The masked and ranked Fisher decoders fill rows by repetition: the same bits as gathering by row id."""
+    from common.fisher.codec import decode_fisher, encode_fisher
+    from common.models.layout import ParamLayout, TensorSpec
+
+    layout = ParamLayout(tuple(TensorSpec(f"t{i}", s) for i, s in enumerate(shapes)))
+    rng = np.random.default_rng(seed)
+    d = layout.size
+    fisher = rng.lognormal(0.0, 2.0, d).astype(np.float32)
+    mask = rng.random(d) < density
+    payload = encode_fisher(fisher, mask, layout, "masked")
+    expected = payload["fisher.rowmean"][layout.row_ids].astype(np.float32)
+    expected[mask] = payload["fisher.inside"]
+    assert decode_fisher(payload, mask, layout, "masked").tobytes() == expected.tobytes()
+    if mask.any():
+        ranked = encode_fisher(fisher, mask, layout, "ranked")
+        top = decode_mask(codec.MASK_KINDS[int(ranked["fisher.setkind"][0])], ranked["fisher.set"], d)
+        lo, hi = (float(v) for v in ranked["fisher.log8range"])
+        from common.fisher.codec import _unlog8
+
+        sent = _unlog8(ranked["fisher.setlog8"], lo, hi)
+        want = ranked["fisher.rowmean"][layout.row_ids].astype(np.float32)
+        if sent.size:
+            np.minimum(want, sent.min(), out=want)
+        want[top] = sent
+        assert decode_fisher(ranked, mask, layout, "ranked").tobytes() == want.tobytes()

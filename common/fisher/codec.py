@@ -169,6 +169,18 @@ def encode_fisher(
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
 
 
+def _per_position(rowmean: NDArray[np.float32], layout: ParamLayout) -> NDArray[np.float32]:
+    """Each row's value at every position of the row (a new float32 array of length ``d``).
+
+    A row's positions are contiguous (:attr:`ParamLayout.row_ids` is non-decreasing in runs of each tensor's row
+    length), so this is ``np.repeat`` of the row values, the same values as ``rowmean[layout.row_ids]`` without
+    reading a length-``d`` int64 index.
+    """
+    lengths = [np.full(t.rows, t.size // t.rows, dtype=np.int64) for t in layout.tensors]
+    counts = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+    return np.repeat(np.asarray(rowmean, dtype=np.float32), counts)
+
+
 def _expect(
     payload: Mapping[str, NDArray],
     name: str,
@@ -221,11 +233,13 @@ def decode_fisher(
     if mode == "dense":
         return _expect(payload, "fisher.dense", np.float32, d).copy()
     if mode == "masked":
-        k = int(mask.sum())
+        k = int(np.count_nonzero(mask))
         inside = _expect(payload, "fisher.inside", np.float32, k)
         rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
-        out = rowmean[layout.row_ids].astype(np.float32)
-        out[mask] = inside
+        if k == d:  # every position sent: the row means (of no position) are not used
+            return inside.copy()
+        out = _per_position(rowmean, layout)
+        out[np.flatnonzero(mask)] = inside  # positions: faster than a boolean scatter below capacity 1
         return out
     if mode == "topm":
         idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)
@@ -249,7 +263,7 @@ def decode_fisher(
         m = int(np.count_nonzero(top))
         sent = _unlog8(_expect(payload, "fisher.setlog8", np.uint8, m), lo, hi)
         rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
-        out = rowmean[layout.row_ids].astype(np.float32)
+        out = _per_position(rowmean, layout)
         if m:
             np.minimum(out, sent.min(), out=out)  # the sent values are the largest ones
         out[top] = sent
