@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from logging import ERROR, INFO, WARNING
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
+from numpy.typing import NDArray
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
@@ -16,7 +18,7 @@ from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.methods import create_method
-from common.methods.base import Method, Received
+from common.methods.base import LocalUpdate, Method, Received
 from common.training.device import pick_device
 from common.training.evaluation import evaluate
 from common.training.loop import round_train_config
@@ -79,42 +81,80 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def measured_train(
+    method: Method, got: Received, run: RunConfig, node: NodeConfig, data: LocalData
+) -> tuple[LocalUpdate, float | None, float]:
+    """``method.client_train`` on ``got`` with the node's settings for ``got.round``, measured.
+
+    Returns the update, the process's peak resident MiB while it ran (``None`` where that cannot be read) and
+    its CPU seconds (all threads).
+    """
+    cpu0 = time.process_time()
+    with PeakRSS() as peak:
+        update = method.client_train(
+            got, data.train, round_train_config(run, node, got.round), pick_device(node.device)
+        )
+    return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0
+
+
 def opening_warmup(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData, capacity: float) -> RecordDict:
     """The round-0 TRAIN reply's records for a QUERY carrying the initial model: the node's warm-up Fisher.
 
     The node builds the round-0 download it would have been sent (:meth:`opening_received`) and measures its
     Fisher there as a round-0 TRAIN message would have it do. When it cannot, it says why (``opening-error``)
-    and the server ranks it by the prior until its first refresh.
+    and the server ranks it by the prior until its first refresh. When the QUERY also asks for round 1
+    (``round-one``), :func:`opening_round_one` adds that round's reply.
     """
     try:
         method = create_method(run)
         x0 = msg.content.array_records[P.OPENING][P.VALUES].numpy()
         got = method.opening_received(data.train, x0, capacity)
-        cpu0 = time.process_time()
-        with PeakRSS() as peak:
-            update = method.client_train(got, data.train, round_train_config(run, node, 0), pick_device(node.device))
-        cpu_seconds = time.process_time() - cpu0
+        update, peak_mib, cpu_seconds = measured_train(method, got, run, node, data)
     except Exception as err:  # the profile still goes back: the node takes part, ranked by the prior at first
         reason = f"{type(err).__name__}: {err}"
         log(WARNING, "no warm-up Fisher from the discovery message: %s", reason)
         return RecordDict({P.OPENING_ERROR: ConfigRecord({P.OPENING_ERROR: reason})})
-    return train_records(update, 0, got.digest, peak.peak_mib if peak.peak_bytes else None, cpu_seconds)
+    records = train_records(update, 0, got.digest, peak_mib, cpu_seconds)
+    if P.ROUND_ONE in msg.content.config_records:
+        records.update(opening_round_one(method, x0, capacity, got, update, run, node, data))
+    return records
+
+
+def opening_round_one(
+    method: Method,
+    x0: NDArray[np.float32],
+    capacity: float,
+    opening: Received,
+    warm_up: LocalUpdate,
+    run: RunConfig,
+    node: NodeConfig,
+    data: LocalData,
+) -> dict[str, ConfigRecord | ArrayRecord | MetricRecord]:
+    """Round 1 trained in the discovery exchange: the records of its TRAIN reply, under the ``round-one-*`` names.
+
+    The submodel is the one the server will rank by the warm-up Fisher just measured
+    (:meth:`~common.methods.base.Method.round_one_received`); when it cannot be built or trained, the reason
+    (``round-one-error``), and the server leaves the node out of round 1.
+    """
+    try:
+        got = method.round_one_received(data.train, x0, capacity, opening, warm_up)
+        update, peak_mib, cpu_seconds = measured_train(method, got, run, node, data)
+    except Exception as err:
+        reason = f"{type(err).__name__}: {err}"
+        log(WARNING, "round 1 not trained with the discovery message: %s", reason)
+        return {P.ROUND_ONE_ERROR: ConfigRecord({P.ROUND_ONE_ERROR: reason})}
+    time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
+    one = train_records(update, 1, got.digest, peak_mib, cpu_seconds)
+    return {P.ROUND_ONE_UPDATE: one[P.UPDATE], P.ROUND_ONE_METRICS: one[P.METRICS], P.ROUND_ONE_META: one[P.META]}
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the received submodel with the run's method; reply with its update and metrics."""
     run, node, data = _setup(context)
-    method: Method = create_method(run)
     got = received(msg)
-    cpu0 = time.process_time()
-    with PeakRSS() as peak:
-        update = method.client_train(
-            got, data.train, round_train_config(run, node, got.round), pick_device(node.device)
-        )
-    cpu_seconds = time.process_time() - cpu0
+    update, peak_mib, cpu_seconds = measured_train(create_method(run), got, run, node, data)
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
-    peak_mib = peak.peak_mib if peak.peak_bytes else None
     return train_reply(msg, update, got.round, got.digest, peak_mib, cpu_seconds)
 
 

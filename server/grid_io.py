@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
@@ -88,6 +88,7 @@ def ordered_replies(
     poll_interval: float,
     window: int = REPLY_WINDOW,
     spent: GridTime | None = None,
+    on_pushed: Callable[[], None] | None = None,
 ) -> Iterator[Message]:
     """Push ``messages``, then yield their replies in the order of ``messages``, each as soon as it can be.
 
@@ -114,6 +115,9 @@ def ordered_replies(
         Replies pulled at most ahead of the next one wanted (>= 1).
     spent : GridTime, optional
         Receives the seconds spent here between the caller's requests for the next reply.
+    on_pushed : Callable, optional
+        Called once the messages are pushed, before any reply is pulled: the caller's work that can overlap
+        the nodes' (its seconds are not counted in ``spent``).
     """
     if not messages:
         return
@@ -125,6 +129,10 @@ def ordered_replies(
     order = [(mid, request_stub(msg)) for mid, msg in zip(ids, messages, strict=False) if mid]
     total = len(messages)
     del messages
+    if on_pushed is not None:
+        clock.seconds += time.perf_counter() - t0
+        on_pushed()
+        t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
     arrived: dict[str, Message] = {}
     head = missing = 0

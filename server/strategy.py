@@ -32,6 +32,10 @@ from server.replies import ReplyParts, expected_sent, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, array_record
 from server.strategy_core.round_records import RoundProgress, note_accepted, opening_record, round_record
 
+#: Bytes of round-1 updates the opening exchange may hold until the warm-up is folded (``nodes x d x 4``): above
+#: it, round 1 is an exchange of its own, whose replies are folded as they come.
+ROUND_ONE_HOLD_BYTES = 1 << 30
+
 
 def train_parts(replies: Iterable[Message]) -> Iterator[ReplyParts]:
     """Each TRAIN reply taken apart (:func:`server.replies.reply_parts`); the Message is let go before the next."""
@@ -58,6 +62,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
 
     first_round = 1  # > 1 when resuming from a checkpoint
     opened: dict[str, Any] | None = None  # the warm-up :meth:`opening_discovery` folded, for round 0's record
+    round_one: dict[int, ReplyParts | str] | None = None  # round-1 replies the opening held, for :meth:`run_round`
+    round_one_pushed: tuple[float, float] | None = None  # Unix and perf_counter time the opening went out with round 1
+    initial_central: dict[str, Any] | None = None  # the initial model's central evaluation, made during the opening
 
     def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
         """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
@@ -108,7 +115,10 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         ``replies`` may be a generator (:func:`server.grid_io.ordered_replies`): each reply is taken apart,
         validated, folded and dropped before the next is asked for.
         """
-        metrics = self.fold_train_replies(server_round, train_parts(replies))
+        return self.train_result(self.fold_train_replies(server_round, train_parts(replies)))
+
+    def train_result(self, metrics: list[dict[str, float]]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's model and its example-weighted training metrics, from the accepted replies' ``metrics``."""
         if not metrics:
             return None, None
         records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in metrics]
@@ -198,8 +208,23 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             "clients": [asdict(c) for c in self.clients.values()],
         }
 
+    def trains_round_one_in_opening(self, nodes: int) -> bool:
+        """Whether the opening exchange of ``nodes`` nodes also trains round 1 (:meth:`opening_discovery`).
+
+        When the method can (:meth:`~common.methods.base.Method.opens_round_one`), every participant trains each
+        round (``fraction-train = 1``), and the nodes' round-1 updates, held until the warm-up is folded, fit in
+        :data:`ROUND_ONE_HOLD_BYTES`.
+        """
+        return (
+            self.first_round == 1
+            and self.method.opens_round_one()
+            and self.cfg.fraction_train == 1
+            and nodes * self.layout.size * 4 <= ROUND_ONE_HOLD_BYTES
+        )
+
     def opening_discovery(self, grid: Grid, timeout: float) -> None:
-        """Discovery and round 0's Fisher warm-up in one exchange (:meth:`Method.warmup_in_discovery`).
+        """Discovery and round 0's Fisher warm-up in one exchange (:meth:`Method.warmup_in_discovery`), and
+        round 1 with them when :meth:`trains_round_one_in_opening`.
 
         Each QUERY carries the initial model (every node would have been sent all of it for the warm-up anyway);
         each node replies with its profile and its Fisher for the submodel it would get in round 0, which it
@@ -209,19 +234,32 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         folded into the method's state, as :meth:`fisher_warmup` would. A node that sends no Fisher, or one that
         fails the checks, is ranked by the prior until its first refresh. Saves one message exchange before round
         1 (a SuperNode poll and a ClientApp start per node).
+
+        With round 1, each node also trains the round-1 submodel ranked by the Fisher it just measured, which
+        it computes as the server will (:meth:`~common.methods.base.Method.round_one_received`), and adds that
+        reply; the replies are held (``self.round_one``) until :meth:`run_round` folds them in the clients' key
+        order, each checked against the mask the server then chooses. Saves a second exchange. The initial
+        model is evaluated centrally while the nodes work.
         """
         node_ids = sorted(grid.get_node_ids())
         opening = array_record({P.VALUES: self.x})
-        msgs = [
-            Message(RecordDict({P.OPENING: opening}), dst_node_id=nid, message_type=MessageType.QUERY)
-            for nid in node_ids
-        ]
+        with_round_one = self.trains_round_one_in_opening(len(node_ids))
+        content: dict[str, ArrayRecord | ConfigRecord] = {P.OPENING: opening}
+        if with_round_one:
+            content[P.ROUND_ONE] = ConfigRecord({"round": 1})
+        msgs = [Message(RecordDict(content), dst_node_id=nid, message_type=MessageType.QUERY) for nid in node_ids]
         self.sent, self.clients = {}, {}
+        held: dict[int, ReplyParts | str] = {}
         sent = 0
+
+        def pushed() -> None:
+            self.round_one_pushed = (time.time(), time.perf_counter()) if with_round_one else None
+            if with_round_one:  # the nodes now train for a while: evaluate the initial model meanwhile
+                self.initial_central = self.central_evaluation(0)
 
         def warmup_parts() -> Iterator[ReplyParts]:
             nonlocal sent
-            for msg in ordered_replies(grid, msgs, timeout, self.cfg.poll_interval):
+            for msg in ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, on_pushed=pushed):
                 node_id = int(msg.metadata.src_node_id)
                 if not self.registry.profile_reply(reply_parts(msg, None, P.PROFILE, None)):
                     continue
@@ -230,11 +268,24 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
                 # The opening mask, not mask_for: the warm-ups folded so far already make a prior, which the
                 # separate warm-up's masks (all chosen before any reply) never saw.
                 mask = self.method.opening_mask(self.layout, self.x, self.registry.nodes[node_id].capacity)
-                _, info = self.submodel_message(node_id, 0, MessageType.TRAIN, self.sent, (mask, "magnitude"))
-                info.bytes_down, info.values_bytes, info.mask_bytes = opening.count_bytes(), self.x.nbytes, 0
-                info.mask_kind = "opening"
+                info = self.note_sent(
+                    node_id,
+                    0,
+                    (mask, "magnitude"),
+                    self.method.encode(self.x, mask),
+                    self.sent,
+                    fisher_asked=True,
+                    bytes_down=opening.count_bytes(),
+                )
+                info.values_bytes, info.mask_bytes, info.mask_kind = self.x.nbytes, 0, "opening"
                 self.clients[node_id] = info
                 sent += 1
+                if with_round_one:
+                    one = reply_parts(msg, P.ROUND_ONE_UPDATE, P.ROUND_ONE_METRICS, P.ROUND_ONE_META)
+                    if one.arrays is None and not one.error:
+                        held[node_id] = str(one.extras.get(P.ROUND_ONE_ERROR, "the reply carries no round-1 update"))
+                    else:
+                        held[node_id] = one
                 parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
                 if parts.arrays is None and not parts.error:
                     reason = parts.extras.get(P.OPENING_ERROR, "the reply carries no Fisher")
@@ -257,6 +308,61 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             "bytes_up": sum(c.bytes_up for c in self.clients.values()),
             "clients": [asdict(c) for c in self.clients.values()],
         }
+        if with_round_one:
+            self.opened["with_round_one"] = True
+            self.round_one = held
+
+    def round_one_replies(
+        self,
+        grid: Grid,
+        held: dict[int, ReplyParts | str],
+        timeout: float,
+        config: ConfigRecord | None = None,
+        waited: GridTime | None = None,
+    ) -> list[dict[str, float]]:
+        """Round 1 from the replies the opening exchange held (:meth:`opening_discovery`); returns their metrics.
+
+        Each participant's round-1 mask is chosen now, as :meth:`train_messages` would (the warm-up is folded).
+        A held reply that echoes that mask's digest is taken as it is (its entry notes no bytes down: the opening
+        carried the model); a node that trained no round 1 with discovery, or another mask (its warm-up was not
+        folded, so the server ranks it by the prior), is sent round 1 now, as usual. Then every reply is folded
+        in the clients' key order, as a round's replies are.
+
+        Parameters
+        ----------
+        grid : Grid
+            The ServerApp's grid (for the nodes sent round 1 again).
+        held : dict
+            Node id -> its round-1 reply taken apart, or why it has none.
+        timeout : float
+            Seconds to wait for the replies of the nodes sent round 1 again.
+        config : ConfigRecord, optional
+            Sent with those TRAIN messages (``train_config``).
+        waited : GridTime, optional
+            Receives the seconds spent waiting for those replies.
+        """
+        self.sent, self.clients = {}, {}
+        replies: dict[int, ReplyParts] = {}
+        resend: list[Message] = []
+        participants = set(self.registry.participants())
+        for node_id in self.in_key_order(set(held) & participants):
+            mask, source = self.node_mask(node_id, 1)
+            download = self.method.encode(self.x, mask)
+            got = held[node_id]
+            if isinstance(got, ReplyParts) and got.meta is not None and got.meta.get("mask-digest") == download.digest:
+                asked = self.method.fisher_request(self.registry.nodes[node_id].key, 1, self.x, mask) is not None
+                self.clients[node_id] = self.note_sent(node_id, 1, (mask, source), download, self.sent, asked, 0)
+                replies[node_id] = got
+                continue
+            why = got if isinstance(got, str) else f"it trained another mask than the {source}-ranked one"
+            log(INFO, "round 1: node %d is sent round 1 (%s)", node_id, why)
+            msg, self.clients[node_id] = self.submodel_message(
+                node_id, 1, MessageType.TRAIN, self.sent, (mask, source), config
+            )
+            resend.append(msg)
+        for part in train_parts(ordered_replies(grid, resend, timeout, self.cfg.poll_interval, spent=waited)):
+            replies[part.node_id] = part
+        return self.fold_train_replies(1, [replies[nid] for nid in self.in_key_order(replies)])
 
     def opening_round(self, grid: Grid, num_rounds: int, timeout: float) -> None:
         """Round 0 of a fresh run: the method's Fisher warm-up when it asks for one (unless discovery carried it,
@@ -273,13 +379,16 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
                 warmup["replies"],
                 warmup["sent"],
             )
-        central = self.central_evaluation(0)
+        central = self.initial_central if self.initial_central is not None else self.central_evaluation(0)
         if not central:
             return
         log(INFO, "[round 0/%d] global acc %.4f", num_rounds, central["accuracy"])
         if self.on_round:
             registry = self.registry
-            self.on_round(opening_record(central, registry.take_nodes_in(), registry.take_nodes_out(), warmup))
+            record = opening_record(central, registry.take_nodes_in(), registry.take_nodes_out(), warmup)
+            if self.round_one_pushed is not None:
+                record["round_one_pushed"] = self.round_one_pushed[0]
+            self.on_round(record)
 
     # --------------------------------------------------------------- one round
     def run_round(
@@ -308,20 +417,35 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             Gets the round's model and metrics.
         """
         t_round = time.perf_counter()
-        if server_round > self.first_round:
-            self.registry.refresh(grid, min(timeout, 60.0))
-        self.registry.await_train_nodes(grid, timeout)
-        t0 = time.perf_counter()
-        msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
-        server_seconds = time.perf_counter() - t0
-        # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them are the
-        # grid's, not the server's work. The list goes with the stream, which lets the submodels go once pushed.
-        waited = GridTime()
-        replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited)
-        del msgs
-        t0 = time.perf_counter()
-        new_arrays, train_metrics = self.aggregate_train(server_round, replies)
-        server_seconds -= waited.seconds
+        held, self.round_one = self.round_one, None
+        if held is not None and len(self.registry.participants()) < self.cfg.min_train_nodes:
+            log(WARNING, "round 1: fewer than min-train-nodes trained with discovery; round 1 is sent again")
+            held = None
+        if held is not None and self.round_one_pushed is not None:
+            # Round 1 went out with discovery: its replies are here, and the round began when those were pushed.
+            t_round = self.round_one_pushed[1]
+            t0 = time.perf_counter()
+            waited = GridTime()
+            new_arrays, train_metrics = self.train_result(
+                self.round_one_replies(grid, held, timeout, train_config, waited)
+            )
+            server_seconds = -waited.seconds
+        else:
+            if server_round > self.first_round:
+                self.registry.refresh(grid, min(timeout, 60.0))
+            self.registry.await_train_nodes(grid, timeout)
+            t0 = time.perf_counter()
+            msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
+            server_seconds = time.perf_counter() - t0
+            # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them are
+            # the grid's, not the server's work. The list goes with the stream, which lets the submodels go once
+            # pushed.
+            waited = GridTime()
+            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited)
+            del msgs
+            t0 = time.perf_counter()
+            new_arrays, train_metrics = self.aggregate_train(server_round, replies)
+            server_seconds -= waited.seconds
         if new_arrays is not None:
             result.arrays = new_arrays
         if train_metrics is not None:

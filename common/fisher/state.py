@@ -57,6 +57,16 @@ def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
     return max(3, int((budget_mb * 2**20 - 12 * d) // per_client))
 
 
+def at_precision(estimate: NDArray[np.float32], precision: str) -> NDArray:
+    """A normalised estimate as the state stores it: float32, or float16 (``fp16``) clipped to its largest value.
+
+    ``estimate`` is clipped in place when ``precision`` is ``fp16``.
+    """
+    if precision == "fp16":
+        return np.minimum(estimate, np.finfo(np.float16).max, out=estimate).astype(np.float16)
+    return estimate
+
+
 def _spans(d: int) -> Iterator[slice]:
     """Consecutive blocks of :data:`PRIOR_BLOCK` positions covering ``0..d-1``."""
     for start in range(0, d, PRIOR_BLOCK):
@@ -180,6 +190,17 @@ class FisherState:
             out[span] = w
         return out.reshape(np.shape(fisher))
 
+    @staticmethod
+    def first_estimate(fisher: NDArray, precision: str) -> NDArray[np.float32] | None:
+        """What :meth:`estimate` gives a client in the round after its first upload ``fisher``, alone.
+
+        That estimate is the client's own (full trust), normalised and stored at ``precision``: it depends on
+        no other client, so a node can compute the mask it will be ranked by (``None``: an all-zero upload,
+        which is not stored, so the node is ranked by the prior).
+        """
+        new = FisherState.normalise(fisher)
+        return None if new is None else at_precision(new, precision).astype(np.float32, copy=False)
+
     def update(self, client: ClientKey, fisher: NDArray, weight: float, round: int) -> bool:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
         if fisher.shape != (self.d,):
@@ -197,9 +218,7 @@ class FisherState:
             self.clients.pop(stalest)
             self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
             self.evictions += 1
-        if self.precision == "fp16":
-            new = np.minimum(new, np.finfo(np.float16).max, out=new).astype(np.float16)
-        self.clients[client] = ClientFisher(new, float(weight), round)
+        self.clients[client] = ClientFisher(at_precision(new, self.precision), float(weight), round)
         self._slots.setdefault(client, len(self._slots))
         self._prior = None  # recomputed from the stored estimates when next asked for
         self.version += 1

@@ -328,6 +328,23 @@ class Method(MethodSpec):
         model ``x`` of the discovery message (methods whose :meth:`warmup_in_discovery` is true)."""
         raise NotImplementedError(f"{self.name} does not fold its warm-up into discovery")
 
+    def opens_round_one(self) -> bool:
+        """Whether the discovery message that carries the warm-up (:meth:`warmup_in_discovery`) also trains round 1.
+
+        Then each node, having measured its warm-up Fisher, builds the round-1 submodel the server would send it
+        from that Fisher alone (:meth:`round_one_received`), trains it and replies with both: round 1 costs no
+        exchange of its own. Needs a round-1 mask that follows from the node's own upload and the initial model,
+        and a round 1 that asks for no Fisher. Default: no.
+        """
+        return False
+
+    def round_one_received(
+        self, train: ArrayDataset, x: NDArray[np.float32], gamma: float, opening: Received, warm_up: LocalUpdate
+    ) -> Received:
+        """The round-1 TRAIN download a node of capacity ``gamma`` would get after its warm-up ``warm_up``
+        (measured on ``opening``, :meth:`opening_received`), built on the node (:meth:`opens_round_one`)."""
+        raise NotImplementedError(f"{self.name} does not train round 1 with discovery")
+
     def participation_requirement(self) -> str:
         """What a node needs to take part (:meth:`participates`), named when no discovered node can (``""``: none)."""
         return ""

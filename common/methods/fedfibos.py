@@ -29,16 +29,20 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.running_sums import HolderSum, ParticipantSum, RunningSum
 from common.aggregation.update_means import participant_mean_step
+from common.fisher.codec import decode_fisher, expected_names
 from common.fisher.held_masks import HeldMasks, append_arrays
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
 from common.fisher.selection import select_mask
-from common.methods.masked import FisherRankedMethod
+from common.fisher.state import FisherState
+from common.methods.base import LocalUpdate, Received
+from common.methods.masked import FisherRankedMethod, decode_received
 from common.methods.specs.fedfibos import FedFIbOSOptions, FedFIbOSSpec
 from common.models.layout import ParamLayout
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
+    from common.data.arrays import ArrayDataset
 
 
 class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
@@ -92,6 +96,45 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         """Magnitude top-``ceil(gamma d)`` under the run's guards: :meth:`mask_for` before any Fisher exists."""
         guards = self.guards
         return select_mask(layout, x, gamma, "magnitude", None, guards.min_per_row, guards.keep_vectors)
+
+    def opens_round_one(self) -> bool:
+        """With the warm-up in discovery and ``fisher-every`` >= 2: round 1 asks no Fisher, and a node's round-1
+        mask is ranked by its own fresh warm-up Fisher alone (:meth:`round_one_mask`), which it can compute."""
+        return self.warmup_in_discovery() and self.fisher_keys.every >= 2
+
+    def round_one_mask(
+        self, layout: ParamLayout, x: NDArray[np.float32], gamma: float, fisher: NDArray[np.float32]
+    ) -> NDArray[np.bool_] | None:
+        """The round-1 mask of a client whose only upload is its warm-up ``fisher`` (decoded, flat).
+
+        :meth:`mask_for` at round 1 ranks such a client by its own estimate at full trust, which is ``fisher``
+        as the state stores it (:meth:`FisherState.first_estimate`), whatever the other clients sent. ``None``:
+        an all-zero upload, which leaves the client ranked by the prior.
+        """
+        est = FisherState.first_estimate(fisher, self.fisher_keys.precision)
+        if est is None:
+            return None
+        guards = self.guards
+        return select_mask(layout, x, gamma, "fisher", est, guards.min_per_row, guards.keep_vectors)
+
+    def round_one_received(
+        self, train: ArrayDataset, x: NDArray[np.float32], gamma: float, opening: Received, warm_up: LocalUpdate
+    ) -> Received:
+        """The round-1 TRAIN download of :meth:`round_one_mask`, built on the node from the warm-up it measured.
+
+        The Fisher is decoded from the warm-up's payload as the server decodes the reply, so the mask (and the
+        digest the server checks) is the one the server computes. Raises ``ValueError`` for an all-zero Fisher.
+        """
+        _, layout = self._model(train)
+        _, mask0 = decode_received(opening, layout)
+        encoding = self.upload_encoding(self.run)
+        payload = {name: warm_up.arrays[name] for name in expected_names(encoding)}
+        fisher = decode_fisher(payload, mask0, layout, encoding)
+        mask = None if fisher is None else self.round_one_mask(layout, x, gamma, fisher)
+        if mask is None:
+            raise ValueError("the warm-up Fisher is all zero: the server ranks this node by the prior in round 1")
+        download = self.encode(x, mask)
+        return Received(dict(download.records), download.kind, download.digest, layout.size, 1)
 
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]

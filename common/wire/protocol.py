@@ -50,7 +50,12 @@ Client -> server (QUERY), a node that could read its configuration::
 plus, when the QUERY carried "opening", the records of the node's round-0 TRAIN reply ("update", "metrics",
 "meta"): its Fisher at the initial model, for the submodel the server would send it in round 0
 (``FisherRankedMethod.opening_received``; the mask digest echoed lets the server check it is that one), or
-``config "opening-error": reason`` when it could not measure it. And a misconfigured node::
+``config "opening-error": reason`` when it could not measure it. When the QUERY also carries
+``config "round-one"`` (``Method.opens_round_one``), the node then trains the submodel the server would send it
+in round 1, ranked by the Fisher it just measured (``Method.round_one_received``), and adds that round-1 TRAIN
+reply's records as "round-one-update", "round-one-metrics", "round-one-meta" (the digest echoed is the round-1
+mask's, which the server checks against its own), or ``config "round-one-error": reason``. And a misconfigured
+node::
 
     config "profile":   error  (why, e.g. "ConfigError: capacity=2: allowed range is (0, 1]")
 """
@@ -74,6 +79,11 @@ META = "meta"
 PROFILE = "profile"
 OPENING = "opening"  # the initial model in a QUERY that also asks for the warm-up Fisher
 OPENING_ERROR = "opening-error"
+ROUND_ONE = "round-one"  # a QUERY carrying "opening" also asks the node to train round 1 (config record)
+ROUND_ONE_UPDATE = "round-one-update"
+ROUND_ONE_METRICS = "round-one-metrics"
+ROUND_ONE_META = "round-one-meta"
+ROUND_ONE_ERROR = "round-one-error"
 DELTA = "delta"
 VALUES = "values"
 MASK = "mask"

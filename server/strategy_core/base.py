@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from common.config.run import RunConfig
 from common.methods import create_method
-from common.methods.base import Method
+from common.methods.base import Download, Method
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel, validate_evaluate_reply
@@ -125,19 +125,69 @@ class SubmodelStrategyBase:
             Extra settings for the node (``train_config`` / ``evaluate_config`` of ``start``), sent as
             the ``config`` record when not empty.
         """
-        prof = self.registry.nodes[node_id]
         mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
         download = self.method.encode(self.x, mask)
         records = {name: array_record(arrays) for name, arrays in download.records.items()}
         request = None
         if message_type == MessageType.TRAIN:
-            request = self.method.fisher_request(prof.key, server_round, self.x, mask)
+            key = self.registry.nodes[node_id].key
+            request = self.method.fisher_request(key, server_round, self.x, mask)
         if request is not None and request.arrays:
             records[P.FISHER_AT] = array_record(request.arrays)
         round_config = ConfigRecord(
             {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
         )
-        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train, request is not None)
+        info = self.note_sent(
+            node_id,
+            server_round,
+            (mask, source),
+            download,
+            store,
+            fisher_asked=request is not None,
+            bytes_down=sum(r.count_bytes() for r in records.values()),
+            fisher_at_bytes=records[P.FISHER_AT].count_bytes() if P.FISHER_AT in records else 0,
+            train=message_type == MessageType.TRAIN,
+        )
+        content = RecordDict({**records, P.SUBMODEL_CONFIG: round_config})
+        if config:
+            content[P.CONFIG] = config
+        return Message(content=content, dst_node_id=node_id, message_type=message_type), info
+
+    def note_sent(
+        self,
+        node_id: int,
+        server_round: int,
+        mask_and_source: tuple[NDArray[np.bool_], str],
+        download: Download,
+        store: dict[int, SentSubmodel],
+        fisher_asked: bool,
+        bytes_down: int,
+        fisher_at_bytes: int = 0,
+        train: bool = True,
+    ) -> ClientRound:
+        """Keep what a node was sent (its :class:`SentSubmodel` in ``store``) and return its round entry.
+
+        Parameters
+        ----------
+        node_id, server_round : int
+            The node, and the round the submodel is for.
+        mask_and_source : tuple
+            The mask sent and the rule that chose it.
+        download : Download
+            The method's encoding of the submodel (its digest is what the reply must echo).
+        store : dict
+            Where the :class:`SentSubmodel` is kept, to check the reply against.
+        fisher_asked : bool
+            Whether the node was asked for its Fisher (its reply must then carry it).
+        bytes_down, fisher_at_bytes : int
+            Bytes the node received for this submodel, and of them the global values sent for a Fisher refresh.
+        train : bool
+            A TRAIN submodel: the mask's overlap with the client's previous one and its positions per tensor
+            are noted.
+        """
+        prof = self.registry.nodes[node_id]
+        mask, source = mask_and_source
+        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train, fisher_asked)
         k = int(mask.sum())
         info = ClientRound(
             node_id=node_id,
@@ -147,21 +197,18 @@ class SubmodelStrategyBase:
             mask_source=source,
             selected=k,
             density=k / self.layout.size,
-            bytes_down=sum(r.count_bytes() for r in records.values()),
+            bytes_down=bytes_down,
             values_bytes=download.values_bytes,
             mask_bytes=download.mask_bytes,
             mask_kind=download.kind,
             capacity_source=prof.capacity_source,
-            fisher_asked=request is not None,
-            fisher_at_bytes=records[P.FISHER_AT].count_bytes() if P.FISHER_AT in records else 0,
+            fisher_asked=fisher_asked,
+            fisher_at_bytes=fisher_at_bytes,
         )
-        if message_type == MessageType.TRAIN:
+        if train:
             info.mask_overlap = self.mask_history.observe(prof.key, mask)
             info.layer_positions = self.layout.count_per_tensor(mask)
-        content = RecordDict({**records, P.SUBMODEL_CONFIG: round_config})
-        if config:
-            content[P.CONFIG] = config
-        return Message(content=content, dst_node_id=node_id, message_type=message_type), info
+        return info
 
     # ------------------------------------------------- the nodes' evaluation
     def configure_evaluate(
