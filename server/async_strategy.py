@@ -160,9 +160,11 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         prof = self.registry.nodes[node_id]
         return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x)
 
-    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+    def level_mask(
+        self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
+    ) -> tuple[NDArray[np.bool_], str]:
         """A capacity level's mask at the current :meth:`clock`."""
-        return self.async_method.mask_at(None, self.clock(), gamma, self.x)
+        return self.async_method.mask_at(None, self.clock(), gamma, self.x if x is None else x)
 
     # --------------------------------------------------------------- dispatch
     def busy(self) -> set[int]:

@@ -10,8 +10,8 @@ with its record (:mod:`server.strategy_core.round_records`) and its progress lin
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -30,7 +30,52 @@ from common.wire.validation import ReplyError
 from server.grid_io import GridTime, exchange, ordered_replies
 from server.replies import ReplyParts, expected_sent, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, array_record
-from server.strategy_core.round_records import RoundProgress, note_accepted, opening_record, round_record
+from server.strategy_core.round_records import (
+    ClientRound,
+    RoundProgress,
+    note_accepted,
+    opening_record,
+    round_record,
+)
+
+
+@dataclass
+class TrainedRound:
+    """A round trained and aggregated whose record is not made yet: what its evaluation and record need.
+
+    Parameters
+    ----------
+    server_round : int
+        The round.
+    x : NDArray[float32]
+        The global model after the round (not written afterwards: the next round folds into a new vector).
+    capacities : list[float]
+        The capacity levels present when it ended (central evaluation measures each).
+    clients : dict
+        The entry of every client sent a TRAIN message.
+    eligible : int
+        Nodes that could train.
+    server_seconds, round_seconds : float
+        The server's own seconds of the round and its wall-clock seconds so far, central evaluation excluded.
+    trained_at : float
+        Unix time the round's model was aggregated.
+    method_entries : dict
+        The method's own entries of the record.
+    evaluation_round : bool
+        A round of the nodes' own evaluation (or the last): evaluated at once.
+    """
+
+    server_round: int
+    x: NDArray[np.float32]
+    capacities: list[float]
+    clients: dict[int, ClientRound]
+    eligible: int
+    server_seconds: float
+    round_seconds: float
+    trained_at: float
+    method_entries: dict[str, Any]
+    evaluation_round: bool
+
 
 #: Bytes of round-1 updates the opening exchange may hold until the warm-up is folded (``nodes x d x 4``): above
 #: it, round 1 is an exchange of its own, whose replies are folded as they come.
@@ -71,9 +116,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         prof = self.registry.nodes[node_id]
         return self.method.mask_for(prof.key, server_round, prof.capacity, self.x)
 
-    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
+    def level_mask(
+        self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
+    ) -> tuple[NDArray[np.bool_], str]:
         """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``."""
-        return self.method.mask_for(None, server_round + 1, gamma, self.x)
+        return self.method.mask_for(None, server_round + 1, gamma, self.x if x is None else x)
 
     # ------------------------------------------------------------------- train
     def configure_train(
@@ -398,10 +445,10 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         num_rounds: int,
         timeout: float,
         train_config: ConfigRecord,
-        evaluate_config: ConfigRecord,
         result: Result,
-    ) -> dict[str, Any]:
-        """Train, aggregate and evaluate ``server_round`` into ``result``; returns the round's record.
+        on_pushed: Callable[[], None] | None = None,
+    ) -> TrainedRound:
+        """Train and aggregate ``server_round`` into ``result``; :meth:`complete_round` evaluates it.
 
         Parameters
         ----------
@@ -411,10 +458,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             This round, and the run's last.
         timeout : float
             Seconds to wait for the round's replies.
-        train_config, evaluate_config : ConfigRecord
-            Sent to every node with its TRAIN / EVALUATE message (see :meth:`start`).
+        train_config : ConfigRecord
+            Sent to every node with its TRAIN message (see :meth:`start`).
         result : Result
-            Gets the round's model and metrics.
+            Gets the round's model and training metrics.
+        on_pushed : Callable, optional
+            Called once the round's TRAIN messages are out, while the nodes train (the previous round's central
+            evaluation, :meth:`start`).
         """
         t_round = time.perf_counter()
         held, self.round_one = self.round_one, None
@@ -437,11 +487,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             t0 = time.perf_counter()
             msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
             server_seconds = time.perf_counter() - t0
-            # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them are
-            # the grid's, not the server's work. The list goes with the stream, which lets the submodels go once
-            # pushed.
+            # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them (and
+            # in ``on_pushed``) are not this round's server work. The list goes with the stream, which lets the
+            # submodels go once pushed.
             waited = GridTime()
-            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited)
+            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed)
             del msgs
             t0 = time.perf_counter()
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
@@ -452,38 +502,72 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             result.train_metrics_clientapp[server_round] = train_metrics
         # Before central evaluation, which may reuse what they compute (FedFIbOS' prior_influence sorts the
         # clients' Fisher, and that sort also caches the prior the level masks are ranked by).
-        method_entries = self.method.round_entries(self.x, self.registry.capacities())
-        evaluation_round = server_round == num_rounds or bool(
-            self.cfg.eval_every and server_round % self.cfg.eval_every == 0
-        )
-        central = self.central_evaluation(server_round, trained=evaluation_round)
+        capacities = self.registry.capacities()
+        method_entries = self.method.round_entries(self.x, capacities)
         server_seconds += time.perf_counter() - t0
+        return TrainedRound(
+            server_round=server_round,
+            x=self.x,
+            capacities=capacities,
+            clients=self.clients,
+            eligible=len(self.registry.participants()),
+            server_seconds=server_seconds,
+            round_seconds=time.perf_counter() - t_round,
+            trained_at=time.time(),
+            method_entries=method_entries,
+            evaluation_round=server_round == num_rounds
+            or bool(self.cfg.eval_every and server_round % self.cfg.eval_every == 0),
+        )
+
+    def complete_round(
+        self,
+        done: TrainedRound,
+        grid: Grid,
+        timeout: float,
+        evaluate_config: ConfigRecord,
+        result: Result,
+        overlapped: bool = False,
+    ) -> dict[str, Any]:
+        """Evaluate a trained round centrally (and on the nodes, on an evaluation round); returns its record.
+
+        ``overlapped``: this runs while the next round's nodes train, so its seconds are neither the round's nor
+        its server's (they are the record's ``central_seconds``, with ``central_overlapped``).
+        """
+        t0 = time.perf_counter()
+        central = self.central_evaluation(
+            done.server_round, trained=done.evaluation_round, x=done.x, capacities=done.capacities
+        )
+        central_seconds = time.perf_counter() - t0
         if central:
-            result.evaluate_metrics_serverapp[server_round] = MetricRecord(
+            result.evaluate_metrics_serverapp[done.server_round] = MetricRecord(
                 {"accuracy": central["accuracy"], "loss": central["loss"]}
             )
         local = None
-        if self.cfg.eval_every and evaluation_round:
-            eval_msgs = list(self.configure_evaluate(server_round, result.arrays, evaluate_config, grid))
+        if self.cfg.eval_every and done.evaluation_round:
+            eval_msgs = list(self.configure_evaluate(done.server_round, result.arrays, evaluate_config, grid))
             local_metrics = self.aggregate_evaluate(
-                server_round, exchange(grid, eval_msgs, timeout, self.cfg.poll_interval)
+                done.server_round, exchange(grid, eval_msgs, timeout, self.cfg.poll_interval)
             )
             if local_metrics is not None:
-                result.evaluate_metrics_clientapp[server_round] = local_metrics
+                result.evaluate_metrics_clientapp[done.server_round] = local_metrics
                 local = {"accuracy": local_metrics["eval-acc"], "loss": local_metrics["eval-loss"]}
-        return round_record(
-            server_round,
+        record = round_record(
+            done.server_round,
             central=central,
             local=local,
             federated=self.take_federated(),
-            clients=self.clients,
-            eligible=len(self.registry.participants()),
+            clients=done.clients,
+            eligible=done.eligible,
             nodes_in=self.registry.take_nodes_in(),
             nodes_out=self.registry.take_nodes_out(),
-            server_seconds=server_seconds,
-            round_seconds=time.perf_counter() - t_round,
-            method_entries=method_entries,
+            server_seconds=done.server_seconds + (0.0 if overlapped else central_seconds),
+            round_seconds=done.round_seconds + (0.0 if overlapped else time.perf_counter() - t0),
+            trained_at=done.trained_at,
+            method_entries=done.method_entries,
         )
+        record["central_seconds"] = central_seconds
+        record["central_overlapped"] = overlapped
+        return record
 
     # -------------------------------------------------------------------- loop
     def start(
@@ -517,7 +601,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
 
         Unlike Flower's base loop this pushes messages and pulls replies every ``poll-interval``
         seconds (instead of a fixed 3 s), logs one line per round and reports every round through
-        ``on_round``.
+        ``on_round``. A round's central evaluation runs once the next round's messages are out, while its nodes
+        train (the last round, and rounds of the nodes' own evaluation, are evaluated at once): its record, and
+        so its checkpoint, are made then.
         """
         self.evaluate_fn = evaluate_fn
         self.summary()
@@ -530,9 +616,27 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         if self.first_round == 1:
             self.opening_round(grid, num_rounds, timeout)
         progress = RoundProgress(num_rounds)
-        for server_round in range(self.first_round, num_rounds + 1):
-            record = self.run_round(grid, server_round, num_rounds, timeout, train_config, evaluate_config, result)
+        waiting: TrainedRound | None = None  # a round whose central evaluation waits for the next round's push
+
+        def report(record: dict[str, Any]) -> None:
             progress.log(record)
             if self.on_round:
                 self.on_round(record)
+
+        def evaluate_waiting() -> None:
+            nonlocal waiting
+            if waiting is not None:
+                done, waiting = waiting, None
+                report(self.complete_round(done, grid, timeout, evaluate_config, result, overlapped=True))
+
+        for server_round in range(self.first_round, num_rounds + 1):
+            done = self.run_round(grid, server_round, num_rounds, timeout, train_config, result, evaluate_waiting)
+            evaluate_waiting()  # a round that sent nothing (its replies came with discovery, or no node trained)
+            if done.evaluation_round:
+                report(self.complete_round(done, grid, timeout, evaluate_config, result))
+            else:
+                # Evaluated once the next round's messages are out: the server's evaluation of every capacity
+                # level then overlaps the nodes' training instead of delaying the next round.
+                waiting = done
+        evaluate_waiting()
         return result

@@ -24,6 +24,7 @@ from server.benchmarks.vs_flower.fleet_time import (
     exchange_seconds,
     first_reaching,
     product_curve,
+    startup_seconds,
     stock_curve,
     transfer_seconds,
 )
@@ -107,6 +108,26 @@ def test_product_curve_counts_the_warm_up_and_only_the_replies():
     assert first_reaching(curve, 0.9).round == 2
     assert first_reaching(curve, 0.8).round == 1
     assert first_reaching(curve, 0.95) is None
+
+
+def test_an_overlapped_central_evaluation_counts_only_where_it_outlasts_the_next_rounds_nodes():
+    overlapped = [dict(r) for r in PRODUCT]
+    overlapped[1] = {**overlapped[1], "central_seconds": 9.0, "central_overlapped": True}
+    curve = product_curve(overlapped, submitted_at=1000.0, link_mbit=8.0)
+    # round 2's node takes 5 s, round 1's evaluation 9 s beside it: the round lasts 9 s, + 0.5 server
+    assert curve[2].fleet_seconds == pytest.approx(8.5 + 9.0 + 0.5)
+    overlapped[1]["central_seconds"] = 2.0  # shorter than the node: costs nothing
+    assert product_curve(overlapped, 1000.0, 8.0)[2].fleet_seconds == pytest.approx(14.0)
+    overlapped[1]["central_overlapped"] = False  # evaluated at once: already in its round's server seconds
+    overlapped[1]["central_seconds"] = 9.0
+    assert product_curve(overlapped, 1000.0, 8.0)[2].fleet_seconds == pytest.approx(14.0)
+
+
+def test_startup_is_when_the_first_rounds_messages_went_out():
+    assert startup_seconds(PRODUCT, 1000.0) == 30.0  # the initial record, made just before round 1 is sent
+    assert startup_seconds([{**PRODUCT[0], "round_one_pushed": 1012.5}, *PRODUCT[1:]], 1000.0) == 12.5
+    curve = product_curve(PRODUCT, 1000.0, 8.0)
+    assert run_row("product", 1, curve, [0.9], startup=12.5)["startup_s"] == 12.5
 
 
 def test_stock_curve_scores_the_stock_apps_reply_metrics_by_the_same_rule():

@@ -93,8 +93,11 @@ class SubmodelStrategyBase:
         """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
         raise NotImplementedError
 
-    def level_mask(self, server_round: int, gamma: float) -> tuple[NDArray[np.bool_], str]:
-        """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``."""
+    def level_mask(
+        self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
+    ) -> tuple[NDArray[np.bool_], str]:
+        """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``, for
+        the global model ``x`` of that round (default: the current one)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------- messages
@@ -261,21 +264,37 @@ class SubmodelStrategyBase:
         return out
 
     # ---------------------------------------------------- central evaluation
-    def central_evaluation(self, server_round: int, trained: bool = False) -> dict[str, Any]:
+    def central_evaluation(
+        self,
+        server_round: int,
+        trained: bool = False,
+        x: NDArray[np.float32] | None = None,
+        capacities: Iterable[float] | None = None,
+    ) -> dict[str, Any]:
         """Full model and the submodel at every capacity level present, with ``evaluate_fn``.
 
-        ``trained``: also evaluate the submodel each client of the round trained (``trained_per_capacity``;
-        one evaluation per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+        Parameters
+        ----------
+        server_round : int
+            The round whose model is evaluated.
+        trained : bool
+            Also evaluate the submodel each client of the round trained (``trained_per_capacity``; one evaluation
+            per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+        x : NDArray[float32], optional
+            The round's global model (default: the current one).
+        capacities : Iterable[float], optional
+            The capacity levels to evaluate (default: every discovered node's).
         """
         if self.evaluate_fn is None:
             return {}
-        full = self.evaluate_fn(server_round, self.to_arrays(self.x))
+        x = self.x if x is None else x
+        full = self.evaluate_fn(server_round, self.to_arrays(x))
         if full is None:
             return {}
         levels = {}
-        for gamma in sorted(set(self.registry.capacities()), reverse=True):
-            mask, source = self.level_mask(server_round, gamma)
-            sub = self.evaluate_fn(server_round, self.to_arrays(np.where(mask, self.x, 0).astype(np.float32)))
+        for gamma in sorted(set(self.registry.capacities() if capacities is None else capacities), reverse=True):
+            mask, source = self.level_mask(server_round, gamma, x)
+            sub = self.evaluate_fn(server_round, self.to_arrays(np.where(mask, x, 0).astype(np.float32)))
             if sub is None:
                 continue
             levels[f"{gamma:g}"] = {

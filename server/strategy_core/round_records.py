@@ -121,6 +121,7 @@ def round_record(
     server_seconds: float,
     round_seconds: float,
     method_entries: Mapping[str, Any],
+    trained_at: float | None = None,
 ) -> dict[str, Any]:
     """One synchronous round.
 
@@ -147,8 +148,9 @@ def round_record(
         Wall-clock seconds of the whole round, node refresh and client evaluation included.
     method_entries : Mapping[str, Any]
         The method's own entries (:meth:`~common.methods.base.Method.round_entries`), last.
-
-    ``time``: the Unix time the record was made.
+    trained_at : float, optional
+        Unix time the round's model was aggregated (``time``; default: now). Its record may be made later: its
+        central evaluation can run while the next round trains.
     """
     return {
         "round": server_round,
@@ -163,7 +165,7 @@ def round_record(
         "nodes_out": nodes_out,
         "server_seconds": server_seconds,
         "round_seconds": round_seconds,
-        "time": time.time(),
+        "time": time.time() if trained_at is None else trained_at,
         **method_entries,
     }
 

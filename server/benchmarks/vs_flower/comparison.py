@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from common.config.run import RunConfig
-from server.benchmarks.vs_flower.fleet_time import Evaluation, first_reaching, product_curve, stock_curve
+from server.benchmarks.vs_flower.fleet_time import (
+    Evaluation,
+    first_reaching,
+    product_curve,
+    startup_seconds,
+    stock_curve,
+)
 from server.commands.app_bundle import stage_app
 from server.commands.launcher import (
     LocalFederation,
@@ -147,12 +153,22 @@ def curve_of(variant: str, metrics: dict[str, Any], submitted: float, link_mbit:
     return stock_curve(metrics["rounds"], submitted, link_mbit)
 
 
-def run_row(variant: str, repeat: int, curve: Sequence[Evaluation], targets: Sequence[float]) -> dict[str, Any]:
-    """One results row: start-up, final accuracy, and rounds / seconds / fleet seconds to each target (NaN: never)."""
+def run_row(
+    variant: str,
+    repeat: int,
+    curve: Sequence[Evaluation],
+    targets: Sequence[float],
+    startup: float | None = None,
+) -> dict[str, Any]:
+    """One results row: start-up, final accuracy, and rounds / seconds / fleet seconds to each target (NaN: never).
+
+    ``startup``: seconds from submission until the first round's messages went out (default: the initial
+    evaluation's, :func:`~server.benchmarks.vs_flower.fleet_time.startup_seconds`).
+    """
     row: dict[str, Any] = {
         "variant": variant,
         "repeat": repeat,
-        "startup_s": curve[0].wall_seconds,
+        "startup_s": curve[0].wall_seconds if startup is None else startup,
         "final_acc": curve[-1].accuracy,
         "wall_s": curve[-1].wall_seconds,
         "fleet_s": curve[-1].fleet_seconds,
@@ -286,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         curve = curve_of(variant, metrics, submitted, args.link_mbit)
         curves[(variant, repeat)] = curve
-        rows.append(run_row(variant, repeat, curve, targets))
+        rows.append(run_row(variant, repeat, curve, targets, startup_seconds(metrics["rounds"], submitted)))
         print(f"[run {n}/{len(plan)}] {variant} #{repeat}: {rows[-1]}", flush=True)
         write(args.out, rows, targets, header)
     plot(args.out, curves)

@@ -74,7 +74,7 @@ def transfer_seconds(num_bytes: float, capacity: float, link_mbit: float) -> flo
     return 8.0 * num_bytes / (capacity * link_mbit * 1e6)
 
 
-def exchange_seconds(nodes: Sequence[NodeCost], server_seconds: float, link_mbit: float) -> float:
+def exchange_seconds(nodes: Sequence[NodeCost], server_seconds: float, link_mbit: float, beside: float = 0.0) -> float:
     """Emulated seconds of one exchange: the slowest node's compute and transfer, plus the server's seconds.
 
     Parameters
@@ -82,15 +82,19 @@ def exchange_seconds(nodes: Sequence[NodeCost], server_seconds: float, link_mbit
     nodes : Sequence[NodeCost]
         The nodes that replied (an exchange nobody answered costs the server's seconds only).
     server_seconds : float
-        The server's own seconds in the exchange (building messages, aggregating, evaluating).
+        The server's own seconds in the exchange that the nodes wait for (building messages, aggregating,
+        evaluating when it does so before the next exchange).
     link_mbit : float
         Link speed of a capacity-1 node, Mbit/s.
+    beside : float
+        The server's seconds of work done while the nodes compute (the previous round's central evaluation,
+        when it overlaps this exchange): the exchange lasts at least that long.
     """
     slowest = max(
         (n.cpu_seconds + transfer_seconds(n.bytes_down + n.bytes_up, n.capacity, link_mbit) for n in nodes),
         default=0.0,
     )
-    return slowest + server_seconds
+    return max(slowest, beside) + server_seconds
 
 
 def _product_nodes(clients: Sequence[Mapping[str, Any]]) -> list[NodeCost]:
@@ -109,7 +113,10 @@ def product_curve(records: Sequence[Mapping[str, Any]], submitted_at: float, lin
     """The product's evaluations from its metrics.json ``rounds``.
 
     Round 0's cost is the Fisher warm-up's exchange (its clients, when the run had one); every later round's is
-    its clients that replied plus its ``server_seconds``. Records without a global accuracy add their cost only.
+    its clients that replied plus its ``server_seconds``, and at least the previous round's ``central_seconds``
+    when that evaluation ran while this round trained (``central_overlapped``). Records without a global accuracy
+    add their cost only. When discovery carried round 1 too, the warm-up and round 1 are scored as two exchanges
+    although they were one (an upper bound: each node's two steps are summed per step, not per node).
 
     Parameters
     ----------
@@ -120,13 +127,14 @@ def product_curve(records: Sequence[Mapping[str, Any]], submitted_at: float, lin
     link_mbit : float
         Link speed of a capacity-1 node, Mbit/s.
     """
-    out, fleet = [], 0.0
+    out, fleet, beside = [], 0.0, 0.0
     for r in records:
         if r["round"] == 0:
             warmup = r.get("fisher_warmup") or {}
             fleet += exchange_seconds(_product_nodes(warmup.get("clients", [])), 0.0, link_mbit)
         else:
-            fleet += exchange_seconds(_product_nodes(r["clients"]), float(r["server_seconds"]), link_mbit)
+            fleet += exchange_seconds(_product_nodes(r["clients"]), float(r["server_seconds"]), link_mbit, beside)
+            beside = float(r.get("central_seconds", 0.0)) if r.get("central_overlapped") else 0.0
         acc = (r.get("global") or {}).get("accuracy")
         if acc is not None:
             out.append(Evaluation(int(r["round"]), float(acc), float(r["time"]) - submitted_at, fleet))
@@ -149,6 +157,17 @@ def stock_curve(records: Sequence[Mapping[str, Any]], submitted_at: float, link_
             fleet += exchange_seconds(nodes, float(r["server_seconds"]), link_mbit)
         out.append(Evaluation(int(r["round"]), float(r["global"]["accuracy"]), float(r["time"]) - submitted_at, fleet))
     return out
+
+
+def startup_seconds(records: Sequence[Mapping[str, Any]], submitted_at: float) -> float:
+    """Seconds from submission until the first round's training messages went out.
+
+    Both apps make the initial model's record just before they send round 1, so its ``time`` is that moment;
+    when the product's discovery carried round 1 (``round_one_pushed`` in that record), it is when the discovery
+    messages went out.
+    """
+    first = records[0]
+    return float(first.get("round_one_pushed", first["time"])) - submitted_at
 
 
 def first_reaching(curve: Sequence[Evaluation], target: float) -> Evaluation | None:
