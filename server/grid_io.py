@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 from flwr.app import Message, RecordDict
@@ -72,9 +72,24 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
 
 @dataclass
 class GridTime:
-    """Seconds :func:`ordered_replies` spent in the grid (pushing, pulling, waiting), not in its caller's work."""
+    """Seconds :func:`ordered_replies` spent in the grid (pushing, pulling, waiting), not in its caller's work.
+
+    ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads) over the same spans.
+    """
 
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    _since: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+
+    def start(self) -> None:
+        """Begin a span spent in the grid."""
+        self._since = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        """End the span :meth:`start` began: add its seconds."""
+        wall, cpu = self._since
+        self.seconds += time.perf_counter() - wall
+        self.cpu_seconds += time.process_time() - cpu
 
 
 #: Replies pulled ahead of the one the fold waits for, at most: the rest stay on the SuperLink until their turn.
@@ -122,7 +137,7 @@ def ordered_replies(
     if not messages:
         return
     clock = spent if spent is not None else GridTime()
-    t0 = time.perf_counter()
+    clock.start()
     ids = list(grid.push_messages(messages))
     # What a reply is matched against is the request's metadata: the pushed content (every node's submodel) can
     # go now, if the caller keeps no other reference to the list.
@@ -130,9 +145,9 @@ def ordered_replies(
     total = len(messages)
     del messages
     if on_pushed is not None:
-        clock.seconds += time.perf_counter() - t0
+        clock.stop()
         on_pushed()
-        t0 = time.perf_counter()
+        clock.start()
     deadline = time.monotonic() + timeout
     arrived: dict[str, Message] = {}
     head = missing = 0
@@ -151,20 +166,20 @@ def ordered_replies(
                 if reply is None:
                     missing += 1
                 else:
-                    clock.seconds += time.perf_counter() - t0
+                    clock.stop()
                     yield reply
-                    t0 = time.perf_counter()
+                    clock.start()
             head += len(ahead)
             continue
         before = head
         while head < len(order) and order[head][0] in arrived:
-            clock.seconds += time.perf_counter() - t0
+            clock.stop()
             yield arrived.pop(order[head][0])
-            t0 = time.perf_counter()
+            clock.start()
             head += 1
         if head == before:
             time.sleep(poll_interval)
-    clock.seconds += time.perf_counter() - t0
+    clock.stop()
     if missing:
         log(WARNING, "%d of %d replies did not arrive within %.0f s", missing, total, timeout)
 

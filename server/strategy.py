@@ -55,8 +55,9 @@ class TrainedRound:
         The entry of every client sent a TRAIN message.
     eligible : int
         Nodes that could train.
-    server_seconds, round_seconds : float
-        The server's own seconds of the round and its wall-clock seconds so far, central evaluation excluded.
+    server_seconds, server_cpu_seconds, round_seconds : float
+        The server's own seconds of the round (wall-clock, and its process's CPU seconds) and the round's
+        wall-clock seconds so far, central evaluation excluded.
     trained_at : float
         Unix time the round's model was aggregated.
     method_entries : dict
@@ -71,6 +72,7 @@ class TrainedRound:
     clients: dict[int, ClientRound]
     eligible: int
     server_seconds: float
+    server_cpu_seconds: float
     round_seconds: float
     trained_at: float
     method_entries: dict[str, Any]
@@ -474,28 +476,29 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         if held is not None and self.round_one_pushed is not None:
             # Round 1 went out with discovery: its replies are here, and the round began when those were pushed.
             t_round = self.round_one_pushed[1]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             waited = GridTime()
             new_arrays, train_metrics = self.train_result(
                 self.round_one_replies(grid, held, timeout, train_config, waited)
             )
-            server_seconds = -waited.seconds
+            server_seconds, server_cpu = -waited.seconds, -waited.cpu_seconds
         else:
             if server_round > self.first_round:
                 self.registry.refresh(grid, min(timeout, 60.0))
             self.registry.await_train_nodes(grid, timeout)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
-            server_seconds = time.perf_counter() - t0
+            server_seconds, server_cpu = time.perf_counter() - t0, time.process_time() - c0
             # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them (and
             # in ``on_pushed``) are not this round's server work. The list goes with the stream, which lets the
             # submodels go once pushed.
             waited = GridTime()
             replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed)
             del msgs
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
             server_seconds -= waited.seconds
+            server_cpu -= waited.cpu_seconds
         if new_arrays is not None:
             result.arrays = new_arrays
         if train_metrics is not None:
@@ -505,6 +508,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         capacities = self.registry.capacities()
         method_entries = self.method.round_entries(self.x, capacities)
         server_seconds += time.perf_counter() - t0
+        server_cpu += time.process_time() - c0
         return TrainedRound(
             server_round=server_round,
             x=self.x,
@@ -512,6 +516,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             clients=self.clients,
             eligible=len(self.registry.participants()),
             server_seconds=server_seconds,
+            server_cpu_seconds=server_cpu,
             round_seconds=time.perf_counter() - t_round,
             trained_at=time.time(),
             method_entries=method_entries,
@@ -533,11 +538,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         ``overlapped``: this runs while the next round's nodes train, so its seconds are neither the round's nor
         its server's (they are the record's ``central_seconds``, with ``central_overlapped``).
         """
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         central = self.central_evaluation(
             done.server_round, trained=done.evaluation_round, x=done.x, capacities=done.capacities
         )
-        central_seconds = time.perf_counter() - t0
+        central_seconds, central_cpu = time.perf_counter() - t0, time.process_time() - c0
         if central:
             result.evaluate_metrics_serverapp[done.server_round] = MetricRecord(
                 {"accuracy": central["accuracy"], "loss": central["loss"]}
@@ -565,7 +570,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             trained_at=done.trained_at,
             method_entries=done.method_entries,
         )
+        # CPU seconds beside the wall-clock ones: what the server's work would take on a machine of its own,
+        # as the nodes' ``cpu_seconds`` are (on one machine, every process's wall-clock seconds share the cores).
+        record["server_cpu_seconds"] = done.server_cpu_seconds + (0.0 if overlapped else central_cpu)
         record["central_seconds"] = central_seconds
+        record["central_cpu_seconds"] = central_cpu
         record["central_overlapped"] = overlapped
         return record
 

@@ -24,6 +24,7 @@ from server.benchmarks.vs_flower.fleet_time import (
     exchange_seconds,
     first_reaching,
     product_curve,
+    server_seconds,
     startup_seconds,
     stock_curve,
     transfer_seconds,
@@ -121,6 +122,14 @@ def test_an_overlapped_central_evaluation_counts_only_where_it_outlasts_the_next
     overlapped[1]["central_overlapped"] = False  # evaluated at once: already in its round's server seconds
     overlapped[1]["central_seconds"] = 9.0
     assert product_curve(overlapped, 1000.0, 8.0)[2].fleet_seconds == pytest.approx(14.0)
+
+
+def test_the_servers_cpu_seconds_stand_for_its_wall_clock_ones_where_recorded():
+    cpu = [dict(r) for r in PRODUCT]
+    cpu[1] = {**cpu[1], "server_cpu_seconds": 0.1}  # 0.5 s wall-clock on the shared machine, 0.1 s of CPU
+    assert product_curve(cpu, 1000.0, 8.0)[1].fleet_seconds == pytest.approx(8.1)
+    assert server_seconds({"server_seconds": 0.5}) == 0.5
+    assert server_seconds({"server_seconds": 0.5, "server_cpu_seconds": 0.2}) == 0.2
 
 
 def test_startup_is_when_the_first_rounds_messages_went_out():

@@ -51,7 +51,10 @@ def test_a_rounds_record_is_made_after_the_next_push_from_its_own_model(monkeypa
     # Round 1 came with discovery: its record waits for round 2's three messages, round 2's for round 3's.
     assert pushed[1] == 3 and pushed[2] == 6 and pushed[3] == 6
     assert [rounds[r]["central_overlapped"] for r in (1, 2, 3)] == [True, True, False]
-    assert all(rounds[r]["central_seconds"] > 0 for r in (1, 2, 3))
+    assert all(rounds[r]["central_seconds"] > 0 and rounds[r]["central_cpu_seconds"] > 0 for r in (1, 2, 3))
+    assert all(rounds[r]["server_cpu_seconds"] > 0 for r in (1, 2, 3))
+    # Rounds 1 and 2 were evaluated beside the next round: not in their server's seconds; round 3 at once.
+    assert rounds[3]["server_cpu_seconds"] >= rounds[3]["central_cpu_seconds"]
     for rnd in (1, 2, 3):
         full = fed.evaluate_fn(rnd, fed.strategy.to_arrays(models[rnd]))
         assert rounds[rnd]["global"]["accuracy"] == full["accuracy"]

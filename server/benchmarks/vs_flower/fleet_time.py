@@ -7,6 +7,9 @@ other processes share the cores), plus its transfer at its link speed, plus the 
 
     round_s = max over nodes (cpu_s + 8 * (bytes_down + bytes_up) / (capacity * link_mbit * 1e6)) + server_s
 
+``server_s`` is the server process's CPU seconds of the round's own work where the app records them (both apps
+here do), like the nodes' figure.
+
 A node's link is ``capacity x link_mbit`` Mbit/s: under the product's default capacity kind, a node's capacity is
 the share of a full model its link carries in the time a capable node moves the whole model. Process start-up and
 message polling are left out: they are the same on a fleet and on one machine, and the one-machine seconds
@@ -97,6 +100,13 @@ def exchange_seconds(nodes: Sequence[NodeCost], server_seconds: float, link_mbit
     return max(slowest, beside) + server_seconds
 
 
+def server_seconds(record: Mapping[str, Any]) -> float:
+    """The server's seconds of a round: its process's CPU seconds where the record has them, as the nodes' are
+    (on one machine the wall-clock seconds include waiting for the cores the nodes' processes hold), else its
+    wall-clock ``server_seconds``."""
+    return float(record.get("server_cpu_seconds", record["server_seconds"]))
+
+
 def _product_nodes(clients: Sequence[Mapping[str, Any]]) -> list[NodeCost]:
     nodes = []
     for c in clients:
@@ -133,8 +143,12 @@ def product_curve(records: Sequence[Mapping[str, Any]], submitted_at: float, lin
             warmup = r.get("fisher_warmup") or {}
             fleet += exchange_seconds(_product_nodes(warmup.get("clients", [])), 0.0, link_mbit)
         else:
-            fleet += exchange_seconds(_product_nodes(r["clients"]), float(r["server_seconds"]), link_mbit, beside)
-            beside = float(r.get("central_seconds", 0.0)) if r.get("central_overlapped") else 0.0
+            fleet += exchange_seconds(_product_nodes(r["clients"]), server_seconds(r), link_mbit, beside)
+            beside = (
+                float(r.get("central_cpu_seconds", r.get("central_seconds", 0.0)))
+                if r.get("central_overlapped")
+                else 0.0
+            )
         acc = (r.get("global") or {}).get("accuracy")
         if acc is not None:
             out.append(Evaluation(int(r["round"]), float(acc), float(r["time"]) - submitted_at, fleet))
@@ -154,7 +168,7 @@ def stock_curve(records: Sequence[Mapping[str, Any]], submitted_at: float, link_
             for c in r["clients"]
         ]
         if r["round"] > 0:
-            fleet += exchange_seconds(nodes, float(r["server_seconds"]), link_mbit)
+            fleet += exchange_seconds(nodes, server_seconds(r), link_mbit)
         out.append(Evaluation(int(r["round"]), float(r["global"]["accuracy"]), float(r["time"]) - submitted_at, fleet))
     return out
 

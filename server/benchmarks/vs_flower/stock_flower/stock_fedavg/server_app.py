@@ -2,8 +2,8 @@
 
 Two additions, both for the benchmark: central evaluation on the product's test set after every round (Flower's
 ``evaluate_fn``), and ``metrics.json`` in ``results-dir``: one record per evaluation with its Unix time, each
-node's reply metrics of the round (CPU seconds, bytes) and the server's aggregation seconds, for the emulated
-fleet time.
+node's reply metrics of the round (CPU seconds, bytes) and the server's seconds of aggregation and evaluation
+(wall-clock and CPU), for the emulated fleet time.
 """
 
 from __future__ import annotations
@@ -32,15 +32,17 @@ class TimedFedAvg(FedAvg):
         super().__init__(**kwargs)
         self.replies: dict[int, list[dict[str, float]]] = {}  # round -> each replying node's metrics
         self.aggregate_seconds: dict[int, float] = {}
+        self.aggregate_cpu_seconds: dict[int, float] = {}
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg's aggregation, timed; the replies' metrics are kept."""
         replies = list(replies)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = super().aggregate_train(server_round, replies)
         self.aggregate_seconds[server_round] = time.perf_counter() - t0
+        self.aggregate_cpu_seconds[server_round] = time.process_time() - c0
         self.replies[server_round] = [
             {k: float(v) for k, v in r.content["metrics"].items()} for r in replies if r.has_content()
         ]
@@ -62,7 +64,7 @@ def main(grid: Grid, context: Context) -> None:
     records: list[dict[str, Any]] = []
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = test(model, testset)
         records.append(
@@ -72,6 +74,7 @@ def main(grid: Grid, context: Context) -> None:
                 "time": time.time(),
                 "clients": strategy.replies.pop(server_round, []),
                 "server_seconds": strategy.aggregate_seconds.get(server_round, 0.0) + time.perf_counter() - t0,
+                "server_cpu_seconds": strategy.aggregate_cpu_seconds.get(server_round, 0.0) + time.process_time() - c0,
             }
         )
         log(INFO, "[round %d/%d] global acc %.4f", server_round, int(rc["num-rounds"]), acc)  # the launcher echoes it
