@@ -55,6 +55,8 @@ class TrainedRound:
         The entry of every client sent a TRAIN message.
     eligible : int
         Nodes that could train.
+    nodes_in, nodes_out : list of dict
+        Nodes discovered, and nodes left out or departed, since the previous round's end.
     server_seconds, server_cpu_seconds, round_seconds : float
         The server's own seconds of the round (wall-clock, and its process's CPU seconds) and the round's
         wall-clock seconds so far, central evaluation excluded.
@@ -71,6 +73,8 @@ class TrainedRound:
     capacities: list[float]
     clients: dict[int, ClientRound]
     eligible: int
+    nodes_in: list[dict[str, Any]]
+    nodes_out: list[dict[str, Any]]
     server_seconds: float
     server_cpu_seconds: float
     round_seconds: float
@@ -515,6 +519,8 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             capacities=capacities,
             clients=self.clients,
             eligible=len(self.registry.participants()),
+            nodes_in=self.registry.take_nodes_in(),
+            nodes_out=self.registry.take_nodes_out(),
             server_seconds=server_seconds,
             server_cpu_seconds=server_cpu,
             round_seconds=time.perf_counter() - t_round,
@@ -563,8 +569,8 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             federated=self.take_federated(),
             clients=done.clients,
             eligible=done.eligible,
-            nodes_in=self.registry.take_nodes_in(),
-            nodes_out=self.registry.take_nodes_out(),
+            nodes_in=done.nodes_in,
+            nodes_out=done.nodes_out,
             server_seconds=done.server_seconds + (0.0 if overlapped else central_seconds),
             round_seconds=done.round_seconds + (0.0 if overlapped else time.perf_counter() - t0),
             trained_at=done.trained_at,
