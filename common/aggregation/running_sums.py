@@ -58,6 +58,47 @@ def _positions(indices: NDArray[np.signedinteger]) -> NDArray[np.intp]:
     return indices.astype(np.intp, copy=False)
 
 
+#: Update entries added at a time by :class:`HolderSum` and :class:`ParticipantSum` (their two buffers stay in L2).
+ADD_BLOCK = 1 << 16
+
+
+def _scatter_add(sums: tuple[NDArray[np.float64], ...], update: MaskedUpdate, terms: tuple[float | None, ...]) -> None:
+    """Add ``w delta`` (a term ``None``) or the constant term to each of ``sums`` at the update's positions.
+
+    ``np.add.at`` with ``intp`` positions and float64 values adds each entry in place (numpy 1.25 and later
+    have its fast path), as ``a[idx] += v`` does for positions that are all distinct, which a validated
+    update's are, without the gathered copy and the scatter back: the same float64 additions, the same sums to
+    the bit, in about half the time below capacity 1. An update holding every position is added as slices.
+    The scaled deltas and the positions go through two buffers of :data:`ADD_BLOCK` entries reused block by
+    block, so nothing of the update's length is allocated.
+
+    Parameters
+    ----------
+    sums : tuple of NDArray[float64]
+        Per-position sums, length ``d``, updated in place.
+    update : MaskedUpdate
+        A checked update (:func:`common.aggregation.masked.check_updates`).
+    terms : tuple of float or None
+        Per sum: ``None`` adds the update's weighted delta, a number adds that number.
+    """
+    w, k = update.weight, update.indices.size
+    full = k == sums[0].size  # strictly increasing indices below d: a slice, no index arithmetic
+    scaled = np.empty(min(k, ADD_BLOCK), dtype=np.float64)
+    where = np.empty(0 if full else min(k, ADD_BLOCK), dtype=np.intp)
+    for lo in range(0, k, ADD_BLOCK):
+        hi = min(lo + ADD_BLOCK, k)
+        s = scaled[: hi - lo]
+        np.multiply(update.delta[lo:hi], w, out=s, dtype=np.float64)
+        if full:
+            for total, term in zip(sums, terms):
+                total[lo:hi] += s if term is None else term
+            continue
+        idx = where[: hi - lo]
+        idx[...] = update.indices[lo:hi]
+        for total, term in zip(sums, terms):
+            np.add.at(total, idx, s if term is None else term)
+
+
 class HolderSum:
     """``x_j + eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j``, the holder mean of :func:`aggregate_masked`.
 
@@ -79,17 +120,7 @@ class HolderSum:
     def add(self, update: MaskedUpdate) -> None:
         """Add ``w delta`` to the numerator and ``w`` to the denominator at the update's positions."""
         check_updates([update], self.d)
-        w, k = update.weight, update.indices.size
-        for lo in _chunks(k):
-            hi = min(lo + AGGREGATION_BLOCK, k)
-            scaled = np.multiply(update.delta[lo:hi], w, dtype=np.float64)
-            if k == self.d:  # strictly increasing indices below d: a slice, no index arithmetic
-                self.num[lo:hi] += scaled
-                self.den[lo:hi] += w
-            else:
-                idx = _positions(update.indices[lo:hi])
-                self.num[idx] += scaled
-                self.den[idx] += w
+        _scatter_add((self.num, self.den), update, (None, update.weight))
         self.count += 1
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
@@ -128,14 +159,7 @@ class ParticipantSum:
     def add(self, update: MaskedUpdate) -> None:
         """Add ``w delta`` at the update's positions and ``w`` to the total weight."""
         check_updates([update], self.d)
-        k = update.indices.size
-        for lo in _chunks(k):
-            hi = min(lo + AGGREGATION_BLOCK, k)
-            scaled = np.multiply(update.delta[lo:hi], update.weight, dtype=np.float64)
-            if k == self.d:  # strictly increasing indices below d: a slice, no index arithmetic
-                self.num[lo:hi] += scaled
-            else:
-                self.num[_positions(update.indices[lo:hi])] += scaled
+        _scatter_add((self.num,), update, (None,))
         self.total += update.weight
         self.count += 1
 

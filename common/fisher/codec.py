@@ -194,10 +194,14 @@ def _expect(
     if a.dtype != np.dtype(dtype) or a.ndim != 1 or (length is not None and a.shape[0] != length):
         want = f"{np.dtype(dtype)}[{'n' if length is None else length}]"
         raise ValueError(f"fisher array {name!r} must be {want}, got {a.dtype}{list(a.shape)}")
-    if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
-        raise ValueError(f"fisher array {name!r} has NaN or Inf")
-    if nonneg and a.dtype.kind == "f" and np.any(a < 0):
-        raise ValueError(f"fisher array {name!r} has negative values")
+    if a.dtype.kind == "f" and a.size:
+        # Two reductions and no temporary of the array's length: NaN makes both extremes NaN, an infinity one of
+        # them; once every value is finite, the smallest is negative exactly when some value is.
+        lo, hi = a.min(), a.max()
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            raise ValueError(f"fisher array {name!r} has NaN or Inf")
+        if nonneg and lo < 0:
+            raise ValueError(f"fisher array {name!r} has negative values")
     return a
 
 
@@ -218,12 +222,29 @@ def expected_names(mode: str) -> frozenset[str]:
 
 def decode_fisher(
     payload: Mapping[str, NDArray],
-    mask: NDArray[np.bool_],
+    mask: NDArray[np.bool_] | None,
     layout: ParamLayout,
     mode: str,
+    positions: NDArray[np.signedinteger] | None = None,
 ) -> NDArray[np.float32] | None:
     """Decode and validate a Fisher payload into a flat float32 vector of length ``d``
-    (``None`` for mode ``none``)."""
+    (``None`` for mode ``none``).
+
+    Parameters
+    ----------
+    payload : Mapping[str, NDArray]
+        The payload's arrays by name.
+    mask : NDArray[bool] or None
+        The client's submodel mask (read by ``masked`` only); ``None`` when ``positions`` is given.
+    layout : ParamLayout
+        The model layout.
+    mode : str
+        The encoding (:data:`UPLOAD_ENCODINGS`).
+    positions : NDArray[int], optional
+        The mask's set positions, strictly increasing and below ``d`` (as
+        :meth:`common.wire.validation.SentSubmodel.positions` gives them): ``masked`` then reads them instead
+        of the mask, which a server keeps packed, and the result is the same.
+    """
     d = layout.size
     extra = set(payload) - expected_names(mode)
     if extra:
@@ -233,13 +254,20 @@ def decode_fisher(
     if mode == "dense":
         return _expect(payload, "fisher.dense", np.float32, d).copy()
     if mode == "masked":
-        k = int(np.count_nonzero(mask))
+        if positions is None:
+            if mask is None:
+                raise ValueError("the masked encoding needs the mask or its positions")
+            k = int(np.count_nonzero(mask))
+        else:
+            k = int(positions.size)
         inside = _expect(payload, "fisher.inside", np.float32, k)
         rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
         if k == d:  # every position sent: the row means (of no position) are not used
             return inside.copy()
         out = _per_position(rowmean, layout)
-        out[np.flatnonzero(mask)] = inside  # positions: faster than a boolean scatter below capacity 1
+        # Positions: faster than a boolean scatter below capacity 1 (cast once: int32 ones are cast per use).
+        at = np.flatnonzero(mask) if positions is None else positions.astype(np.intp, copy=False)
+        out[at] = inside
         return out
     if mode == "topm":
         idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)

@@ -21,6 +21,7 @@ budget: below capacity 1 they are outside every mask.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -107,6 +108,37 @@ def _check_finite(scores: NDArray[np.floating]) -> None:
         raise ValueError("scores must be finite")
 
 
+#: Below this many free positions :func:`topk_mask` partitions every score (pruning would not pay for its pass).
+PRUNE_MIN_FREE = 1 << 16
+#: Scores sampled (evenly spaced) to place the candidates' floor in :func:`topk_mask`.
+PRUNE_SAMPLE = 1 << 16
+
+
+def _candidate_floor(scores: NDArray[np.floating], need: int) -> float | None:
+    """A score probably at or below the ``need``-th largest, read off an evenly spaced sample; ``None``: no use.
+
+    The sample's rank is set about five standard deviations above the expected one, so that at least ``need``
+    scores are at or above the floor unless the sample is badly unrepresentative (the caller counts, and falls
+    back to the full partition when they are not). ``None`` when the floor would keep most of the scores.
+
+    Parameters
+    ----------
+    scores : NDArray[floating]
+        Finite scores, length ``d``.
+    need : int
+        How many of the largest scores the candidates must hold (``0 < need``).
+    """
+    d = scores.shape[0]
+    sample = scores[:: max(1, d // PRUNE_SAMPLE)].copy()
+    s = sample.size
+    expected = need * s / d
+    rank = math.ceil(expected + 5.0 * math.sqrt(expected) + 8.0)  # 1-based, from the top
+    if 2 * rank > s:
+        return None
+    sample.partition(s - rank)
+    return sample[s - rank]
+
+
 def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
     """Keep ``forced`` plus the ``k - |forced|`` highest-scoring other positions.
 
@@ -114,6 +146,13 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     partition (introselect) finds the threshold score, then one comparison
     finishes the mask (when other free positions tie the threshold: two
     comparisons and a prefix of the tied positions); nothing is sorted.
+
+    When at most half the free positions are kept, the partition runs on candidates only: a floor read off a
+    sample of the scores (:func:`_candidate_floor`), every free position scoring at least the floor taken
+    (one comparison over the scores), and, when they are at least ``k - |forced|`` and at most half the
+    positions, the threshold is their ``k - |forced|``-th largest score. Every free position that scores at
+    least the threshold is a candidate, so the threshold, and the mask, are those of the full partition; the
+    floor decides only how much is partitioned.
 
     Parameters
     ----------
@@ -137,11 +176,13 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     if need >= d - n_forced:
         mask[:] = True
         return mask
-    # Forced positions sink below every finite score, so the need-th largest is a free position's.
-    work = np.where(mask, -np.inf, scores) if n_forced else scores.copy()
-    work.partition(d - need)
-    threshold = work[d - need]
-    del work
+    threshold = _pruned_threshold(scores, mask, n_forced, need)
+    if threshold is None:
+        # Forced positions sink below every finite score, so the need-th largest is a free position's.
+        work = np.where(mask, -np.inf, scores) if n_forced else scores.copy()
+        work.partition(d - need)
+        threshold = work[d - need]
+        del work
     # Usually no free position ties the threshold but itself: then the free positions at or above it are the mask.
     at_least = scores >= threshold
     free = ~mask if n_forced else None
@@ -160,6 +201,43 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     mask |= above
     mask[np.flatnonzero(ties)[:room]] = True  # ascending index order, so the lowest indices win
     return mask
+
+
+def _pruned_threshold(
+    scores: NDArray[np.floating], forced: NDArray[np.bool_], n_forced: int, need: int
+) -> np.floating | None:
+    """The ``need``-th largest free score, partitioned among candidates only (:func:`topk_mask`).
+
+    ``None`` when pruning does not apply: few free positions, more than half of them needed, or a floor that
+    keeps fewer than ``need`` or more than half the free positions; the caller then partitions every score.
+
+    Parameters
+    ----------
+    scores : NDArray[floating]
+        Finite scores, length ``d``.
+    forced : NDArray[bool]
+        The forced positions (not modified).
+    n_forced : int
+        Positions set in ``forced``.
+    need : int
+        Free positions to keep (``0 < need < d - n_forced``).
+    """
+    free_count = scores.shape[0] - n_forced
+    if free_count < PRUNE_MIN_FREE or 2 * need > free_count:
+        return None
+    floor = _candidate_floor(scores, need)
+    if floor is None:
+        return None
+    candidate = scores >= floor
+    if n_forced:
+        candidate &= ~forced
+    n = int(np.count_nonzero(candidate))
+    if n < need or 2 * n > free_count:
+        return None
+    values = scores.take(np.flatnonzero(candidate))
+    del candidate
+    values.partition(n - need)
+    return values[n - need]
 
 
 def row_guard(scores: NDArray, layout: ParamLayout, min_per_row: int) -> NDArray[np.bool_]:
@@ -183,16 +261,29 @@ def row_guard(scores: NDArray, layout: ParamLayout, min_per_row: int) -> NDArray
         if per_row <= m:
             kept[:] = True
             continue
-        block = scores[start : start + t.size].reshape(rows, per_row)
-        if m == 1:
-            kept[np.arange(rows), block.argmax(axis=1)] = True  # argmax returns the first maximum
-            continue
-        mth = np.partition(block, per_row - m, axis=1)[:, per_row - m : per_row - m + 1]
-        above = block > mth
-        ties = block == mth
-        room = m - np.count_nonzero(above, axis=1, keepdims=True)
-        kept[:] = above | (ties & (np.cumsum(ties, axis=1, dtype=np.int32) <= room))
+        _guard_rows(scores[start : start + t.size].reshape(rows, per_row), kept, m)
     return keep
+
+
+def _guard_rows(block: NDArray, kept: NDArray[np.bool_], m: int) -> None:
+    """Set in ``kept`` the ``m`` highest-scoring positions of each row of ``block`` (ties to the lower index).
+
+    Parameters
+    ----------
+    block : NDArray
+        Scores, ``(rows, per_row)`` with ``per_row > m >= 1``.
+    kept : NDArray[bool]
+        Same shape, written in place (a view into the mask).
+    """
+    rows, per_row = block.shape
+    if m == 1:
+        kept[np.arange(rows), block.argmax(axis=1)] = True  # argmax returns the first maximum
+        return
+    mth = np.partition(block, per_row - m, axis=1)[:, per_row - m : per_row - m + 1]
+    above = block > mth
+    ties = block == mth
+    room = m - np.count_nonzero(above, axis=1, keepdims=True)
+    kept[:] = above | (ties & (np.cumsum(ties, axis=1, dtype=np.int32) <= room))
 
 
 def kept_vectors(layout: ParamLayout, keep_vectors: bool) -> NDArray[np.bool_]:
@@ -200,6 +291,136 @@ def kept_vectors(layout: ParamLayout, keep_vectors: bool) -> NDArray[np.bool_]:
     if not keep_vectors:
         return np.zeros(layout.size, dtype=bool)
     return layout.always_kept & ~layout.inert_mask
+
+
+#: Positions scored at a time by :func:`_fisher_mask` (two float64 buffers of this size stay in L2).
+_FUSED_BLOCK = 1 << 16
+
+
+def _fisher_floor(fisher: NDArray, x: NDArray, k: int) -> float | None:
+    """:func:`_candidate_floor` of the ``fisher`` rule's scores, from the sampled positions' scores alone."""
+    stride = max(1, x.size // PRUNE_SAMPLE)
+    sample = fisher[::stride].astype(np.float64)
+    sample *= np.abs(x[::stride]).astype(np.float64)
+    return _candidate_floor(sample, max(1, k * sample.size // x.size))
+
+
+def _fisher_mask(
+    layout: ParamLayout, x: NDArray, fisher: NDArray, k: int, min_per_row: int, keep_vectors: bool
+) -> NDArray[np.bool_] | None:
+    """:func:`select_mask`'s ``fisher`` mask below capacity 1 in one pass, without the scores of every position.
+
+    The same mask as ``topk_mask(fisher_scores(fisher, x), k, row_guard(...) | kept_vectors(...))`` (inert
+    positions left out), to the bit: the scores are the same float64 products, made one block of whole rows at a
+    time in a buffer that stays in cache. In the same pass each row's guard is taken from its block (rows are
+    independent), every block is checked finite, and every free position scoring at least a floor read off a
+    sample of the scores (:func:`_candidate_floor`) is kept as a candidate, with its score. The threshold is
+    then the ``k - |forced|``-th largest candidate score: every free position scoring at least it is a candidate
+    (there are at least that many), so it is the full partition's threshold, and the mask is finished from the
+    candidates, ties to the lower index as in :func:`topk_mask`.
+
+    ``None`` when it does not apply and the caller takes the general path: a model of fewer than
+    :data:`PRUNE_MIN_FREE` positions that can learn, more than half of them kept, values of ``x`` that are not
+    floats, or a floor that keeps fewer than ``k - |forced|`` positions or more than half of them (the sample
+    was unrepresentative: the general path gives the same mask, slower).
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's layout.
+    x, fisher : NDArray
+        Global values and the Fisher estimate, flat, length ``d`` (shapes checked by the caller).
+    k : int
+        Positions to keep (``k < d``).
+    min_per_row, keep_vectors
+        The guards, as in :func:`select_mask`.
+
+    Raises ``ValueError`` as the general path does: a Fisher that is not finite and non-negative, scores that
+    are not finite.
+    """
+    d = layout.size
+    fl, xf = fisher.reshape(-1), x.reshape(-1)
+    _check_fisher(fl)  # every position, inert ones too, as fisher_scores checks it
+    if xf.dtype.kind != "f":
+        return None
+    inert = layout.inert
+    bounds = layout.offsets.tolist()
+    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]  # TensorSpec.size is a product on every call
+    live = d - sum(n for t, n in zip(layout.tensors, sizes) if t.name in inert)
+    if live < PRUNE_MIN_FREE or 2 * k > live:
+        return None
+    floor = _fisher_floor(fl, xf, k)
+    if floor is None:
+        return None
+    mask = np.zeros(d, dtype=bool)  # the forced positions first; the kept ones are added at the end
+    positions: list[NDArray[np.intp]] = []
+    values: list[NDArray[np.float64]] = []
+    found, limit = 0, live // 2
+    scores = np.empty(min(d, _FUSED_BLOCK), dtype=np.float64)
+    magnitude = np.empty_like(scores)
+    m = min_per_row
+    for t, start, size in zip(layout.tensors, bounds[:-1], sizes):
+        if size == 0 or t.name in inert:
+            continue
+        matrix = len(t.shape) >= 2
+        per_row = size // t.rows if matrix else size
+        step = max(1, _FUSED_BLOCK // per_row) * per_row if per_row <= _FUSED_BLOCK else per_row
+        forced_vector = not matrix and keep_vectors
+        for lo in range(start, start + size, step):
+            hi = min(lo + step, start + size)
+            if hi - lo > scores.size:  # a row longer than the block: a buffer of its own
+                scores, magnitude = np.empty(hi - lo, dtype=np.float64), np.empty(hi - lo, dtype=np.float64)
+            w, a = scores[: hi - lo], magnitude[: hi - lo]
+            w[...] = fl[lo:hi]
+            a[...] = xf[lo:hi]
+            np.abs(a, out=a)
+            w *= a  # F_j |x_j| in float64: exact for float32 operands, as fisher_scores computes it
+            if not np.isfinite(w.max()):  # non-negative or NaN: the maximum shows both NaN and inf
+                raise ValueError("scores must be finite")
+            kept = mask[lo:hi]
+            if forced_vector:
+                kept[:] = True
+                continue
+            if matrix and m > 0:
+                if per_row <= m:  # the guard keeps whole rows
+                    kept[:] = True
+                    continue
+                rows = (hi - lo) // per_row
+                _guard_rows(w.reshape(rows, per_row), kept.reshape(rows, per_row), m)
+            local = np.flatnonzero(w >= floor)
+            local = local[~kept.take(local)]  # the guard's positions are forced, not candidates (few of them)
+            if local.size:
+                found += local.size
+                if found > limit:
+                    return None
+                positions.append(local + lo)
+                values.append(w.take(local))
+    n_forced = int(np.count_nonzero(mask))
+    need = min(k, live) - n_forced
+    if need <= 0:
+        return mask
+    if need >= live - n_forced:
+        mask[:] = True
+        if inert:
+            mask &= ~layout.inert_mask
+        return mask
+    if found < need:
+        return None
+    where = np.concatenate(positions)
+    score = np.concatenate(values)
+    ranked = score.copy()
+    ranked.partition(found - need)
+    threshold = ranked[found - need]
+    del ranked
+    at_least = score >= threshold
+    if int(np.count_nonzero(at_least)) == need:
+        mask[where[at_least]] = True
+        return mask
+    above = score > threshold
+    room = need - int(np.count_nonzero(above))
+    mask[where[above]] = True
+    mask[where[score == threshold][:room]] = True  # ascending index order, so the lowest indices win
+    return mask
 
 
 def select_mask(
@@ -252,6 +473,10 @@ def select_mask(
     k = budget(gamma, layout.size)
     if k >= layout.size:
         return np.ones(layout.size, dtype=bool)
+    if rule == "fisher":
+        fused = _fisher_mask(layout, x, fisher, k, min_per_row, keep_vectors)
+        if fused is not None:
+            return fused
     # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
     scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
     forced = row_guard(scores, layout, min_per_row) | kept_vectors(layout, keep_vectors)

@@ -98,6 +98,51 @@ def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
     return total / values.size
 
 
+#: Positions divided (and blended) at a time by :func:`_normalised`: its buffers then stay in L2.
+_SCALE_BLOCK = 1 << 16
+
+
+def _normalised(fisher: NDArray, previous: NDArray | None = None, ema: float = 0.0) -> NDArray[np.float32] | None:
+    """:meth:`FisherState.normalise`, and with ``previous`` the EMA of :meth:`FisherState.update` folded in.
+
+    The mean is :func:`mean64`'s (blocks of :data:`PRIOR_BLOCK`, which fix its summation order); each value is
+    then divided by it in float64 and rounded once to float32, and, with ``previous``, scaled by ``1 - ema`` and
+    added ``ema * previous``, both in float32 (``ema * old + (1 - ema) * new``), while its block is still in
+    cache: the same operations on each value as the separate passes, so the same bits, without a temporary of
+    the whole length. These element-wise passes go :data:`_SCALE_BLOCK` positions at a time.
+
+    Parameters
+    ----------
+    fisher : NDArray
+        The upload (any real dtype).
+    previous : NDArray, optional
+        The client's stored estimate, same length (float32 or float16).
+    ema : float
+        Weight of ``previous`` (used with it only).
+
+    Returns ``None`` when the upload carries no information (its mean is not positive and finite).
+    """
+    flat = np.asarray(fisher).reshape(-1)
+    wide = np.empty(min(flat.size, max(PRIOR_BLOCK, _SCALE_BLOCK)), dtype=np.float64)  # both passes' buffer
+    mean = mean64(flat, wide)
+    if not np.isfinite(mean) or mean <= 0:
+        return None
+    out = np.empty(flat.shape, dtype=np.float32)
+    keep, share = np.float32(1 - ema), np.float32(ema)
+    term = np.empty(0 if previous is None else min(flat.size, _SCALE_BLOCK), dtype=np.float32)
+    for start in range(0, flat.size, _SCALE_BLOCK):
+        span = slice(start, start + _SCALE_BLOCK)
+        o = out[span]
+        w = wide[: o.size]
+        w[...] = flat[span]
+        w /= mean
+        o[...] = w
+        if previous is not None:
+            o *= keep
+            o += np.multiply(previous[span], share, out=term[: o.size], dtype=np.float32)
+    return out.reshape(np.shape(fisher))
+
+
 @dataclass
 class ClientFisher:
     """A client's current estimate.
@@ -177,18 +222,7 @@ class FisherState:
         (``np.mean(..., dtype=float64)``, ``np.divide(..., dtype=float64)``), which
         cost about twice as much.
         """
-        flat = np.asarray(fisher).reshape(-1)
-        wide = np.empty(min(flat.size, PRIOR_BLOCK), dtype=np.float64)
-        mean = mean64(flat, wide)
-        if not np.isfinite(mean) or mean <= 0:
-            return None
-        out = np.empty(flat.shape, dtype=np.float32)
-        for span in _spans(flat.size):
-            w = wide[: len(flat[span])]
-            w[...] = flat[span]
-            w /= mean
-            out[span] = w
-        return out.reshape(np.shape(fisher))
+        return _normalised(fisher)
 
     @staticmethod
     def first_estimate(fisher: NDArray, precision: str) -> NDArray[np.float32] | None:
@@ -205,15 +239,13 @@ class FisherState:
         """Record a validated upload; returns ``False`` if it was uninformative (all zero)."""
         if fisher.shape != (self.d,):
             raise ValueError(f"fisher has shape {fisher.shape}, expected ({self.d},)")
-        new = self.normalise(fisher)
+        previous = self.clients.get(client)
+        blend = previous.fisher if previous is not None and self.ema > 0 else None
+        new = _normalised(fisher, blend, self.ema)  # the EMA with the previous estimate, if any, folded in
         if new is None:
             return False
         old = self.clients.pop(client, None)
-        if old is not None:
-            if self.ema > 0:
-                new *= np.float32(1 - self.ema)  # the same float32 arithmetic as ema * old + (1 - ema) * new
-                new += np.multiply(old.fisher, np.float32(self.ema), dtype=np.float32)
-        elif self.max_clients is not None and len(self.clients) >= self.max_clients:
+        if old is None and self.max_clients is not None and len(self.clients) >= self.max_clients:
             stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
             self.clients.pop(stalest)
             self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row

@@ -105,7 +105,9 @@ class MaskedMethod(Method):
         encoding = self.upload_encoding(self.run) if sent.fisher else "none"
         checked, payload = validate_train_reply(reply, sent, self.layout, expected_names(encoding))
         try:
-            fisher = decode_fisher(payload, sent.mask, self.layout, encoding)
+            # ``masked`` scatters the inside values by the positions the update already holds (increasing, from
+            # the packed mask): neither the mask nor its positions are made again. Other encodings read no mask.
+            fisher = decode_fisher(payload, None, self.layout, encoding, positions=checked.update.indices)
         except ValueError as err:
             raise ReplyError(f"fisher payload rejected: {err}") from err
         return replace(checked, fisher=fisher)
@@ -279,7 +281,7 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
             return FisherRequest({})
         if not self.fisher_due(key, server_round):
             return None
-        return FisherRequest({P.VALUES: np.ascontiguousarray(x[~mask], dtype=np.float32)})
+        return FisherRequest({P.VALUES: P.outside_values(x, mask)})
 
     def client_estimate(self, key: str | None, server_round: int) -> tuple[NDArray | None, str]:
         """The Fisher a mask for ``key`` is ranked by: its own (staleness-blended) estimate, else the prior."""

@@ -247,12 +247,21 @@ class EncodingCache:
 ENCODINGS = EncodingCache(ENCODING_CACHE_BYTES)
 
 
-def encode_mask(mask: NDArray[np.bool_]) -> tuple[MaskKind, NDArray]:
+def encode_mask(
+    mask: NDArray[np.bool_], positions: NDArray[np.signedinteger] | None = None
+) -> tuple[MaskKind, NDArray]:
     """Encode a boolean mask as its smallest kind (:func:`mask_kind`); returns ``(kind, array)``.
 
     ``indices`` and ``elias-fano`` codes are kept by content (:class:`EncodingCache`, :data:`ENCODINGS`): a mask
     met again (a held mask, a capacity level's prior-ranked mask) is looked up, and its array is then
     read-only and shared. ``bits`` costs one ``packbits``, the key's price, and is not kept.
+
+    Parameters
+    ----------
+    mask : NDArray[bool]
+        The mask, flat.
+    positions : NDArray[int], optional
+        ``np.flatnonzero(mask)`` when the caller has it (then not computed again).
     """
     mask = np.asarray(mask, dtype=bool)
     d = mask.shape[0]
@@ -264,10 +273,11 @@ def encode_mask(mask: NDArray[np.bool_]) -> tuple[MaskKind, NDArray]:
     key = (d, kind, hashlib.blake2b(np.packbits(mask).data, digest_size=16).digest())
     data = ENCODINGS.get(key)
     if data is None:
+        at = np.flatnonzero(mask) if positions is None else positions
         if kind == "indices":
-            data = np.flatnonzero(mask).astype(index_dtype(d))
+            data = at.astype(index_dtype(d))
         else:
-            data = encode_elias_fano(np.flatnonzero(mask), d)
+            data = encode_elias_fano(at, d)
         ENCODINGS.put(key, data)
     return kind, data
 

@@ -116,10 +116,104 @@ class SubmodelPayload:
         return int(self.values.nbytes + self.mask_data.nbytes)
 
 
+#: Positions of the mask read at a time when :func:`_gather` compresses block by block.
+_GATHER_BLOCK = 1 << 18
+
+
+def _gather(x: NDArray[np.float32], mask: NDArray[np.bool_], taken: int, outside: bool) -> NDArray[np.float32]:
+    """``x[mask]`` (``outside``: ``x[~mask]``), the same values in the same order, by the cheaper of two routes.
+
+    Boolean indexing copies run by run, so its time grows with the runs of the mask, which are most when
+    about half the positions are taken and few when most or few are; ``np.compress`` (the positions, then
+    a take) costs per position taken but not per run. Between 1/8 and 7/8 of the positions taken (a
+    ResNet-18 capacity-0.25 mask and its complement: 2 to 3 times faster) the mask is compressed one block of
+    :data:`_GATHER_BLOCK` positions at a time, into the output, so no position array of the whole mask is made.
+
+    Parameters
+    ----------
+    x : NDArray[float32]
+        Flat values.
+    mask : NDArray[bool]
+        Same shape as ``x``.
+    taken : int
+        Positions taken: set positions of ``mask`` (``outside``: unset ones).
+    outside : bool
+        Gather the positions outside the mask instead of inside it.
+    """
+    d = x.shape[0]
+    if not d // 8 <= taken <= d - d // 8:
+        return x[~mask] if outside else x[mask]
+    out = np.empty(taken, dtype=x.dtype)
+    filled = 0
+    for start in range(0, d, _GATHER_BLOCK):
+        part = mask[start : start + _GATHER_BLOCK]
+        if outside:
+            part = ~part
+        n = int(np.count_nonzero(part))
+        np.compress(part, x[start : start + _GATHER_BLOCK], out=out[filled : filled + n])
+        filled += n
+    return out
+
+
+def _flat_pair(x: NDArray, mask: NDArray) -> tuple[NDArray[np.float32], NDArray[np.bool_]] | None:
+    """``x`` as float32 and ``mask`` as booleans when both are flat and of one length (else ``None``)."""
+    values, flags = np.asarray(x, dtype=np.float32), np.asarray(mask)
+    if flags.dtype != np.bool_ or values.ndim != 1 or flags.shape != values.shape:
+        return None
+    return values, flags
+
+
+def selected_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[np.float32]:
+    """The values of ``x`` at the mask's positions, in increasing position order (``x[mask]`` as float32).
+
+    Parameters
+    ----------
+    x : NDArray[float32]
+        Global values, flat, length ``d``.
+    mask : NDArray[bool]
+        The submodel mask, length ``d``.
+    """
+    pair = _flat_pair(x, mask)
+    if pair is None:  # indexing says what is wrong
+        return np.asarray(x, dtype=np.float32)[mask]
+    values, flags = pair
+    return _gather(values, flags, int(np.count_nonzero(flags)), outside=False)
+
+
+def outside_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[np.float32]:
+    """The values of ``x`` outside the mask, in increasing position order (``x[~mask]`` as float32).
+
+    What a Fisher refresh sends besides the submodel (``fisher-at``).
+
+    Parameters
+    ----------
+    x : NDArray[float32]
+        Global values, flat, length ``d``.
+    mask : NDArray[bool]
+        The submodel mask, length ``d``.
+    """
+    pair = _flat_pair(x, mask)
+    if pair is None:
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)[~np.asarray(mask)])
+    values, flags = pair
+    return _gather(values, flags, values.size - int(np.count_nonzero(flags)), outside=True)
+
+
 def encode_submodel(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> SubmodelPayload:
-    """The selected values of ``x`` and the compact mask."""
+    """The selected values of ``x`` (:func:`selected_values`) and the compact mask.
+
+    A mask of fewer than ``d / 8`` positions is sent as ``indices`` or ``elias-fano``, which are built from its
+    positions: they are found once, and the values taken at them (:func:`common.wire.mask_codec.encode_mask`
+    gets them too), instead of a second scan of the mask by boolean indexing.
+    """
+    pair = _flat_pair(x, mask)
+    if pair is not None and int(np.count_nonzero(pair[1])) < pair[1].size // 8:
+        values, flags = pair
+        positions = np.flatnonzero(flags)
+        kind, data = encode_mask(flags, positions)
+        return SubmodelPayload(values.take(positions), kind, data, mask_digest(kind, data))
     kind, data = encode_mask(mask)
-    return SubmodelPayload(np.asarray(x, dtype=np.float32)[mask], kind, data, mask_digest(kind, data))
+    return SubmodelPayload(selected_values(x, mask), kind, data, mask_digest(kind, data))
 
 
 def decode_submodel(

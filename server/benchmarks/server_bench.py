@@ -374,7 +374,7 @@ def run_round(
         select_anchor(key, data.uploads[i % len(data.uploads)], gamma)
         select_wall = clock.lap()[0]
         payload = encode_submodel(x, mask)
-        fisher_at = np.ascontiguousarray(x[~mask]) if uploads else None  # a refresh: the values outside the mask
+        fisher_at = P.outside_values(x, mask) if uploads else None  # a refresh: the values outside the mask
         sent.append(SentSubmodel(i, rnd, mask, payload.digest, 1000, uploads))
         encoded = clock.lap()
         x[mask], np.packbits(mask)
