@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import common.aggregation.running_sums as sums_module
 import common.fisher.selection as selection
 import common.fisher.state as state_module
+import common.wire.mask_codec as mask_codec
 import common.wire.protocol as protocol
 from common.aggregation.masked import MaskedUpdate
 from common.aggregation.running_sums import HolderSum, ParticipantSum
@@ -331,3 +332,27 @@ def test_fused_selection_with_ties_at_the_threshold(levels, seed):
             assert fused is None or fused.tobytes() == want.tobytes()
             assert got.tobytes() == want.tobytes()
     assert applied
+
+
+def _previous_pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
+    """The previous bit packing of the Elias-Fano low bits: every value unpacked to bits, then packed."""
+    dt = mask_codec._uint_dtype(width)
+    as_bytes = values.astype(dt).view(np.uint8).reshape(values.size, dt.itemsize)
+    return np.packbits(np.unpackbits(as_bytes, axis=1)[:, 8 * dt.itemsize - width :])
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(0, 70), width=st.integers(1, 20), seed=st.integers(0, 2**16))
+def test_fixed_width_packing_is_the_unpack_pack_one(count, width, seed):
+    values = np.random.default_rng(seed).integers(0, 1 << width, size=count, dtype=np.int64)
+    got = mask_codec._pack_fixed(values, width)
+    assert got.dtype == np.uint8 and got.tobytes() == _previous_pack_fixed(values, width).tobytes()
+
+
+@pytest.mark.parametrize("density", [0.001, 0.01, 0.05, 0.1])
+def test_elias_fano_codes_decode_to_their_masks(density):
+    rng = np.random.default_rng(11)
+    mask = rng.random(100_003) < density
+    ENCODINGS.clear()
+    kind, data = encode_mask(mask)
+    assert mask_codec.decode_mask(kind, data, mask.size).tobytes() == mask.tobytes()
