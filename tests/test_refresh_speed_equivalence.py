@@ -356,3 +356,21 @@ def test_elias_fano_codes_decode_to_their_masks(density):
     ENCODINGS.clear()
     kind, data = encode_mask(mask)
     assert mask_codec.decode_mask(kind, data, mask.size).tobytes() == mask.tobytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(d=st.integers(1, 70), flip=st.integers(-1, 69), padding=st.booleans())
+def test_full_mask_positions_read_off_the_packed_bytes(d, flip, padding):
+    """A mask said to be full: its positions, or the previous error (the unpacked bits counted)."""
+    bits = np.ones(d, dtype=bool)
+    if 0 <= flip < d:
+        bits[flip] = False
+    packed = np.packbits(bits)
+    if padding and d % 8:
+        packed[-1] |= 1  # a padding bit set: ignored, as unpacking the first d bits ignores it
+    n = int(np.count_nonzero(np.unpackbits(packed, count=d)))
+    if n == d:
+        assert mask_codec.packed_positions(packed, d, d).tobytes() == np.arange(d, dtype=np.int32).tobytes()
+    else:
+        with pytest.raises(ValueError, match=f"holds {n} set positions, expected {d}"):
+            mask_codec.packed_positions(packed, d, d)

@@ -75,8 +75,14 @@ def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np
     if packed.dtype != np.uint8 or packed.shape != ((d + 7) // 8,):
         raise ValueError(f"packed mask must be uint8[{(d + 7) // 8}], got {packed.dtype}{list(packed.shape)}")
     if kept == d:
-        n = int(np.count_nonzero(np.unpackbits(packed, count=d).view(np.bool_)))
-        if n != d:
+        # Every bit set: its whole bytes are 0xFF and the last one's leading d % 8 bits are set, read off the
+        # packed bytes (d / 8 of them) instead of the d unpacked bits; counted only to say what is wrong.
+        whole, rest = divmod(d, 8)
+        full = bool(np.all(packed[:whole] == 0xFF))
+        if full and rest:
+            full = int(packed[whole]) >> (8 - rest) == (1 << rest) - 1
+        if not full:
+            n = int(np.count_nonzero(np.unpackbits(packed, count=d).view(np.bool_)))
             raise ValueError(f"packed mask holds {n} set positions, expected {kept}")
         return np.arange(d, dtype=dt)
     out = np.empty(kept, dtype=dt)
