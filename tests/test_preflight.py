@@ -250,6 +250,12 @@ def test_a_supernode_started_with_a_connected_nodes_key_is_told_why(tmp_path: Pa
     from server.commands.launcher import LocalFederation
 
     with LocalFederation((1.0,), tmp_path / "federation", echo=lambda line: None, secure=True) as fed:
+        # Node 0 must hold the key first: started at once, the second SuperNode could win the race and be let in.
+        deadline = time.monotonic() + 120
+        while "[Fleet.ActivateNode] Activated node_id" not in (fed.logs / "superlink.log").read_text():
+            assert time.monotonic() < deadline, "node 0 was not activated within 120 s"
+            assert fed.nodes[0].poll() is None, (fed.logs / "supernode-0.log").read_text()
+            time.sleep(0.5)
         argv = ["sh", str(WRAPPER), "--root-certificates", str(fed.certs / "ca.crt"), "--superlink",
                 f"127.0.0.1:{fed.link_port}", "--auth-supernode-private-key", str(fed.certs / "node-0"),
                 "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=1"]  # fmt: skip
