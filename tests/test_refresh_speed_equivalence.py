@@ -9,6 +9,8 @@ scatter, and the Fisher state's EMA folded into the normalisation against the se
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -23,7 +25,7 @@ from common.aggregation.masked import MaskedUpdate
 from common.aggregation.running_sums import HolderSum, ParticipantSum
 from common.config.parse import parse_run_config
 from common.fisher.codec import decode_fisher, encode_fisher
-from common.fisher.selection import budget, fisher_scores, kept_vectors, row_guard, select_mask, topk_mask
+from common.fisher.selection import budget, select_mask, topk_mask
 from common.fisher.state import PRECISIONS, FisherState, at_precision, mean64
 from common.methods import create_method
 from common.models.layout import ParamLayout
@@ -33,20 +35,9 @@ from common.wire.validation import ReplyRecords, SentSubmodel
 
 
 def _full_partition_mask(layout: ParamLayout, x, f, gamma, min_per_row, keep_vectors) -> np.ndarray:
-    """The previous ``fisher`` selection: every score made and partitioned (pruning off)."""
-    k = budget(gamma, layout.size)
-    if k >= layout.size:
-        return np.ones(layout.size, dtype=bool)
-    scores = fisher_scores(f, x)
-    forced = row_guard(scores, layout, min_per_row) | kept_vectors(layout, keep_vectors)
-    inert = layout.inert_mask
-    if not inert.any():
-        return topk_mask(scores, k, forced)
-    live = np.flatnonzero(~inert)
-    forced &= ~inert
-    mask = np.zeros(layout.size, dtype=bool)
-    mask[live] = topk_mask(scores[live], min(k, live.size), forced[live])
-    return mask
+    """The previous ``fisher`` selection: every score made and partitioned (the blockwise pass turned off)."""
+    with mock.patch.object(selection, "_fisher_mask", return_value=None):
+        return select_mask(layout, x, gamma, "fisher", f, min_per_row, keep_vectors)
 
 
 _shapes = st.lists(

@@ -173,11 +173,7 @@ def selected_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[
     mask : NDArray[bool]
         The submodel mask, length ``d``.
     """
-    pair = _flat_pair(x, mask)
-    if pair is None:  # indexing says what is wrong
-        return np.asarray(x, dtype=np.float32)[mask]
-    values, flags = pair
-    return _gather(values, flags, int(np.count_nonzero(flags)), outside=False)
+    return _values(x, mask, outside=False)
 
 
 def outside_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[np.float32]:
@@ -192,11 +188,18 @@ def outside_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[n
     mask : NDArray[bool]
         The submodel mask, length ``d``.
     """
+    return _values(x, mask, outside=True)
+
+
+def _values(x: NDArray[np.float32], mask: NDArray[np.bool_], outside: bool) -> NDArray[np.float32]:
+    """``x`` as float32 at the mask's positions, or outside them, in increasing position order."""
     pair = _flat_pair(x, mask)
-    if pair is None:
-        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)[~np.asarray(mask)])
+    if pair is None:  # indexing says what is wrong
+        flags = ~np.asarray(mask) if outside else mask
+        return np.ascontiguousarray(np.asarray(x, dtype=np.float32)[flags])
     values, flags = pair
-    return _gather(values, flags, values.size - int(np.count_nonzero(flags)), outside=True)
+    kept = int(np.count_nonzero(flags))
+    return _gather(values, flags, values.size - kept if outside else kept, outside=outside)
 
 
 def encode_submodel(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> SubmodelPayload:
