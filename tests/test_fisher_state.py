@@ -390,3 +390,20 @@ def test_serialised_rows_stay_in_place_and_the_mean_prior_resumes_to_the_bit():
     for state in (u, v):
         state.update(9, _fisher(np.random.default_rng(1)), 3.0, 6)  # evicts the same client in both
     assert u.to_bytes() == v.to_bytes()
+
+
+def test_extra_members_follow_the_state_in_one_archive():
+    """A method's own arrays ride in the state's archive: the state's bytes stay a prefix, both read back."""
+    rng = np.random.default_rng(11)
+    s = FisherState(D, trim=0.0)
+    for client in (1, 2):
+        s.update(client, _fisher(rng), 5.0, 1)
+    held = {"held_bits": rng.integers(0, 256, size=(2, (D + 7) // 8), dtype=np.uint8), "held_d": np.array(D)}
+    plain, joined = s.to_bytes(), s.to_bytes(extra=held)
+    rows_end = plain.find(b"slots.npy")  # the estimates and the small arrays keep their offsets
+    assert rows_end > 0 and joined[:rows_end] == plain[:rows_end]
+    with np.load(io.BytesIO(joined), allow_pickle=False) as z:
+        assert z["held_bits"].tobytes() == held["held_bits"].tobytes() and int(z["held_d"]) == D
+    assert FisherState.from_bytes(joined).to_bytes() == plain
+    with pytest.raises(ValueError, match=r"\['weights'\] would overwrite"):
+        s.to_bytes(extra={"weights": np.zeros(2)})

@@ -9,15 +9,11 @@ resumed run holds the same masks as an uninterrupted one.
 
 from __future__ import annotations
 
-import io
 import json
-import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import NDArray
-
-_EPOCH = (1980, 1, 1, 0, 0, 0)  # member timestamp: equal states give equal bytes
 
 
 class HeldMasks:
@@ -74,14 +70,3 @@ class HeldMasks:
         for key, rnd, gamma, bits in zip(keys, z["held_rounds"], z["held_gammas"], z["held_bits"], strict=True):
             out._held[str(key)] = (int(rnd), float(gamma), np.array(bits, dtype=np.uint8))
         return out
-
-
-def append_arrays(archive: bytes, arrays: Mapping[str, NDArray]) -> bytes:
-    """An npz archive with ``arrays`` added as members after the existing ones (which keep their offsets)."""
-    buf = io.BytesIO(archive)
-    buf.seek(0, io.SEEK_END)
-    with zipfile.ZipFile(buf, "a", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, array in arrays.items():
-            with zf.open(zipfile.ZipInfo(f"{name}.npy", _EPOCH), "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
-    return buf.getvalue()

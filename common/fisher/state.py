@@ -33,7 +33,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -351,7 +351,7 @@ class FisherState:
         prior = self.global_prior()  # not None: this client's own estimate is part of it
         return (trust * mine + (1 - trust) * prior).astype(np.float32)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, extra: Mapping[str, NDArray] | None = None) -> bytes:
         """Serialise (npz) for checkpoints and ``fisher_state.npz``.
 
         The estimates come first, one row per slot: a client keeps its row while
@@ -360,6 +360,12 @@ class FisherState:
         offsets, which lets :mod:`server.persistence` write checkpoints
         incrementally. The prior is not stored: it is recomputed from the
         estimates, in the same order, so it resumes to the bit.
+
+        Parameters
+        ----------
+        extra : Mapping[str, NDArray], optional
+            More members written after the state's own (a method's other state, e.g. its held masks), in
+            the same archive: appending them afterwards would copy the whole archive again.
         """
         ids = list(self.clients)
         by_slot = sorted(ids, key=self._slots.__getitem__)  # slots are 0..n-1: evictions hand theirs over
@@ -373,6 +379,10 @@ class FisherState:
             "weights": np.array([self.clients[i].weight for i in ids], dtype=np.float64),
             "rounds": np.array([self.clients[i].round for i in ids], dtype=np.int64),
         }
+        extra = dict(extra or {})
+        clash = sorted(set(extra) & {*arrays, "fisher"})
+        if clash:
+            raise ValueError(f"extra members {clash} would overwrite the Fisher state's own")
         buf = io.BytesIO()
         # np.savez's layout, written directly: the rows streamed from the stored estimates (no stacked copy)
         # and fixed timestamps, so equal states give equal bytes.
@@ -382,9 +392,9 @@ class FisherState:
                 np.lib.format.write_array_header_1_0(f, {**header, "shape": (len(by_slot), self.d)})
                 for i in by_slot:
                     f.write(memoryview(np.ascontiguousarray(self.clients[i].fisher, dtype=self._dtype)))
-            for name, array in arrays.items():
+            for name, array in {**arrays, **extra}.items():
                 with zf.open(zipfile.ZipInfo(f"{name}.npy", _EPOCH), "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, array, allow_pickle=False)
+                    np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
         return buf.getvalue()
 
     @classmethod

@@ -30,7 +30,7 @@ from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.running_sums import HolderSum, ParticipantSum, RunningSum
 from common.aggregation.update_means import participant_mean_step
 from common.fisher.codec import decode_fisher, expected_names
-from common.fisher.held_masks import HeldMasks, append_arrays
+from common.fisher.held_masks import HeldMasks
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
 from common.fisher.selection import select_mask
@@ -76,8 +76,8 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         self.held = HeldMasks(layout.size)
 
     def state_bytes(self) -> bytes:
-        """The Fisher state's npz with the held masks appended as ``held_*`` members (``fisher_state.npz``)."""
-        return append_arrays(self.fisher.to_bytes(), self.held.arrays())
+        """The Fisher state's npz with the held masks as ``held_*`` members after its own (``fisher_state.npz``)."""
+        return self.fisher.to_bytes(extra=self.held.arrays())
 
     def load_state(self, data: bytes) -> None:
         """Restore :meth:`state_bytes` (a Fisher state without ``held_*`` members holds no masks)."""

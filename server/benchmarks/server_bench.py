@@ -66,7 +66,7 @@ from numpy.typing import NDArray
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.fisher.codec import encode_fisher
-from common.fisher.held_masks import HeldMasks, append_arrays
+from common.fisher.held_masks import HeldMasks
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level, trim_count
 from common.fisher.selection import budget, select_mask
@@ -489,8 +489,8 @@ def run_round(
     written: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
 
     def state_bytes() -> bytes:
-        # As FedFIbOS serialises its state: the Fisher state's npz with the held masks appended.
-        return append_arrays(state.to_bytes(), held.arrays())
+        # As FedFIbOS serialises its state: the Fisher state's npz with the held masks as members after its own.
+        return state.to_bytes(extra=held.arrays())
 
     measure(t, "checkpoint", lambda: written.append(save_checkpoint(path, rnd, x, state_bytes())))
     size = path.stat().st_size + written[0]
