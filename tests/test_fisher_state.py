@@ -393,14 +393,14 @@ def test_serialised_rows_stay_in_place_and_the_mean_prior_resumes_to_the_bit():
 
 
 def test_extra_members_follow_the_state_in_one_archive():
-    """A method's own arrays ride in the state's archive: the state's bytes stay a prefix, both read back."""
+    """A method's own arrays ride in the state's archive: the estimates stay in place, both read back."""
     rng = np.random.default_rng(11)
     s = FisherState(D, trim=0.0)
     for client in (1, 2):
         s.update(client, _fisher(rng), 5.0, 1)
     held = {"held_bits": rng.integers(0, 256, size=(2, (D + 7) // 8), dtype=np.uint8), "held_d": np.array(D)}
     plain, joined = s.to_bytes(), s.to_bytes(extra=held)
-    rows_end = plain.find(b"slots.npy")  # the estimates and the small arrays keep their offsets
+    rows_end = plain.find(b"slots.npy")  # the estimates keep their offsets (incremental checkpoints rely on it)
     assert rows_end > 0 and joined[:rows_end] == plain[:rows_end]
     with np.load(io.BytesIO(joined), allow_pickle=False) as z:
         assert z["held_bits"].tobytes() == held["held_bits"].tobytes() and int(z["held_d"]) == D
