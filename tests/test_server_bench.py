@@ -189,3 +189,48 @@ def test_small_run_writes_json_and_plot(tmp_path):
     assert all(0 < r["peak_rss_gib"] <= r["estimate_gib"] for r in doc["rounds"])
     assert (tmp_path / "server_bench.png").stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["server_bench.json", "server_bench.png"]
+
+
+class _Ticks:
+    """A clock that advances one second at every reading (wall and CPU alike)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize("kind", ["held", "refresh"])
+def test_a_levels_prior_mask_is_the_rounds_work_and_the_prior_is_cached_when_the_round_starts(
+    tmp_path, monkeypatch, kind
+):
+    import types
+
+    from common.fisher.state import FisherState
+    from common.models.architectures import build_model, model_layout, trainable_arrays
+    from server.benchmarks import server_bench
+
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
+    cfg = parse_run_config({"fisher-memory-mb": 1})  # three estimates of the CNN (151,306 values): clients 0-4 evicted
+    priors = []
+    real_prior = FisherState.global_prior
+
+    def counted(state):
+        priors.append(state._prior is None)  # True: the prior had to be computed (the sort), not read
+        return real_prior(state)
+
+    monkeypatch.setattr(FisherState, "global_prior", counted)
+    monkeypatch.setattr(server_bench, "time", types.SimpleNamespace(perf_counter=_Ticks(), process_time=_Ticks()))
+    t = server_bench.run_round(data, cfg, 8, [1.0, 0.25], tmp_path, kind)
+    # Every lap between two readings is one second: each of the 8 clients has its select, encode, validate and
+    # sum lap (and a Fisher fold lap in a refresh round); the two levels' prior-ranked masks (clients 0 and 1,
+    # the first of each level beyond the budget) are the round's, not a client's.
+    per_client_laps = 8 * (5 if kind == "refresh" else 4)
+    assert t.project["select"] == 8
+    assert t.extra["per_client_seconds"] == t.extra["per_client_cpu_seconds"] == per_client_laps - 2
+    # The evicted clients were ranked by the prior the previous round's end left cached.
+    assert priors and not any(priors[1:3])

@@ -292,9 +292,14 @@ def run_round(
       mask is its held one (:class:`common.fisher.held_masks.HeldMasks`), every other client is ranked by the
       prior (one mask per level), and the replies carry the update only.
 
+    The round starts as the strategy leaves the previous one: the prior (and its interval) computed from the
+    state's estimates, so a client beyond the Fisher budget is ranked by a cached prior.
+
     The work done once per client (select, encode and what the round keeps of the download, validate, add to
     the running sum, the Fisher state) is also summed by itself, wall clock and CPU, in ``extra``
-    (``per_client_seconds``, ``per_client_cpu_seconds``): the per-client constant.
+    (``per_client_seconds``, ``per_client_cpu_seconds``): the per-client constant. A capacity level's
+    prior-ranked mask, ranked once per round for all the clients of that level, counts in the round's "select"
+    step but not in the per-client constant.
     """
     if kind not in ROUND_KINDS:
         raise ValueError(f"round kind {kind!r}; expected one of {ROUND_KINDS}")
@@ -321,6 +326,12 @@ def run_round(
                 held.put(key, own.round, gamma, mask)
     rnd = 2 if kind == "refresh" else 3
     uploads = kind == "refresh"
+    # The previous round ended as the strategy ends one (``round_entries``, before central evaluation): the trimmed
+    # prior and its interval computed from the state's estimates, so the prior is cached when this round's
+    # configure ranks the clients beyond the Fisher budget by it. That sort is this round's "prior" step too,
+    # once the replies have changed the estimates; it is not charged to the first such client's selection.
+    state.prior_interval()
+    state.global_prior()
     t = StepTimes()
     for key, _ in STEPS:
         t.project[key], t.anchor[key], t.cpu[key] = 0.0, 0.0, 0.0
@@ -368,9 +379,13 @@ def run_round(
     # other work on the machine falls on both sides alike instead of on whichever ran during it.
     sent: list[SentSubmodel] = []
     for i, (key, gamma) in enumerate(zip(keys, caps)):
+        misses = levels_cache.misses
         clock = Laps()
         mask = select(key, gamma)
         selected = clock.lap()
+        # A level's prior-ranked mask is ranked once per round (a miss), whatever the clients of that level: the
+        # round's work, not a client's; later clients of the level look it up (counted per client).
+        per_level = levels_cache.misses > misses
         select_anchor(key, data.uploads[i % len(data.uploads)], gamma)
         select_wall = clock.lap()[0]
         payload = encode_submodel(x, mask)
@@ -380,7 +395,7 @@ def run_round(
         x[mask], np.packbits(mask)
         if uploads:
             x[~mask]
-        add("select", selected, select_wall)
+        add("select", selected, select_wall, per_client=not per_level)
         add("encode", encoded, clock.lap()[0])
         del mask, payload, fisher_at
 
