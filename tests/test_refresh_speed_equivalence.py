@@ -325,6 +325,114 @@ def test_fused_selection_with_ties_at_the_threshold(levels, seed):
     assert applied
 
 
+def _colliding_values(rng: np.random.Generator, d: int, exponents: list[int]) -> np.ndarray:
+    """float32 values ``(1 + j 2^-23) 2^e``: products of two such differ in float64 and often tie in float32."""
+    mantissa = 1.0 + rng.integers(0, 8, size=d) * 2.0**-23
+    return (mantissa * 2.0 ** rng.choice(exponents, size=d)).astype(np.float32)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    gamma=st.sampled_from([0.01, 0.05, 0.2, 0.45]),
+    f_exponents=st.sampled_from([[0], [0, 1], [-100, 0, 100], [-126, -120, 0]]),
+    x_exponents=st.sampled_from([[0], [-1, 0], [-50, 0, 30], [-30, 0]]),
+    block=st.sampled_from([7, 500, 1 << 16]),
+    sample=st.sampled_from([2, 64, 1 << 20]),
+)
+def test_fused_selection_on_float32_rounded_products_is_the_float64_one(
+    seed, gamma, f_exponents, x_exponents, block, sample
+):
+    """Without guards the candidates are found on float32 products: values whose float64 products differ but
+    round to the same float32 (ties the float64 ranking does not have, some at the floor and the threshold),
+    products beyond float32's range (their blocks go in float64) and below it (rounded to zero) give the mask of
+    the float64 scores."""
+    shapes = [(30, 40), (30,), (50, 61), (4, 3, 5, 5)]
+    layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
+    rng = np.random.default_rng(seed)
+    f = _colliding_values(rng, layout.size, f_exponents)
+    f[rng.random(layout.size) < 0.05] = 0.0
+    x = _colliding_values(rng, layout.size, x_exponents) * rng.choice([-1.0, 1.0], size=layout.size).astype(np.float32)
+    products = f.astype(np.float64) * np.abs(x.astype(np.float64))
+    with np.errstate(over="ignore"):  # some products are beyond float32's range, as meant
+        rounded = products.astype(np.float32)
+    assert np.unique(rounded).size < np.unique(products).size  # the float32 ties exist
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(selection, "PRUNE_MIN_FREE", 1 << 60)
+        want = _full_partition_mask(layout, x, f, gamma, 0, False)
+        mp.setattr(selection, "PRUNE_MIN_FREE", 0)
+        mp.setattr(selection, "PRUNE_SAMPLE", sample)
+        mp.setattr(selection, "_FUSED_BLOCK", block)
+        fused = selection._fisher_mask(layout, x, f, budget(gamma, layout.size), 0, False)
+        got = select_mask(layout, x, gamma, "fisher", f, 0, False)
+    assert fused is None or fused.tobytes() == want.tobytes()
+    assert got.tobytes() == want.tobytes()
+
+
+def test_fused_selection_finds_candidates_on_float32_products_unless_a_guard_reads_the_scores():
+    """The float32 pass is taken for the unguarded blocks of float32 values (and the mask is the float64 one);
+    a guard's block, or float64 values, are scored in float64 only."""
+    shapes = [(64, 3, 3, 3), (64,), (128, 64, 3, 3), (10, 128)]
+    layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(layout.size).astype(np.float32)
+    f = rng.lognormal(0, 2, layout.size).astype(np.float32)
+    k = budget(0.0625, layout.size)
+    calls: list[int] = []  # sizes of the float32 products made
+    real_multiply = np.multiply
+
+    def counted(a, b, *args, **kwargs):
+        out = kwargs.get("out")
+        if out is not None and out.dtype == np.float32:
+            calls.append(out.size)
+        return real_multiply(a, b, *args, **kwargs)
+
+    cases = (
+        (0, False, x, layout.size),
+        (1, False, x, 64),
+        (0, True, x, layout.size - 64),
+        (0, False, x.astype(np.float64), 0),
+    )
+    for m, keep, xs, rounded in cases:
+        calls.clear()
+        with mock.patch.object(selection.np, "multiply", counted):
+            fused = selection._fisher_mask(layout, xs, f, k, m, keep)
+        assert fused is not None
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(selection, "PRUNE_MIN_FREE", 1 << 60)
+            assert fused.tobytes() == _full_partition_mask(layout, xs, f, 0.0625, m, keep).tobytes()
+        assert sum(calls) == rounded, (m, keep)
+
+
+@pytest.mark.parametrize(
+    ("floor", "k", "want"),
+    [
+        # The floor is P's score: Q rounds to the floor from below it and must not become a candidate (the
+        # float64 block's R, tied with Q and at a lower index, would then lose to it).
+        (1 + 2.0**-22 + 2.0**-46, 3, [0, 1, 8]),
+        # The floor is Q's score, exactly representable: the positions whose rounded product equals it are
+        # candidates (P and Q), and P is the second largest.
+        (1 + 2.0**-22, 2, [0, 8]),
+    ],
+)
+def test_fused_selection_on_rounded_products_keeps_exactly_the_float64_candidates(floor, k, want):
+    """Hand-made: a float64 block (one product beyond float32's range) beside a float32 one, at a given floor."""
+    layout = ParamLayout.from_arrays({"a": np.zeros((2, 4)), "b": np.zeros((2, 4))})
+    f = np.full(layout.size, 0.5, dtype=np.float32)
+    x = np.full(layout.size, 0.5, dtype=np.float32)
+    f[0], x[0] = 2.0**100, 2.0**30  # 2^130: block "a" is scored in float64
+    f[1], x[1] = 1 + 2.0**-22, 1.0  # R: 1 + 2^-22
+    f[8], x[8] = 1 + 2.0**-23, 1 + 2.0**-23  # P: 1 + 2^-22 + 2^-46, rounds to 1 + 2^-22 in float32
+    f[9], x[9] = 1 + 2.0**-22, 1.0  # Q: 1 + 2^-22, R's score
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(selection, "PRUNE_MIN_FREE", 0)
+        mp.setattr(selection, "_fisher_floor", lambda *_: floor)
+        fused = selection._fisher_mask(layout, x, f, k, 0, False)
+        got = select_mask(layout, x, k / layout.size, "fisher", f, 0, False)
+    assert np.flatnonzero(got).tolist() == want
+    assert fused is None or np.flatnonzero(fused).tolist() == want
+
+
 def _previous_pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
     """The previous bit packing of the Elias-Fano low bits: every value unpacked to bits, then packed."""
     dt = mask_codec._uint_dtype(width)

@@ -358,6 +358,16 @@ def _fisher_mask(
     found, limit = 0, live // 2
     scores = np.empty(min(d, _FUSED_BLOCK), dtype=np.float64)
     magnitude = np.empty_like(scores)
+    # Float32 products round the exact float64 ones monotonically, so every position scoring at least the floor
+    # has a rounded product at least the floor rounded: the positions found on the rounded products (half the
+    # traffic of float64) hold every candidate, and their exact scores, made afterwards, keep those at least the
+    # floor, the same candidates as the float64 pass. Only where no guard reads the block's scores, and for
+    # float32 values of x (a float32 or float16 Fisher value times a float32 |x| is then exact in float64).
+    rounded = xf.dtype == np.float32 and fl.dtype in (np.float32, np.float16)
+    with np.errstate(over="ignore"):  # a floor beyond float32's range rounds to inf: no finite product reaches it
+        floor32 = np.float32(floor)
+    small = np.empty(min(d, _FUSED_BLOCK) if rounded else 0, dtype=np.float32)
+    small_magnitude = np.empty_like(small)
     m = min_per_row
     for t, start, size in zip(layout.tensors, bounds[:-1], sizes):
         if size == 0 or t.name in inert:
@@ -366,8 +376,30 @@ def _fisher_mask(
         per_row = size // t.rows if matrix else size
         step = max(1, _FUSED_BLOCK // per_row) * per_row if per_row <= _FUSED_BLOCK else per_row
         forced_vector = not matrix and keep_vectors
+        guarded = forced_vector or (matrix and m > 0)
         for lo in range(start, start + size, step):
             hi = min(lo + step, start + size)
+            if rounded and not guarded:
+                if hi - lo > small.size:
+                    small, small_magnitude = np.empty(hi - lo, dtype=np.float32), np.empty(hi - lo, dtype=np.float32)
+                r, a32 = small[: hi - lo], small_magnitude[: hi - lo]
+                np.abs(xf[lo:hi], out=a32)
+                with np.errstate(over="ignore", invalid="ignore"):  # seen below, and left to the float64 pass
+                    np.multiply(fl[lo:hi], a32, out=r)
+                if np.isfinite(r.max()):  # else a product beyond float32's range, or x not finite: in float64
+                    local = np.flatnonzero(r >= floor32)
+                    if local.size:
+                        exact = fl[lo:hi].take(local).astype(np.float64)
+                        exact *= np.abs(xf[lo:hi].take(local)).astype(np.float64)
+                        above = exact >= floor
+                        if not above.all():  # rounded up to the floor from below it
+                            local, exact = local[above], exact[above]
+                        found += local.size
+                        if found > limit:
+                            return None
+                        positions.append(local + lo)
+                        values.append(exact)
+                    continue
             if hi - lo > scores.size:  # a row longer than the block: a buffer of its own
                 scores, magnitude = np.empty(hi - lo, dtype=np.float64), np.empty(hi - lo, dtype=np.float64)
             w, a = scores[: hi - lo], magnitude[: hi - lo]
