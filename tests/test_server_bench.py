@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -234,3 +235,33 @@ def test_a_levels_prior_mask_is_the_rounds_work_and_the_prior_is_cached_when_the
     assert t.extra["per_client_seconds"] == t.extra["per_client_cpu_seconds"] == per_client_laps - 2
     # The evicted clients were ranked by the prior the previous round's end left cached.
     assert priors and not any(priors[1:3])
+
+
+@pytest.mark.parametrize("guards", [{}, {"min-per-row": 2, "keep-vectors": True}])
+def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch, guards):
+    """Every Fisher-ranked mask the benchmark makes (clients', levels', central evaluation's) takes the run's
+    ``min-per-row`` and ``keep-vectors``, defaults included, as the method does."""
+    from common.fisher import selection
+    from common.models.architectures import build_model, model_layout, trainable_arrays
+    from server.benchmarks import server_bench
+
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
+    cfg = parse_run_config({"fisher-memory-mb": 1, **guards})
+    method_guards = cfg.options("mask-guards")
+    want = (method_guards.min_per_row, method_guards.keep_vectors)
+    seen = []
+    real = selection.select_mask
+
+    def spied(layout, x, gamma, rule, fisher=None, *args, **kwargs):
+        bound = inspect.signature(real).bind(layout, x, gamma, rule, fisher, *args, **kwargs)
+        bound.apply_defaults()
+        seen.append((bound.arguments["min_per_row"], bound.arguments["keep_vectors"]))
+        return real(layout, x, gamma, rule, fisher, *args, **kwargs)
+
+    monkeypatch.setattr(server_bench, "select_mask", spied)
+    for kind in ("held", "refresh"):
+        (tmp_path / kind).mkdir()
+        server_bench.run_round(data, cfg, 8, [1.0, 0.25], tmp_path / kind, kind)
+    assert seen and set(seen) == {want}

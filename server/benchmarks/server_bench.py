@@ -322,7 +322,7 @@ def run_round(
         for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked and held
             if key in state.clients:
                 own = state.clients[key]
-                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), min_per_row(cfg))
+                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), *mask_guards(cfg))
                 held.put(key, own.round, gamma, mask)
     rnd = 2 if kind == "refresh" else 3
     uploads = kind == "refresh"
@@ -347,12 +347,12 @@ def run_round(
             kept = held.get(key, own.round, gamma)
             if kept is not None:
                 return kept
-            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), min_per_row(cfg))
+            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), *mask_guards(cfg))
             held.put(key, own.round, gamma, mask)
             return mask
 
         def by_prior() -> NDArray[np.bool_]:
-            return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
+            return select_mask(layout, x, gamma, "fisher", state.global_prior(), *mask_guards(cfg))
 
         # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
         return levels_cache.get(x, (state, state.version), gamma, by_prior)
@@ -478,7 +478,7 @@ def run_round(
 
     def influence() -> None:
         if interval is not None:
-            contested_by_level(layout, x, below, *interval, min_per_row(cfg))
+            contested_by_level(layout, x, below, *interval, *mask_guards(cfg))
 
     measure(t, "influence", influence)
 
@@ -486,7 +486,7 @@ def run_round(
         for gamma in sorted(set(caps), reverse=True):
 
             def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
-                return select_mask(layout, x, gamma, "fisher", state.global_prior(), min_per_row(cfg))
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), *mask_guards(cfg))
 
             levels_cache.get(x, (state, state.version), gamma, by_prior)
 
@@ -592,7 +592,7 @@ def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float])
     layout, x, d = data.layout, data.x, data.layout.size
     rows = []
     for gamma in levels:
-        mask = select_mask(layout, x, gamma, "fisher", data.uploads[0], min_per_row(cfg))
+        mask = select_mask(layout, x, gamma, "fisher", data.uploads[0], *mask_guards(cfg))
         p = encode_submodel(x, mask)
         k = int(np.count_nonzero(mask))
         limit = 4 * k + mask_entropy_bytes(k, d)
@@ -938,10 +938,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def mask_guards(cfg: RunConfig) -> tuple[int, bool]:
+    """The run's guards of a Fisher-ranked mask, ``(min-per-row, keep-vectors)``, as the method passes them."""
+    guards = cfg.options("mask-guards")
+    return guards.min_per_row, guards.keep_vectors
+
+
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def min_per_row(cfg: RunConfig) -> int:
-    """The run's ``min-per-row`` guard (a key the Fisher-ranked methods own)."""
-    return cfg.options("mask-guards").min_per_row
