@@ -155,6 +155,16 @@ def test_gathers_are_boolean_indexing(d, density, seed, block):
     assert P.outside_values(x.astype(np.float64), mask).tobytes() == x[~mask].tobytes()
 
 
+@pytest.mark.parametrize("outside", [False, True])
+def test_a_gather_of_every_position_is_a_copy_of_the_values(outside):
+    """A capacity-1 download (or the outside of an empty mask) takes every value, in a buffer of its own."""
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    mask = np.full(x.size, not outside)
+    got = P.outside_values(x, mask) if outside else P.selected_values(x, mask)
+    assert got.tobytes() == x.tobytes() and got.dtype == np.float32
+    assert not np.shares_memory(got, x)
+
+
 def test_fisher_request_sends_the_values_outside_the_mask():
     run = parse_run_config({"fisher-encoding": "masked", "fisher-estimator": "global"})
     method = create_method(run)
