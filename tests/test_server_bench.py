@@ -265,3 +265,23 @@ def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch,
         (tmp_path / kind).mkdir()
         server_bench.run_round(data, cfg, 8, [1.0, 0.25], tmp_path / kind, kind)
     assert seen and set(seen) == {want}
+
+
+def test_a_refresh_rounds_masks_are_every_clients_own_and_encoded_afresh_in_each_repeat(tmp_path):
+    """Clients a pool apart get estimates of their own, so no Fisher-ranked mask's code is looked up in a refresh
+    round, in its first run or a repeat; a held round finds the held masks' codes the previous round left."""
+    from common.models.architectures import build_model, model_layout, trainable_arrays
+    from common.wire.mask_codec import ENCODINGS
+    from server.benchmarks import server_bench
+
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
+    assert all(data.estimate(i).tobytes() != data.estimate(j).tobytes() for i in range(6) for j in range(i))
+    cfg = parse_run_config({})  # every client's estimate stored: all masks ranked by their own
+    levels = [1 / 16, 1 / 64]  # codes kept by content (indices, Elias-Fano)
+    for repeat in range(2):
+        server_bench.run_round(data, cfg, 8, levels, tmp_path, "refresh")
+        assert ENCODINGS.hits == 0, repeat
+    server_bench.run_round(data, cfg, 8, levels, tmp_path, "held")
+    assert ENCODINGS.hits == 8

@@ -76,6 +76,7 @@ from common.models.architectures import build_model, model_layout, trainable_arr
 from common.models.layout import ParamLayout
 from common.training.peak_memory import PeakRSS, current_rss_bytes
 from common.wire import protocol as P
+from common.wire.mask_codec import ENCODINGS, encode_mask
 from common.wire.protocol import encode_submodel
 from common.wire.validation import ReplyRecords, SentSubmodel
 from server.persistence import save_checkpoint
@@ -249,7 +250,8 @@ class SyntheticRound:
     x : NDArray[float32]
         Global values (the model's initialisation).
     pool : int
-        Distinct synthetic Fisher uploads; client ``i`` uploads number ``i % pool``.
+        Distinct synthetic Fisher uploads; client ``i``'s estimate is number ``i % pool``, shifted
+        (:meth:`estimate`), and its replies carry upload number ``i % pool``.
     seed : int
         Seed of the synthetic data.
     """
@@ -262,6 +264,15 @@ class SyntheticRound:
         self.uploads = [base * rng.lognormal(0.0, 0.5, layout.size).astype(np.float32) for _ in range(pool)]
         self.rng = rng
         self._deltas: dict[int, NDArray[np.float32]] = {}
+
+    def estimate(self, i: int) -> NDArray[np.float32]:
+        """Client ``i``'s Fisher estimate: upload ``i % pool`` shifted by ``i // pool`` positions (``np.roll``).
+
+        Every client's estimate, and so its Fisher-ranked mask, differs from every other's, as on a real fleet
+        (with the pool alone, clients ``pool`` apart would send the same mask, whose code is then looked up).
+        """
+        upload = self.uploads[i % len(self.uploads)]
+        return upload if i < len(self.uploads) else np.roll(upload, i // len(self.uploads))
 
     def delta(self, k: int) -> NDArray[np.float32]:
         """A delta of ``k`` values (shared by every reply of that size: the payload's content is not timed)."""
@@ -293,7 +304,10 @@ def run_round(
       prior (one mask per level), and the replies carry the update only.
 
     The round starts as the strategy leaves the previous one: the prior (and its interval) computed from the
-    state's estimates, so a client beyond the Fisher budget is ranked by a cached prior.
+    state's estimates, so a client beyond the Fisher budget is ranked by a cached prior; the masks' codes
+    (:data:`common.wire.mask_codec.ENCODINGS`) known for the held masks only, which the previous round sent, so
+    a repeated round finds nothing of its predecessor. Every client's estimate is its own
+    (:meth:`SyntheticRound.estimate`), so no two clients are sent the same Fisher-ranked mask.
 
     The work done once per client (select, encode and what the round keeps of the download, validate, add to
     the running sum, the Fisher state) is also summed by itself, wall clock and CPU, in ``extra``
@@ -316,14 +330,17 @@ def run_round(
     caps = capacities_for(n, levels)
     keys = [f"client-{i:06d}" for i in range(n)]  # sorted as the strategy folds them: by client key
     for i, key in enumerate(keys):
-        state.update(key, data.uploads[i % len(data.uploads)], 100.0, 1)
+        state.update(key, data.estimate(i), 100.0, 1)
+    # The round starts with the encodings the previous round left: none of this round's new masks (nor a repeat's).
+    ENCODINGS.clear()
     held = HeldMasks(d)  # as the method holds them (``global`` estimator): stamped with the estimate's round
     if kind == "held":
-        for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked and held
+        for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked, held and sent
             if key in state.clients:
                 own = state.clients[key]
                 mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), *mask_guards(cfg))
                 held.put(key, own.round, gamma, mask)
+                encode_mask(mask)  # so its code is known, as the round that sent it left it
     rnd = 2 if kind == "refresh" else 3
     uploads = kind == "refresh"
     # The previous round ended as the strategy ends one (``round_entries``, before central evaluation): the trimmed
