@@ -305,6 +305,41 @@ def _fisher_floor(fisher: NDArray, x: NDArray, k: int) -> float | None:
     return _candidate_floor(sample, max(1, k * sample.size // x.size))
 
 
+def _rounded_candidates(
+    fisher: NDArray, x: NDArray[np.float32], floor: float, floor32: np.float32, product: NDArray, magnitude: NDArray
+) -> tuple[NDArray[np.intp], NDArray[np.float64]] | None:
+    """A block's positions scoring at least ``floor``, and their float64 scores, found on float32 products.
+
+    The float32 product ``fisher * |x|`` rounds the exact float64 one monotonically, so every position scoring at
+    least ``floor`` has a product at least ``floor32`` (``floor`` rounded): those positions, with their exact
+    scores made afterwards and the ones below ``floor`` dropped, are the float64 pass's candidates. ``None`` when
+    a product leaves float32's range or ``x`` is not finite: the block is then scored in float64.
+
+    Parameters
+    ----------
+    fisher : NDArray
+        The block's Fisher values (float32 or float16: their product with a float32 is exact in float64).
+    x : NDArray[float32]
+        The block's global values.
+    floor, floor32 : float, np.float32
+        The candidate floor, and it rounded to float32.
+    product, magnitude : NDArray[float32]
+        Scratch space of the block's length.
+    """
+    np.abs(x, out=magnitude)
+    with np.errstate(over="ignore", invalid="ignore"):  # seen below, and left to the float64 pass
+        np.multiply(fisher, magnitude, out=product)
+    if not np.isfinite(product.max()):
+        return None
+    local = np.flatnonzero(product >= floor32)
+    exact = fisher.take(local).astype(np.float64)
+    exact *= np.abs(x.take(local)).astype(np.float64)
+    above = exact >= floor
+    if not above.all():  # rounded up to the floor from below it
+        local, exact = local[above], exact[above]
+    return local, exact
+
+
 def _fisher_mask(
     layout: ParamLayout, x: NDArray, fisher: NDArray, k: int, min_per_row: int, keep_vectors: bool
 ) -> NDArray[np.bool_] | None:
@@ -358,11 +393,8 @@ def _fisher_mask(
     found, limit = 0, live // 2
     scores = np.empty(min(d, _FUSED_BLOCK), dtype=np.float64)
     magnitude = np.empty_like(scores)
-    # Float32 products round the exact float64 ones monotonically, so every position scoring at least the floor
-    # has a rounded product at least the floor rounded: the positions found on the rounded products (half the
-    # traffic of float64) hold every candidate, and their exact scores, made afterwards, keep those at least the
-    # floor, the same candidates as the float64 pass. Only where no guard reads the block's scores, and for
-    # float32 values of x (a float32 or float16 Fisher value times a float32 |x| is then exact in float64).
+    # Candidates found on float32 products (half the traffic of float64; _rounded_candidates): only where no guard
+    # reads the block's scores, and for float32 values of x.
     rounded = xf.dtype == np.float32 and fl.dtype in (np.float32, np.float16)
     with np.errstate(over="ignore"):  # a floor beyond float32's range rounds to inf: no finite product reaches it
         floor32 = np.float32(floor)
@@ -379,54 +411,43 @@ def _fisher_mask(
         guarded = forced_vector or (matrix and m > 0)
         for lo in range(start, start + size, step):
             hi = min(lo + step, start + size)
+            picked = None
             if rounded and not guarded:
                 if hi - lo > small.size:
                     small, small_magnitude = np.empty(hi - lo, dtype=np.float32), np.empty(hi - lo, dtype=np.float32)
-                r, a32 = small[: hi - lo], small_magnitude[: hi - lo]
-                np.abs(xf[lo:hi], out=a32)
-                with np.errstate(over="ignore", invalid="ignore"):  # seen below, and left to the float64 pass
-                    np.multiply(fl[lo:hi], a32, out=r)
-                if np.isfinite(r.max()):  # else a product beyond float32's range, or x not finite: in float64
-                    local = np.flatnonzero(r >= floor32)
-                    if local.size:
-                        exact = fl[lo:hi].take(local).astype(np.float64)
-                        exact *= np.abs(xf[lo:hi].take(local)).astype(np.float64)
-                        above = exact >= floor
-                        if not above.all():  # rounded up to the floor from below it
-                            local, exact = local[above], exact[above]
-                        found += local.size
-                        if found > limit:
-                            return None
-                        positions.append(local + lo)
-                        values.append(exact)
-                    continue
-            if hi - lo > scores.size:  # a row longer than the block: a buffer of its own
-                scores, magnitude = np.empty(hi - lo, dtype=np.float64), np.empty(hi - lo, dtype=np.float64)
-            w, a = scores[: hi - lo], magnitude[: hi - lo]
-            w[...] = fl[lo:hi]
-            a[...] = xf[lo:hi]
-            np.abs(a, out=a)
-            w *= a  # F_j |x_j| in float64: exact for float32 operands, as fisher_scores computes it
-            if not np.isfinite(w.max()):  # non-negative or NaN: the maximum shows both NaN and inf
-                raise ValueError("scores must be finite")
-            kept = mask[lo:hi]
-            if forced_vector:
-                kept[:] = True
-                continue
-            if matrix and m > 0:
-                if per_row <= m:  # the guard keeps whole rows
+                picked = _rounded_candidates(
+                    fl[lo:hi], xf[lo:hi], floor, floor32, small[: hi - lo], small_magnitude[: hi - lo]
+                )
+            if picked is None:
+                if hi - lo > scores.size:  # a row longer than the block: a buffer of its own
+                    scores, magnitude = np.empty(hi - lo, dtype=np.float64), np.empty(hi - lo, dtype=np.float64)
+                w, a = scores[: hi - lo], magnitude[: hi - lo]
+                w[...] = fl[lo:hi]
+                a[...] = xf[lo:hi]
+                np.abs(a, out=a)
+                w *= a  # F_j |x_j| in float64: exact for float32 operands, as fisher_scores computes it
+                if not np.isfinite(w.max()):  # non-negative or NaN: the maximum shows both NaN and inf
+                    raise ValueError("scores must be finite")
+                kept = mask[lo:hi]
+                if forced_vector:
                     kept[:] = True
                     continue
-                rows = (hi - lo) // per_row
-                _guard_rows(w.reshape(rows, per_row), kept.reshape(rows, per_row), m)
-            local = np.flatnonzero(w >= floor)
-            local = local[~kept.take(local)]  # the guard's positions are forced, not candidates (few of them)
+                if matrix and m > 0:
+                    if per_row <= m:  # the guard keeps whole rows
+                        kept[:] = True
+                        continue
+                    rows = (hi - lo) // per_row
+                    _guard_rows(w.reshape(rows, per_row), kept.reshape(rows, per_row), m)
+                local = np.flatnonzero(w >= floor)
+                local = local[~kept.take(local)]  # the guard's positions are forced, not candidates (few of them)
+                picked = local, w.take(local)
+            local, exact = picked
             if local.size:
                 found += local.size
                 if found > limit:
                     return None
                 positions.append(local + lo)
-                values.append(w.take(local))
+                values.append(exact)
     n_forced = int(np.count_nonzero(mask))
     need = min(k, live) - n_forced
     if need <= 0:
