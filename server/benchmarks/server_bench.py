@@ -319,6 +319,7 @@ def run_round(
         raise ValueError(f"round kind {kind!r}; expected one of {ROUND_KINDS}")
     layout, x, d = data.layout, data.x, data.layout.size
     fisher_keys = cfg.options("fisher")
+    guards = mask_guards(cfg)  # read once, as the method keeps them, not inside each timed selection
     state = FisherState(
         d,
         fisher_keys.staleness_decay,
@@ -338,7 +339,7 @@ def run_round(
         for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked, held and sent
             if key in state.clients:
                 own = state.clients[key]
-                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), *mask_guards(cfg))
+                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), *guards)
                 held.put(key, own.round, gamma, mask)
                 encode_mask(mask)  # so its code is known, as the round that sent it left it
     rnd = 2 if kind == "refresh" else 3
@@ -364,12 +365,12 @@ def run_round(
             kept = held.get(key, own.round, gamma)
             if kept is not None:
                 return kept
-            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), *mask_guards(cfg))
+            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), *guards)
             held.put(key, own.round, gamma, mask)
             return mask
 
         def by_prior() -> NDArray[np.bool_]:
-            return select_mask(layout, x, gamma, "fisher", state.global_prior(), *mask_guards(cfg))
+            return select_mask(layout, x, gamma, "fisher", state.global_prior(), *guards)
 
         # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
         return levels_cache.get(x, (state, state.version), gamma, by_prior)
@@ -495,7 +496,7 @@ def run_round(
 
     def influence() -> None:
         if interval is not None:
-            contested_by_level(layout, x, below, *interval, *mask_guards(cfg))
+            contested_by_level(layout, x, below, *interval, *guards)
 
     measure(t, "influence", influence)
 
@@ -503,7 +504,7 @@ def run_round(
         for gamma in sorted(set(caps), reverse=True):
 
             def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
-                return select_mask(layout, x, gamma, "fisher", state.global_prior(), *mask_guards(cfg))
+                return select_mask(layout, x, gamma, "fisher", state.global_prior(), *guards)
 
             levels_cache.get(x, (state, state.version), gamma, by_prior)
 
