@@ -111,6 +111,26 @@ def test_fused_selection_raises_as_the_general_path():
             select_mask(layout, x, 0.25, "fisher", f)
 
 
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_a_value_that_is_not_finite_is_refused_after_the_float32_pass(bad):
+    """Without guards the block is first tried on float32 products; a value of x that is not finite sends it to
+    the float64 pass, which refuses it as the general path does (not a mask made of the rest)."""
+    layout = ParamLayout.from_arrays({"w": np.zeros((40, 300)), "b": np.zeros(40)})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(layout.size).astype(np.float32)
+    f = (rng.random(layout.size) + 0.1).astype(np.float32)
+    k = layout.size // 16
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(selection, "PRUNE_MIN_FREE", 0)
+        mp.setattr(selection, "PRUNE_SAMPLE", 2000)  # every 6th position sampled: the bad one (5) is not
+        assert selection._fisher_mask(layout, x, f, k, 0, False) is not None  # the fused path applies here
+        x[5] = bad
+        with pytest.raises(ValueError, match="scores must be finite"):
+            selection._fisher_mask(layout, x, f, k, 0, False)
+        with pytest.raises(ValueError, match="scores must be finite"):
+            select_mask(layout, x, k / layout.size, "fisher", f, 0, False)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     d=st.integers(1, 2000),
