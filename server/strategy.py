@@ -27,7 +27,7 @@ from common.methods.base import Accepted
 from common.methods.round_fold import RoundFold, WarmUpFold
 from common.wire import protocol as P
 from common.wire.validation import ReplyError
-from server.grid_io import GridTime, exchange, ordered_replies
+from server.grid_io import GridTime, exchange, ordered_replies, timed
 from server.replies import ReplyParts, expected_sent, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, array_record
 from server.strategy_core.round_records import (
@@ -493,11 +493,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             t0, c0 = time.perf_counter(), time.process_time()
             msgs = list(self.configure_train(server_round, result.arrays, train_config, grid))
             server_seconds, server_cpu = time.perf_counter() - t0, time.process_time() - c0
-            # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them (and
-            # in ``on_pushed``) are not this round's server work. The list goes with the stream, which lets the
-            # submodels go once pushed.
+            # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them, and
+            # in ``on_pushed`` (the previous round's evaluation, beside the nodes' training, recorded as that
+            # round's ``central_seconds``), are not this round's server work. The list goes with the stream, which
+            # lets the submodels go once pushed.
             waited = GridTime()
-            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed)
+            beside = None if on_pushed is None else timed(on_pushed, waited)
+            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=beside)
             del msgs
             t0, c0 = time.perf_counter(), time.process_time()
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)

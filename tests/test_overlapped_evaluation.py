@@ -8,6 +8,8 @@ after the next round's push, its accuracy is its own round's model's, and the fi
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from server.strategy import SubmodelStrategy
@@ -70,3 +72,30 @@ def test_rounds_of_the_nodes_own_evaluation_are_evaluated_at_once(monkeypatch, t
     assert pushed[2] == 3  # made before round 3's messages went out (only round 2's were sent)
     assert "trained_per_capacity" in rounds[2]["global"]
     assert rounds[1]["central_overlapped"] is True
+
+
+def test_an_evaluation_beside_the_next_round_is_not_that_rounds_server_work(monkeypatch, tmp_path):
+    """Round ``r``'s evaluation runs while round ``r + 1``'s nodes train: it is ``r``'s ``central_seconds``, never
+    ``r + 1``'s server seconds (which a fleet's time adds in full, beside the nodes' training)."""
+    monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
+    fed = inprocess_federation(RUN, NODES)
+    burn = 0.3  # CPU seconds each central evaluation call spends besides the evaluation itself
+
+    def slow_evaluate(server_round, arrays):
+        start = time.process_time()
+        while time.process_time() - start < burn:
+            pass
+        return fed.evaluate_fn(server_round, arrays)
+
+    fed.strategy.on_round = fed.records.append
+    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), RUN["num-rounds"], 60.0, evaluate_fn=slow_evaluate)
+    rounds = {r["round"]: r for r in fed.records}
+    assert [rounds[r]["central_overlapped"] for r in (1, 2, 3)] == [True, True, False]
+    # Rounds 2 and 3 pushed while the round before them was evaluated (one call per capacity level and the full
+    # model, each burning 0.3 s); their own server work is far below one such call.
+    assert all(rounds[r - 1]["central_cpu_seconds"] >= 4 * burn for r in (2, 3))
+    assert rounds[2]["server_cpu_seconds"] < burn and rounds[2]["server_seconds"] < burn
+    # Round 3, the last, is evaluated at once: that evaluation is its server's work, round 2's is not.
+    assert rounds[3]["central_cpu_seconds"] >= 4 * burn
+    assert 0 < rounds[3]["server_cpu_seconds"] - rounds[3]["central_cpu_seconds"] < burn
+    assert 0 < rounds[3]["server_seconds"] - rounds[3]["central_seconds"] < burn
