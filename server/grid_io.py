@@ -72,7 +72,8 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
 
 @dataclass
 class GridTime:
-    """Seconds :func:`ordered_replies` spent in the grid (pushing, pulling, waiting), not in its caller's work.
+    """Seconds :func:`ordered_replies` spent between its caller's requests for the next reply: in the grid
+    (pushing, pulling, waiting) and in its ``on_pushed``, work beside the nodes' that is not the caller's fold.
 
     ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads) over the same spans.
     """
@@ -90,20 +91,6 @@ class GridTime:
         wall, cpu = self._since
         self.seconds += time.perf_counter() - wall
         self.cpu_seconds += time.process_time() - cpu
-
-
-def timed(work: Callable[[], None], clock: GridTime) -> Callable[[], None]:
-    """``work`` that adds its own seconds to ``clock`` when called (e.g. :func:`ordered_replies`' ``on_pushed``,
-    whose seconds that function leaves out of ``spent``, for a caller that does not count them as its own)."""
-
-    def run() -> None:
-        clock.start()
-        try:
-            work()
-        finally:
-            clock.stop()
-
-    return run
 
 
 #: Replies pulled ahead of the one the fold waits for, at most: the rest stay on the SuperLink until their turn.
@@ -143,10 +130,11 @@ def ordered_replies(
     window : int
         Replies pulled at most ahead of the next one wanted (>= 1).
     spent : GridTime, optional
-        Receives the seconds spent here between the caller's requests for the next reply.
+        Receives the seconds spent here between the caller's requests for the next reply, ``on_pushed``'s
+        included.
     on_pushed : Callable, optional
-        Called once the messages are pushed, before any reply is pulled: the caller's work that can overlap
-        the nodes' (its seconds are not counted in ``spent``).
+        Called once the messages are pushed, before any reply is pulled: work that overlaps the nodes' (its
+        seconds are counted in ``spent``, not in the caller's).
     """
     if not messages:
         return
@@ -159,9 +147,7 @@ def ordered_replies(
     total = len(messages)
     del messages
     if on_pushed is not None:
-        clock.stop()
         on_pushed()
-        clock.start()
     deadline = time.monotonic() + timeout
     arrived: dict[str, Message] = {}
     head = missing = 0

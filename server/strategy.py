@@ -27,7 +27,7 @@ from common.methods.base import Accepted
 from common.methods.round_fold import RoundFold, WarmUpFold
 from common.wire import protocol as P
 from common.wire.validation import ReplyError
-from server.grid_io import GridTime, exchange, ordered_replies, timed
+from server.grid_io import GridTime, exchange, ordered_replies
 from server.replies import ReplyParts, expected_sent, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, array_record
 from server.strategy_core.round_records import (
@@ -498,8 +498,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             # round's ``central_seconds``), are not this round's server work. The list goes with the stream, which
             # lets the submodels go once pushed.
             waited = GridTime()
-            beside = None if on_pushed is None else timed(on_pushed, waited)
-            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=beside)
+            replies = ordered_replies(grid, msgs, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed)
             del msgs
             t0, c0 = time.perf_counter(), time.process_time()
             new_arrays, train_metrics = self.aggregate_train(server_round, replies)
