@@ -403,7 +403,8 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             download = self.method.encode(self.x, mask)
             got = held[node_id]
             if isinstance(got, ReplyParts) and got.meta is not None and got.meta.get("mask-digest") == download.digest:
-                asked = self.method.fisher_request(self.registry.nodes[node_id].key, 1, self.x, mask) is not None
+                key = self.registry.nodes[node_id].key
+                asked = self.method.fisher_request(key, 1, self.x, mask, download) is not None
                 self.clients[node_id] = self.note_sent(node_id, 1, (mask, source), download, self.sent, asked, 0)
                 replies[node_id] = got
                 continue

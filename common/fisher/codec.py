@@ -108,8 +108,44 @@ def ranked_count(d: int, budget_bytes: int) -> int:
     return lo
 
 
+#: Bytes of a ``ranked`` payload besides its position set and values: the set's kind (1) and the log range (8).
+_RANKED_FIXED = 1 + 8
+
+
+def payload_bytes(mode: str, k: int, d: int, num_rows: int, max_bytes: int | None = None) -> int:
+    """The bytes of a Fisher payload of ``mode`` for a mask of ``k`` of ``d`` positions (at most, for ``ranked``).
+
+    Parameters
+    ----------
+    mode : str
+        The encoding (:data:`UPLOAD_ENCODINGS`).
+    k, d, num_rows : int
+        Positions in the client's mask, in the model, and the model's output rows.
+    max_bytes : int, optional
+        ``ranked`` only: the cap the payload was asked to fit (:func:`encode_fisher`).
+    """
+    if mode == "none":
+        return 0
+    if mode == "dense":
+        return 4 * d
+    if mode == "log8":
+        return d + 8
+    if mode == "masked":
+        return 4 * k + 4 * num_rows
+    if mode == "topm":
+        return k * (4 + np.dtype(index_dtype(d)).itemsize) + 4
+    if mode == "ranked":
+        full = 4 * k + 4 * num_rows
+        return full if max_bytes is None else min(full, max_bytes)
+    raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {UPLOAD_ENCODINGS}")
+
+
 def encode_fisher(
-    fisher: NDArray, mask: NDArray[np.bool_], layout: ParamLayout, mode: FisherEncoding
+    fisher: NDArray,
+    mask: NDArray[np.bool_],
+    layout: ParamLayout,
+    mode: FisherEncoding,
+    max_bytes: int | None = None,
 ) -> dict[str, NDArray]:
     """Encode a flat Fisher vector.
 
@@ -123,6 +159,9 @@ def encode_fisher(
         The model layout (rows for the ``masked`` summary).
     mode : {"masked", "topm", "log8", "dense", "ranked"}
         Encoding (see module docstring).
+    max_bytes : int, optional
+        ``ranked`` only: the payload takes at most this many bytes in all (fewer of the largest values are
+        sent); at least :func:`ranked_floor` bytes. Default: the bytes of ``masked``.
     """
     if mode == "none":
         return {}
@@ -155,8 +194,12 @@ def encode_fisher(
         }
     if mode == "ranked":
         k = int(np.count_nonzero(mask))
-        fixed = 1 + 8  # set kind + log range; the row means cost what masked's row means cost
-        top = topk_mask(f, max(1, ranked_count(f.size, 4 * k - fixed)))  # ties to the lower index
+        room = 4 * k - _RANKED_FIXED  # the row means cost what masked's row means cost
+        if max_bytes is not None:
+            if max_bytes < ranked_floor(layout):
+                raise ValueError(f"a ranked Fisher payload needs {ranked_floor(layout)} bytes, {max_bytes} allowed")
+            room = min(room, max_bytes - _RANKED_FIXED - 4 * layout.num_rows)
+        top = topk_mask(f, max(1, ranked_count(f.size, room)))  # ties to the lower index
         kind, data = encode_mask(top)
         codes, lo, hi = _log8(f[top])
         return {
@@ -167,6 +210,11 @@ def encode_fisher(
             "fisher.rowmean": _row_means(f[~top], layout.row_ids[~top], layout.num_rows).astype(np.float32),
         }
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+
+
+def ranked_floor(layout: ParamLayout) -> int:
+    """The fewest bytes a ``ranked`` payload of this model can take: its row means, fixed fields and one value."""
+    return _RANKED_FIXED + 4 * layout.num_rows + 1 + int(mask_kind(layout.size, 1)[1])
 
 
 def _per_position(rowmean: NDArray[np.float32], layout: ParamLayout) -> NDArray[np.float32]:

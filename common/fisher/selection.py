@@ -92,6 +92,31 @@ def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:
     return out.reshape(x.shape)
 
 
+def powered(fisher: NDArray, power: float) -> NDArray:
+    """The estimate whose ``fisher`` rule (``F_j |x_j|``) ranks as ``F_j^power x_j^2`` does: ``F^(power / 2)``.
+
+    ``power = 2`` is the definition (``fisher`` itself, not copied); ``1`` is ``F x^2``, the second-order change of
+    the loss when a weight is zeroed; ``0`` ranks by ``|x|`` alone. The result is float32 (or ``fisher``'s float
+    dtype), finite and non-negative when ``fisher`` is.
+
+    Parameters
+    ----------
+    fisher : NDArray
+        Flat, finite, non-negative Fisher estimate.
+    power : float
+        The exponent ``a`` of ``F^a x^2``, ``>= 0``.
+    """
+    if power < 0 or not math.isfinite(power):
+        raise ValueError(f"power must be finite and >= 0, got {power}")
+    if power == 2:
+        return fisher
+    f = np.asarray(fisher)
+    dtype = f.dtype if f.dtype in (np.float32, np.float64) else np.float32
+    if power == 0:
+        return np.ones(f.shape, dtype=dtype)
+    return np.power(f, power / 2, dtype=dtype)
+
+
 def magnitude_scores(x: NDArray) -> NDArray[np.float64]:
     """FIARSE ranking key ``|x_j|``."""
     return np.abs(np.asarray(x, dtype=np.float64))

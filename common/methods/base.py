@@ -224,11 +224,17 @@ class Method(MethodSpec):
         raise NotImplementedError
 
     def fisher_request(
-        self, key: str, server_round: int, x: NDArray[np.float32], mask: NDArray[np.bool_]
+        self,
+        key: str,
+        server_round: int,
+        x: NDArray[np.float32],
+        mask: NDArray[np.bool_],
+        download: Download | None = None,
     ) -> FisherRequest | None:
         """Whether (and with what) a TRAIN message asks the node for its Fisher; ``None``: not this round.
 
-        Default: every round, on what the node received, when the method reads Fisher at all.
+        Called once for each TRAIN message built (a method may count the message's bytes here). Default: every
+        round, on what the node received, when the method reads Fisher at all.
 
         Parameters
         ----------
@@ -240,6 +246,8 @@ class Method(MethodSpec):
             The current global model.
         mask : NDArray[bool]
             The mask the node is sent.
+        download : Download, optional
+            The submodel the message carries (default: ``encode(x, mask)`` where the method needs it).
         """
         return FisherRequest({}) if self.upload_encoding(self.run) != "none" else None
 

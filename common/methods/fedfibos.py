@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from logging import WARNING, getLogger
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,20 +30,25 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.running_sums import HolderSum, ParticipantSum, RunningSum
 from common.aggregation.update_means import participant_mean_step
-from common.fisher.codec import decode_fisher, expected_names
+from common.fisher.codec import decode_fisher, expected_names, payload_bytes, ranked_floor
 from common.fisher.held_masks import HeldMasks
 from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
-from common.fisher.selection import select_mask
+from common.fisher.selection import powered, select_mask
 from common.fisher.state import FisherState
-from common.methods.base import LocalUpdate, Received
+from common.methods.base import Download, FisherRequest, LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.methods.specs.fedfibos import FedFIbOSOptions, FedFIbOSSpec
 from common.models.layout import ParamLayout
+from common.wire import protocol as P
+from common.wire.byte_budget import ByteLedger
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
     from common.data.arrays import ArrayDataset
+    from common.methods.round_fold import Accepted
+
+logger = getLogger("flwr")
 
 
 class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
@@ -70,20 +76,100 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         return HolderSum(self.layout.size, self.run.server_lr)
 
     def start_server(self, layout: ParamLayout) -> None:
-        """The Fisher state (see :class:`FisherRankedMethod`), an empty cache of per-level masks, no held masks."""
+        """The Fisher state (see :class:`FisherRankedMethod`), an empty cache of per-level masks, no held masks,
+        and with ``fedfibos-byte-budget`` an empty ledger of the clients' bytes."""
         super().start_server(layout)
         self.level_masks = LevelMasks()
         self.held = HeldMasks(layout.size)
+        self.ledger = ByteLedger(self.opts.byte_budget) if self.opts.byte_budget > 0 else None
+        self.fisher_caps: dict[str, int] = {}  # client key -> the Fisher payload bytes its open refresh may take
 
     def state_bytes(self) -> bytes:
-        """The Fisher state's npz with the held masks as ``held_*`` members after its own (``fisher_state.npz``)."""
-        return self.fisher.to_bytes(extra=self.held.arrays())
+        """The Fisher state's npz with the held masks (``held_*``) and the byte ledger (``ledger_*``) after its own
+        members (``fisher_state.npz``)."""
+        extra = self.held.arrays()
+        if self.ledger is not None:
+            extra.update(self.ledger.arrays())
+        return self.fisher.to_bytes(extra=extra)
 
     def load_state(self, data: bytes) -> None:
-        """Restore :meth:`state_bytes` (a Fisher state without ``held_*`` members holds no masks)."""
+        """Restore :meth:`state_bytes` (a Fisher state without ``held_*`` members holds no masks, one without
+        ``ledger_*`` members starts its ledger empty)."""
         super().load_state(data)
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             self.held = HeldMasks.from_arrays(z) if "held_d" in z.files else HeldMasks(self.fisher.d)
+            if self.ledger is not None and "ledger_keys" in z.files:
+                self.ledger = ByteLedger.from_arrays(z)
+                self.ledger.budget = self.opts.byte_budget
+
+    def runs_warmup(self) -> bool:
+        """As the run asks, except under ``fedfibos-byte-budget``: the warm-up sends every node the whole model
+        before the server knows its capacity, which no submodel's budget covers."""
+        return super().runs_warmup() and self.ledger is None
+
+    def fisher_request(
+        self,
+        key: str,
+        server_round: int,
+        x: NDArray[np.float32],
+        mask: NDArray[np.bool_],
+        download: Download | None = None,
+    ) -> FisherRequest | None:
+        """A refresh when due (:meth:`FisherRankedMethod.fisher_request`) and, under ``fedfibos-byte-budget``,
+        affordable.
+
+        With a budget, the message's submodel is charged to the client's ledger as its share of the round; a
+        refresh is then sent only when the values outside the mask fit what the client may still take down and
+        a Fisher payload fits what it may still send up besides this round's update. The payload's cap travels
+        with the refresh (``fisher-bytes``) and is what :meth:`observe` holds the reply to.
+        """
+        request = super().fisher_request(key, server_round, x, mask, download)
+        if self.ledger is None:
+            return request
+        if download is None:
+            download = self.encode(x, mask)
+        share = download.values_bytes + download.mask_bytes
+        self.ledger.charge_round(key, share, share)
+        if request is None or not request.arrays:
+            return request
+        assert self.layout is not None, "start_server() first"
+        k = int(np.count_nonzero(mask))
+        room_down, room_up = self.ledger.room(key)
+        extra = int(request.arrays[P.VALUES].nbytes)
+        cap = room_up - 4 * k  # this round's update first
+        encoding = self.upload_encoding(self.run)
+        need = payload_bytes(encoding, k, self.layout.size, self.layout.num_rows)
+        if encoding == "ranked":
+            need = ranked_floor(self.layout)
+        if extra > room_down or cap < need:
+            return None
+        self.ledger.charge(key, down=extra)
+        self.fisher_caps[key] = cap
+        return FisherRequest({**request.arrays, P.FISHER_BYTES: np.array([cap], dtype=np.int64)})
+
+    def observe(self, accepted: Accepted, fisher_round: int) -> None:
+        """Charge the reply's bytes to the client's ledger (under a budget), then fold its Fisher into the state.
+
+        A Fisher payload larger than its refresh's cap is not folded in (logged): the client's estimate stays as
+        it was, and the bytes it moved count against its later refreshes.
+        """
+        if self.ledger is None:
+            super().observe(accepted, fisher_round)
+            return
+        r = accepted.reply
+        self.ledger.charge(accepted.key, up=int(r.update.delta.nbytes) + r.fisher_bytes)
+        cap = self.fisher_caps.pop(accepted.key, None)
+        if r.fisher is not None and cap is not None and r.fisher_bytes > cap:
+            logger.log(
+                WARNING,
+                "round %d: node %d sent a %d-byte Fisher where %d were allowed; its estimate is unchanged",
+                fisher_round,
+                accepted.node_id,
+                r.fisher_bytes,
+                cap,
+            )
+            return
+        super().observe(accepted, fisher_round)
 
     def warmup_in_discovery(self) -> bool:
         """With the ``global`` estimator: round 0's mask is magnitude top-k, which a node can compute itself.
@@ -115,6 +201,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         if est is None:
             return None
         guards = self.guards
+        est = powered(est, self.opts.fisher_power)
         return select_mask(layout, x, gamma, "fisher", est, guards.min_per_row, guards.keep_vectors)
 
     def round_one_received(
@@ -154,7 +241,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         if est is None:
             source, rule = "magnitude", "magnitude"
         else:
-            rule = "fisher"
+            rule, est = "fisher", powered(est, self.opts.fisher_power)
 
         def select() -> NDArray[np.bool_]:
             guards = self.guards
@@ -177,7 +264,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         interval = self.fisher.prior_interval()
         if interval is None:
             return None
-        lo, hi = interval
+        lo, hi = (powered(v, self.opts.fisher_power) for v in interval)  # a monotone map keeps the bounds
         below = sorted((g for g in set(levels) if g < 1.0), reverse=True)
         guards = self.guards
         contested = contested_by_level(self.layout, x, below, lo, hi, guards.min_per_row, guards.keep_vectors)

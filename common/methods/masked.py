@@ -82,6 +82,19 @@ def fill_outside(
     return full
 
 
+def fisher_cap(record: Mapping[str, NDArray]) -> int | None:
+    """The most bytes the Fisher payload may take, from a ``fisher-at`` record (``None``: no cap sent).
+
+    Raises ``ValueError`` unless the cap is one non-negative int64.
+    """
+    if P.FISHER_BYTES not in record:
+        return None
+    cap = np.asarray(record[P.FISHER_BYTES])
+    if cap.dtype != np.int64 or cap.shape != (1,) or cap[0] < 0:
+        raise ValueError(f"{P.FISHER_BYTES!r} must be one non-negative int64, got {cap.dtype}{list(cap.shape)}")
+    return int(cap[0])
+
+
 class MaskedMethod(Method):
     """Element-wise submodels: everything but the choice of the mask."""
 
@@ -110,7 +123,7 @@ class MaskedMethod(Method):
             fisher = decode_fisher(payload, None, self.layout, encoding, positions=checked.update.indices)
         except ValueError as err:
             raise ReplyError(f"fisher payload rejected: {err}") from err
-        return replace(checked, fisher=fisher)
+        return replace(checked, fisher=fisher, fisher_bytes=sum(int(np.asarray(a).nbytes) for a in payload.values()))
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
         """Apply :meth:`mean_step` to the accepted updates, then fold each reply into the method's state."""
@@ -172,9 +185,11 @@ class MaskedMethod(Method):
         fisher_keys = self.run.options(FISHER_KEYS.name)
         encoding, estimator = self.upload_encoding(self.run), fisher_keys.estimator
         point = None  # the weights the per-example Fisher is measured at
+        max_bytes = None  # the server's cap on the Fisher payload, where it sets one
         if encoding != "none" and estimator == "global":
             if P.FISHER_AT in received.records:
                 point = fill_outside(params, mask, received.records[P.FISHER_AT])
+                max_bytes = fisher_cap(received.records[P.FISHER_AT])
             else:
                 encoding = "none"  # not a refresh round: no Fisher in the reply
         elif encoding != "none" and estimator == "received":
@@ -192,7 +207,7 @@ class MaskedMethod(Method):
         if measure_path:
             fisher, fisher_seconds = result.fisher, result.fisher_seconds
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
-        arrays.update(encode_fisher(fisher, mask, layout, encoding))
+        arrays.update(encode_fisher(fisher, mask, layout, encoding, max_bytes))
         seconds = result.train_seconds + (fisher_seconds if point is not None else 0.0)
         return LocalUpdate(arrays, result.num_examples, result.loss, seconds, fisher_seconds)
 
@@ -272,7 +287,12 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
         return own is None or server_round - own.round >= self.fisher_keys.every
 
     def fisher_request(
-        self, key: str, server_round: int, x: NDArray[np.float32], mask: NDArray[np.bool_]
+        self,
+        key: str,
+        server_round: int,
+        x: NDArray[np.float32],
+        mask: NDArray[np.bool_],
+        download: Download | None = None,
     ) -> FisherRequest | None:
         """``global``: a refresh when due, carrying the global values outside the mask; otherwise every round."""
         if self.upload_encoding(self.run) == "none":

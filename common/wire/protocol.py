@@ -86,6 +86,7 @@ ROUND_ONE_META = "round-one-meta"
 ROUND_ONE_ERROR = "round-one-error"
 DELTA = "delta"
 VALUES = "values"
+FISHER_BYTES = "fisher-bytes"  # in "fisher-at": the most bytes the Fisher payload of the reply may take (int64[1])
 MASK = "mask"
 
 

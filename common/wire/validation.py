@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,7 @@ class TrainReply:
     update: MaskedUpdate
     fisher: NDArray[np.float32] | None
     metrics: dict[str, float]
+    fisher_bytes: int = field(default=0, kw_only=True)  # bytes of the Fisher payload as uploaded (before decoding)
 
 
 def _finite_number(metrics: Mapping[str, Any], key: str, lo: float = 0.0) -> float:

@@ -134,7 +134,7 @@ class SubmodelStrategyBase:
         request = None
         if message_type == MessageType.TRAIN:
             key = self.registry.nodes[node_id].key
-            request = self.method.fisher_request(key, server_round, self.x, mask)
+            request = self.method.fisher_request(key, server_round, self.x, mask, download)
         if request is not None and request.arrays:
             records[P.FISHER_AT] = array_record(request.arrays)
         round_config = ConfigRecord(

@@ -25,6 +25,24 @@ class FedFIbOSOptions(Schema):
         "`sum_n w_n M_j delta_j / sum_n w_n` over all the round's clients, so a position few clients held "
         "moves by their share",
     )
+    byte_budget: float = Field(
+        0.0,
+        ge=0,
+        le=1000,
+        description="a client's bytes down, and its bytes up, over the rounds it trains, at most this multiple "
+        "of its submodels' bytes (values and mask); a Fisher refresh (the rest of the model down, the Fisher up) "
+        "is sent only when it fits, the Fisher payload capped to what is left, and a client that cannot afford "
+        "one is ranked by the prior of those that could. The warm-up, which sends every node the whole model "
+        "before its capacity is known, is then not run. 0 = no limit: every client is refreshed every "
+        "`fisher-every` rounds (docs/FISHER.md)",
+    )
+    fisher_power: float = Field(
+        2.0,
+        ge=0,
+        le=4,
+        description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2`, 1 = `F x^2` (the second-order "
+        "loss change), 0 = `|x|` (magnitude)",
+    )
 
 
 class FedFIbOSSpec(FisherRankedSpec):
