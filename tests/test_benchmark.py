@@ -285,3 +285,50 @@ def test_row_gives_trained_submodels_overlap_and_whether_clients_stayed_within_c
     assert "trained @0.25" in table and "overlap @0.25" in table and "min overlap @0.25" in table
     assert "@1 " not in table
     assert "| yes |" in table
+
+
+def test_row_says_a_client_over_its_bytes_is_over_capacity_and_the_table_says_by_how_much():
+    run = {"method": "fedfibos", "dataset": "digits", "partitioner": "iid", "seed": 0, "upload_encoding": "ranked"}
+    d, small = 6400, 100  # capacity 1/64: 100 positions
+
+    def client(key, capacity, selected, down, up, mask_bytes):
+        return {
+            "client_key": key,
+            "capacity": capacity,
+            "selected": selected,
+            "density": selected / d,
+            "bytes_down": down,
+            "bytes_up": up,
+            "mask_bytes": mask_bytes,
+            "values_bytes": 4 * selected,
+            "status": "ok",
+            "train_seconds": 0.1,
+            "fisher_seconds": 0.0,
+        }
+
+    share = 4 * small + 60
+    rounds = [
+        {"round": 0, "global": {"accuracy": 0.1}, "clients": [], "server_seconds": 0.0},
+        *(
+            {
+                "round": r,
+                "global": {"accuracy": 0.5},
+                "clients": [
+                    client("big", 1.0, d, 4 * d, 4 * d, 0),
+                    client("tiny", 1 / 64, small, share, 4 * small, 60),
+                ],
+                "server_seconds": 0.0,
+            }
+            for r in (1, 2)
+        ),
+    ]
+    row = run_row({"run": run, "rounds": rounds}, 1.0)
+    assert row["within_capacity"] is True
+    assert row["bytes_ratio_cap_0.015625"] == pytest.approx(1.0)
+    # a warm-up that sent the tiny client the whole model: (4d + 2 shares) / 2 shares
+    rounds[0]["fisher_warmup"] = {"clients": [client("tiny", 1 / 64, small, 4 * d, 0, 0)]}
+    row = run_row({"run": run, "rounds": rounds}, 1.0)
+    assert row["within_capacity"] is False
+    assert row["bytes_ratio_cap_0.015625"] == pytest.approx((4 * d + 2 * share) / (2 * share))
+    table = summarise([row | {"local_acc": 0.5, "client_train_s": 0.1, "client_fisher_s": 0.0}])
+    assert f"no ({(4 * d + 2 * share) / (2 * share):.1f}x bytes @0.015625)" in table

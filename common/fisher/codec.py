@@ -135,7 +135,7 @@ def payload_bytes(mode: str, k: int, d: int, num_rows: int, max_bytes: int | Non
     if mode == "topm":
         return k * (4 + np.dtype(index_dtype(d)).itemsize) + 4
     if mode == "ranked":
-        full = 4 * k + 4 * num_rows
+        full = max(4 * k + 4 * num_rows, ranked_floor(d, num_rows))  # one value is sent whatever the mask
         return full if max_bytes is None else min(full, max_bytes)
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {UPLOAD_ENCODINGS}")
 
@@ -196,8 +196,9 @@ def encode_fisher(
         k = int(np.count_nonzero(mask))
         room = 4 * k - _RANKED_FIXED  # the row means cost what masked's row means cost
         if max_bytes is not None:
-            if max_bytes < ranked_floor(layout):
-                raise ValueError(f"a ranked Fisher payload needs {ranked_floor(layout)} bytes, {max_bytes} allowed")
+            floor = ranked_floor(layout.size, layout.num_rows)
+            if max_bytes < floor:
+                raise ValueError(f"a ranked Fisher payload needs {floor} bytes, {max_bytes} allowed")
             room = min(room, max_bytes - _RANKED_FIXED - 4 * layout.num_rows)
         top = topk_mask(f, max(1, ranked_count(f.size, room)))  # ties to the lower index
         kind, data = encode_mask(top)
@@ -212,9 +213,10 @@ def encode_fisher(
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
 
 
-def ranked_floor(layout: ParamLayout) -> int:
-    """The fewest bytes a ``ranked`` payload of this model can take: its row means, fixed fields and one value."""
-    return _RANKED_FIXED + 4 * layout.num_rows + 1 + int(mask_kind(layout.size, 1)[1])
+def ranked_floor(d: int, num_rows: int) -> int:
+    """The fewest bytes a ``ranked`` payload of a model of ``d`` positions and ``num_rows`` output rows can take:
+    its row means, fixed fields and one value with its position."""
+    return _RANKED_FIXED + 4 * num_rows + 1 + int(mask_kind(d, 1)[1])
 
 
 def _per_position(rowmean: NDArray[np.float32], layout: ParamLayout) -> NDArray[np.float32]:

@@ -105,7 +105,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
     def runs_warmup(self) -> bool:
         """As the run asks, except under ``fedfibos-byte-budget``: the warm-up sends every node the whole model
         before the server knows its capacity, which no submodel's budget covers."""
-        return super().runs_warmup() and self.ledger is None
+        return super().runs_warmup() and self.opts.byte_budget == 0
 
     def fisher_request(
         self,
@@ -140,7 +140,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         encoding = self.upload_encoding(self.run)
         need = payload_bytes(encoding, k, self.layout.size, self.layout.num_rows)
         if encoding == "ranked":
-            need = ranked_floor(self.layout)
+            need = ranked_floor(self.layout.size, self.layout.num_rows)
         if extra > room_down or cap < need:
             return None
         self.ledger.charge(key, down=extra)

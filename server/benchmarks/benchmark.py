@@ -51,6 +51,7 @@ from common.config.run import RunConfig
 from common.config.schema import ConfigError
 from common.fisher.codec import FISHER_ENCODINGS
 from common.methods import method_spec, registry
+from common.wire.byte_budget import BYTES_SLACK, byte_ratios
 from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from server.commands.launcher import parse_capacities, run_local_federation
 
@@ -211,8 +212,14 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
         if later:  # round 1 compares with the warm-up's (magnitude-ranked) mask
             row[f"overlap_min_cap_{level:g}"] = min(later)
     sized = [c for c in clients if c.get("capacity") is not None and c.get("density") is not None]
+    ratios = run_byte_ratios(metrics)
+    for level in sorted({cap for _, _, cap in ratios.values()}, reverse=True):
+        row[f"bytes_ratio_cap_{level:g}"] = max(max(dn, up) for dn, up, cap in ratios.values() if cap == level)
     row["within_capacity"] = (
-        all(c["density"] <= CAPACITY_SLACK * c["capacity"] for c in sized) if sized else float("nan")
+        all(c["density"] <= CAPACITY_SLACK * c["capacity"] for c in sized)
+        and all(max(dn, up) <= BYTES_SLACK for dn, up, _ in ratios.values())
+        if sized
+        else float("nan")
     )
     # traffic and step time per capacity level: what a device of that size pays (CSV only, not the summary)
     for level in sorted({c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True):
@@ -225,6 +232,28 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     ]
     row["client_s_per_step"] = statistics.fmean(steps) if steps else float("nan")
     return row
+
+
+def run_byte_ratios(metrics: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
+    """Per client of a run: its bytes down and up over the run against its submodels' bytes, and its capacity.
+
+    Round 0's messages (the opening, a warm-up) count as bytes without a share (:func:`byte_ratios`). Records
+    without a client's capacity, positions or mask bytes give nothing (``{}``).
+    """
+    needed = ("capacity", "selected", "density", "bytes_down", "mask_bytes")
+    entries: list[dict[str, Any]] = []
+    for r in metrics["rounds"]:
+        if r["round"] > 0:
+            entries += r["clients"]
+            continue
+        opening = list(r.get("clients", [])) + list((r.get("fisher_warmup") or {}).get("clients", []))
+        entries += [dict(c, train=False) for c in opening]
+    if not entries or any(c.get(key) is None for c in entries for key in needed):
+        return {}
+    sized = next((c for c in entries if c.get("train", True) and c["density"] > 0), None)
+    if sized is None:
+        return {}
+    return byte_ratios(entries, round(sized["selected"] / sized["density"]))
 
 
 def curves(metrics: dict[str, Any]) -> tuple[list[int], list[float], list[float]]:
@@ -266,7 +295,22 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     def within(group: list[dict[str, Any]]) -> str:
         flags = [g.get("within_capacity") for g in group]
         flags = [f if isinstance(f, bool) else str(f) == "True" for f in flags if f is not None and f == f and f != ""]
-        return "-" if not flags else ("yes" if all(flags) else "no")
+        if not flags:
+            return "-"
+        if all(flags):
+            return "yes"
+        worst = max(
+            (
+                (float(v), k[len("bytes_ratio_cap_") :])
+                for g in group
+                for k, v in g.items()
+                if k.startswith("bytes_ratio_cap_")
+            ),
+            default=None,
+        )
+        if worst is None or worst[0] != worst[0] or worst[0] <= BYTES_SLACK:
+            return "no"
+        return f"no ({worst[0]:.1f}x bytes @{worst[1]})"
 
     head = ["dataset", "partition", "method", "Fisher enc.", "≤ capacity", "seeds", "global acc"]
     head += [f"last {LAST_ROUNDS} rounds"]
