@@ -242,3 +242,21 @@ def test_a_budgeted_federation_keeps_every_client_within_its_bytes(tmp_path, mon
     ratios, _ = run({"fedfibos-byte-budget": 0})
     by_capacity = {cap: down for down, _, cap in ratios.values()}
     assert by_capacity[0.0625] > 3 and by_capacity[1.0] <= BYTES_SLACK
+
+
+# ---------------------------------------------------------------- the refresh options benchmark
+def test_the_int8_copy_of_the_rest_is_within_half_a_step_and_counts_a_byte_a_position() -> None:
+    from server.benchmarks.refresh_options import int8_rest
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(LAYOUT.size).astype(np.float32)
+    mask = rng.random(LAYOUT.size) < 0.2
+    mask[:2000] = True  # all of "w" is held: that tensor sends nothing
+    rough, nbytes = int8_rest(x, mask, LAYOUT)
+    assert np.array_equal(rough[mask], x[mask])
+    assert nbytes == int((~mask).sum()) + 4 * 2  # "b" and "c" send a scale each
+    bounds = LAYOUT.offsets.tolist()
+    for start, stop in zip(bounds[1:-1], bounds[2:]):
+        outside = ~mask[start:stop]
+        step = np.abs(x[start:stop][outside]).max() / 127
+        assert np.abs(rough[start:stop][outside] - x[start:stop][outside]).max() <= step / 2 + 1e-7

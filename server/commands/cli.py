@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.benchmarks.selection_quality",
         "How close the server's mask is to the exact-Fisher one, per estimator and upload encoding",
     ),
+    "bench-refresh": (
+        "server.benchmarks.refresh_options",
+        "Ways to rank a small client's next mask at the global model: bytes, and what each keeps of the exact mask",
+    ),
     "bench-fisher-cost": (
         "server.benchmarks.fisher_cost_bench",
         "A client's Fisher estimate and upload encoding, timed against its local training",
