@@ -18,8 +18,9 @@ client below capacity 1 of a Dirichlet split, the masks these options give again
 
 The exact mask ``S*`` is the top ``k`` of ``F*^2 x^2`` with ``F*`` the client's per-example Fisher at ``x`` over
 all its examples (row ``exact``); ``overlap`` is ``|S ∩ S*| / k`` and ``mass kept`` the share of the total
-``sum_j F*_j^2 x_j^2`` that ``S`` keeps (one minus the masking surrogate over its value for the empty mask). ``extra down`` is the refresh's bytes beyond the submodel, and ``rounds per refresh`` how many rounds of
-a ``1.05`` byte budget's slack (5 % of the share a round) pay for one. The global model is the CNN after a short
+``sum_j F*_j^2 x_j^2`` that ``S`` keeps (one minus the masking surrogate over its value for the empty mask).
+``extra down`` is the refresh's bytes beyond the submodel, and ``rounds per refresh`` how many rounds of a
+``1.05`` byte budget's slack (5 % of the share a round) pay for one. The global model is the CNN after a short
 central warm-up (a model mid-training). Both the client's own ranking and the server's test set matter: the
 per-capacity accuracy of the masks each option gives, on the server's test set, is ``acc``.
 
