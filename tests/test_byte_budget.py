@@ -173,14 +173,14 @@ def test_a_refresh_goes_only_to_a_client_that_can_afford_the_rest_of_the_model()
     down, _ = method.ledger.room("small")
     assert down >= 0
     # the earlier behaviour: no budget, every due client is sent the rest of the model
-    free = create_method(parse_run_config({"fisher-every": 2}))
+    free = create_method(parse_run_config({"fisher-every": 2, "fedfibos-byte-budget": 0}))
     free.start_server(LAYOUT)
     assert free.fisher_request("small", 1, x, small) is not None
 
 
 def test_without_a_budget_the_warm_up_runs_and_with_one_it_does_not() -> None:
-    assert create_method(parse_run_config({})).runs_warmup()
-    assert not create_method(parse_run_config({"fedfibos-byte-budget": 1.05})).runs_warmup()
+    assert create_method(parse_run_config({"fedfibos-byte-budget": 0})).runs_warmup()
+    assert not create_method(parse_run_config({})).runs_warmup()  # the default budget
 
 
 def test_a_fisher_larger_than_its_cap_is_not_folded_in_and_its_bytes_count(caplog) -> None:

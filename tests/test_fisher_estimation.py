@@ -204,6 +204,7 @@ def test_a_warm_up_ranks_round_one_by_fisher_and_leaves_the_model_alone(tmp_path
         "fisher-examples": 16,
         "fisher-encoding": "ranked",
         "fisher-warmup": True,
+        "fedfibos-byte-budget": 0,  # the warm-up sends every node the whole model: beyond a byte budget
     }
     fed = inprocess_federation(run_config, {41: 1.0, 42: 0.25, 43: 0.0625})
     strategy, records, x0 = fed.strategy, fed.records, fed.x0

@@ -138,6 +138,7 @@ def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_ma
         "eval-every": 1,
         "fisher-examples": 16,
         "fisher-every": 2,
+        "fedfibos-byte-budget": 0,  # every client refreshed, the warm-up with discovery
     }
     fed = inprocess_federation(run_config, {51: 1.0, 52: 0.25, 53: 0.0625})
     estimator = fed.cfg.options("fisher").estimator
@@ -177,7 +178,8 @@ def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estima
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    fed = inprocess_federation({"num-rounds": 2, "eval-every": 0, "fisher-every": 2, "fisher-examples": 8}, {61: 0.25})
+    run = {"num-rounds": 2, "eval-every": 0, "fisher-every": 2, "fisher-examples": 8, "fedfibos-byte-budget": 0}
+    fed = inprocess_federation(run, {61: 0.25})
     real = MaskedMethod.client_train
     refreshes: list[int] = []
 

@@ -20,7 +20,9 @@ from common.methods.masked import FisherRankedMethod
 from common.models.layout import ParamLayout
 from tests.inprocess_grid import inprocess_federation
 
-RUN = {"num-rounds": 2, "local-epochs": 1, "eval-every": 0, "fisher-examples": 16, "fisher-every": 2}
+# The warm-up runs without a byte budget (under one it would send small nodes the whole model).
+NO_BUDGET = {"fedfibos-byte-budget": 0}
+RUN = {"num-rounds": 2, "local-epochs": 1, "eval-every": 0, "fisher-examples": 16, "fisher-every": 2, **NO_BUDGET}
 NODES = {51: 1.0, 52: 0.25, 53: 0.0625}
 
 
@@ -146,7 +148,7 @@ def test_a_nodes_round_one_mask_is_the_servers_after_every_warm_up(gammas, seed,
     from common.methods.round_fold import Accepted
     from common.wire.validation import TrainReply
 
-    cfg = parse_run_config({"fisher-precision": precision, "min-per-row": min_per_row})
+    cfg = parse_run_config({"fisher-precision": precision, "min-per-row": min_per_row, **NO_BUDGET})
     layout = ParamLayout.from_arrays(
         {"a.weight": np.zeros((6, 5), np.float32), "a.bias": np.zeros(6, np.float32), "b.weight": np.zeros((3, 6))}
     )
@@ -169,8 +171,10 @@ def test_a_nodes_round_one_mask_is_the_servers_after_every_warm_up(gammas, seed,
 
 
 def test_runs_that_cannot_train_round_one_with_discovery_send_it_alone(monkeypatch, tmp_path):
-    assert not create_method(parse_run_config({"fisher-every": 1})).opens_round_one()  # round 1 would ask Fisher
-    assert not create_method(parse_run_config({"fisher-estimator": "received"})).opens_round_one()
+    assert not create_method(
+        parse_run_config({"fisher-every": 1, **NO_BUDGET})
+    ).opens_round_one()  # round 1 would ask Fisher
+    assert not create_method(parse_run_config({"fisher-estimator": "received", **NO_BUDGET})).opens_round_one()
     sampled = _run(monkeypatch, tmp_path, {**RUN, "fraction-train": 0.7, "min-train-nodes": 1})
     assert not any("round-one" in m.content.config_records for m in sampled.grid.handled[:3])
     assert ("train", 1) in _kinds(sampled)
@@ -222,15 +226,17 @@ def test_a_node_that_cannot_measure_the_opening_says_why_and_still_trains(monkey
 def test_the_opening_model_must_fit_the_nodes_model(monkeypatch, tmp_path):
     from common.data.datasets import load_run_dataset
 
-    method = create_method(parse_run_config({}))
-    train = load_run_dataset(parse_run_config({})).train
+    method = create_method(parse_run_config(NO_BUDGET))
+    train = load_run_dataset(parse_run_config(NO_BUDGET)).train
     with pytest.raises(ValueError, match="opening model holds"):
         method.opening_received(train, np.zeros(5, np.float32), 0.5)
 
 
 def test_runs_that_cannot_fold_the_warm_up_keep_its_own_exchange():
-    assert not create_method(parse_run_config({"fisher-estimator": "received"})).warmup_in_discovery()
-    assert not create_method(parse_run_config({"fisher-warmup": False})).warmup_in_discovery()
+    assert create_method(parse_run_config(NO_BUDGET)).warmup_in_discovery()
+    assert not create_method(parse_run_config({})).warmup_in_discovery()  # the default byte budget: no warm-up
+    assert not create_method(parse_run_config({"fisher-estimator": "received", **NO_BUDGET})).warmup_in_discovery()
+    assert not create_method(parse_run_config({"fisher-warmup": False, **NO_BUDGET})).warmup_in_discovery()
     assert not create_method(parse_run_config({"method": "fedgmr"})).warmup_in_discovery()
     assert not create_method(parse_run_config({"method": "fiarse"})).warmup_in_discovery()
 
@@ -243,7 +249,7 @@ def test_runs_that_cannot_fold_the_warm_up_keep_its_own_exchange():
     st.booleans(),
 )
 def test_the_opening_mask_is_round_0s_mask_of_a_fresh_state(gamma, seed, min_per_row, keep_vectors):
-    cfg = parse_run_config({"min-per-row": min_per_row, "keep-vectors": keep_vectors})
+    cfg = parse_run_config({"min-per-row": min_per_row, "keep-vectors": keep_vectors, **NO_BUDGET})
     layout = ParamLayout.from_arrays(
         {"a.weight": np.zeros((6, 5), np.float32), "a.bias": np.zeros(6, np.float32), "b.weight": np.zeros((3, 6))}
     )

@@ -97,6 +97,7 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
         "seed": 5,
         "fraction-train": 0.5,
         "min-train-nodes": 2,
+        "fedfibos-byte-budget": 0,  # the warm-up with discovery
     }
     capacities = {21: 1.0, 22: 0.25, 23: 1.0, 24: 0.25, 25: 0.0625, 26: 1.0}
     fed = inprocess_federation(run_config, capacities)

@@ -26,15 +26,17 @@ class FedFIbOSOptions(Schema):
         "moves by their share",
     )
     byte_budget: float = Field(
-        0.0,
+        1.05,
         ge=0,
         le=1000,
         description="a client's bytes down, and its bytes up, over the rounds it trains, at most this multiple "
         "of its submodels' bytes (values and mask); a Fisher refresh (the rest of the model down, the Fisher up) "
         "is sent only when it fits, the Fisher payload capped to what is left, and a client that cannot afford "
         "one is ranked by the prior of those that could. The warm-up, which sends every node the whole model "
-        "before its capacity is known, is then not run. 0 = no limit: every client is refreshed every "
-        "`fisher-every` rounds (docs/FISHER.md)",
+        "before its capacity is known, is then not run. 1.05 leaves room for message headers within the 1.1x "
+        "that counts as within capacity; 0 = no limit, the definition as first built: every client is sent the "
+        "rest of the model every `fisher-every` rounds and the warm-up (a 1/64 client then moves about 10x its "
+        "share, docs/FISHER.md)",
     )
     fisher_power: float = Field(
         2.0,
