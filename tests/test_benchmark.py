@@ -322,9 +322,11 @@ def test_row_says_a_client_over_its_bytes_is_over_capacity_and_the_table_says_by
             for r in (1, 2)
         ),
     ]
+    rounds[2]["federated"] = {"per_capacity": {"0.015625": {"accuracy": 0.9}}}  # its own test split
     row = run_row({"run": run, "rounds": rounds}, 1.0)
     assert row["within_capacity"] is True
     assert row["bytes_ratio_cap_0.015625"] == pytest.approx(1.0)
+    assert row["local_cap_0.015625"] == 0.9
     # a warm-up that sent the tiny client the whole model: (4d + 2 shares) / 2 shares
     rounds[0]["fisher_warmup"] = {"clients": [client("tiny", 1 / 64, small, 4 * d, 0, 0)]}
     row = run_row({"run": run, "rounds": rounds}, 1.0)
@@ -332,3 +334,4 @@ def test_row_says_a_client_over_its_bytes_is_over_capacity_and_the_table_says_by
     assert row["bytes_ratio_cap_0.015625"] == pytest.approx((4 * d + 2 * share) / (2 * share))
     table = summarise([row | {"local_acc": 0.5, "client_train_s": 0.1, "client_fisher_s": 0.0}])
     assert f"no ({(4 * d + 2 * share) / (2 * share):.1f}x bytes @0.015625)" in table
+    assert "local @0.015625" in table and "0.900 ± 0.000" in table

@@ -151,8 +151,12 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     :class:`MethodSpec` label; default the run's method). Per capacity level: ``trained_cap_*`` (the
     clients' own submodels, last evaluated round), ``acc_cap_*`` (the server's extraction),
     ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known),
-    ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved the masks);
-    ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity.
+    ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved the masks),
+    ``local_cap_*`` (the clients' own submodels on their own test splits, last evaluated round),
+    ``bytes_ratio_cap_*`` (the largest, over the level's clients, of bytes down or up over the run divided by
+    the bytes of the submodels it trained: :func:`run_byte_ratios`);
+    ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity, and none moved
+    more than :data:`~common.wire.byte_budget.BYTES_SLACK` times its submodels' bytes.
     """
     run = metrics["run"]
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
@@ -196,6 +200,12 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     )
     for level, v in trained.items():
         row[f"trained_cap_{level}"] = v["accuracy"]
+    # what a device's owner sees: its own submodel on its own test split, per capacity (last evaluated round)
+    own = next(
+        (r["federated"]["per_capacity"] for r in reversed(rounds) if (r.get("federated") or {}).get("per_capacity")), {}
+    )
+    for level, v in own.items():
+        row[f"local_cap_{level}"] = v["accuracy"]
     for level in {c["capacity"] for c in clients if c.get("capacity") is not None}:
         per_round = [
             [
@@ -282,7 +292,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         found = {k[len(prefix) :] for row in rows for k in row if k.startswith(prefix)}
         return sorted((lv for lv in found if float(lv) < 1), key=float, reverse=True)
 
-    trained, extracted = levels("trained_cap_"), levels("acc_cap_")
+    trained, extracted, local = levels("trained_cap_"), levels("acc_cap_"), levels("local_cap_")
     overlap, lowest = levels("overlap_cap_"), levels("overlap_min_cap_")
 
     def ms(vals: list[float], scale: float = 1.0, digits: int = 3) -> str:
@@ -315,6 +325,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "partition", "method", "Fisher enc.", "≤ capacity", "seeds", "global acc"]
     head += [f"last {LAST_ROUNDS} rounds"]
     head += [f"trained @{lv}" for lv in trained] + [f"extract @{lv}" for lv in extracted]
+    head += [f"local @{lv}" for lv in local]
     head += [f"overlap @{lv}" for lv in overlap] + [f"min overlap @{lv}" for lv in lowest]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
     # runs made before clients reported their peak memory have none; the column appears once one does
@@ -327,6 +338,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         cells.append(ms([g.get("global_acc_last", float("nan")) for g in group]))
         cells += [ms([g.get(f"trained_cap_{lv}", float("nan")) for g in group]) for lv in trained]
         cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in extracted]
+        cells += [ms([g.get(f"local_cap_{lv}", float("nan")) for g in group]) for lv in local]
         cells += [ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2) for lv in overlap]
         cells += [ms([g.get(f"overlap_min_cap_{lv}", float("nan")) for g in group], digits=2) for lv in lowest]
         cells += [
