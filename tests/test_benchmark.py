@@ -136,6 +136,13 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     assert main(args + ["-c", "local-epochs=1", "-c", "fisher-every=1", "--reuse", "--existing-only"]) == 0
     again = list(csv.DictReader(open(out / "results.csv")))
     assert [r["global_acc"] for r in again] == [r["global_acc"] for r in rows]
+    # The same command run again writes the same figures to the last digit (all but the measured seconds).
+    twice = tmp_path / "twice"
+    assert main([*args[:-1], str(twice), "-c", "local-epochs=1", "-c", "fisher-every=1"]) == 0
+    timed = ("_s", "_s_per_round", "_s_per_step", "peak_mib", "s_to_target_acc")
+    for first, second in zip(rows, csv.DictReader(open(twice / "results.csv")), strict=True):
+        same = {k: v for k, v in first.items() if not k.endswith(timed)}
+        assert {k: second[k] for k in same} == same
 
 
 def test_every_run_config_flag_counts(tmp_path):
