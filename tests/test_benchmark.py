@@ -101,6 +101,10 @@ def test_row_gives_traffic_per_capacity_and_seconds_per_step():
     assert (row["kib_down_cap_0.25"], row["kib_up_cap_0.25"]) == (2.0, 0.5)
     # 2 epochs of ceil(64/32) = 2 steps in 8 s; 2 epochs of ceil(33/32) = 2 steps in 3 s
     assert row["client_s_per_step"] == pytest.approx((8.0 / 4 + 3.0 / 4) / 2)
+    assert (row["s_per_step_cap_1"], row["s_per_step_cap_0.25"]) == (8.0 / 4, 3.0 / 4)  # per capacity too
+    clients[0]["peak_rss_mib"], clients[1]["peak_rss_mib"] = 700.0, 650.0
+    row = run_row({"run": run, "rounds": rounds}, 1.0)
+    assert (row["peak_mib_cap_1"], row["peak_mib_cap_0.25"]) == (700.0, 650.0)
 
 
 def test_bad_method_fails_before_any_run(tmp_path):

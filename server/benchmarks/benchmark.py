@@ -235,12 +235,22 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     for level in sorted({c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True):
         row[f"kib_down_cap_{level:g}"] = mean("bytes_down", [c for c in clients if c.get("capacity") == level]) / 1024
         row[f"kib_up_cap_{level:g}"] = mean("bytes_up", [c for c in ok if c.get("capacity") == level]) / 1024
-    steps = [
-        c["train_seconds"] / (run["local_epochs"] * math.ceil(c["num_examples"] / run["batch_size"]))
-        for c in ok
-        if c.get("train_seconds") is not None and c.get("num_examples") and "batch_size" in run
-    ]
+
+    def per_step(c: dict[str, Any]) -> float | None:
+        if c.get("train_seconds") is None or not c.get("num_examples") or "batch_size" not in run:
+            return None
+        return c["train_seconds"] / (run["local_epochs"] * math.ceil(c["num_examples"] / run["batch_size"]))
+
+    steps = [s for s in map(per_step, ok) if s is not None]
     row["client_s_per_step"] = statistics.fmean(steps) if steps else float("nan")
+    # what a capacity saves on the device: seconds per local step and peak resident memory, per level
+    for level in sorted({c["capacity"] for c in ok if c.get("capacity") is not None}, reverse=True):
+        mine = [c for c in ok if c.get("capacity") == level]
+        level_steps = [s for s in map(per_step, mine) if s is not None]
+        row[f"s_per_step_cap_{level:g}"] = statistics.fmean(level_steps) if level_steps else float("nan")
+        row[f"peak_mib_cap_{level:g}"] = max(
+            (c["peak_rss_mib"] for c in mine if c.get("peak_rss_mib") is not None), default=float("nan")
+        )
     return row
 
 
