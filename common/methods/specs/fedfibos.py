@@ -53,7 +53,9 @@ class FedFIbOSSpec(FisherRankedSpec):
     name = "fedfibos"
     summary = (
         "top-`ceil(gamma d)` of `F_j^2 x_j^2`, `F` the client's Fisher measured at the current global model "
-        "(refreshed every `fisher-every` rounds, the mask held in between; this product's method)"
+        "(refreshed every `fisher-every` rounds where its byte budget affords the rest of the model, the mask held "
+        "in between; a client that cannot afford it is ranked by the pooled Fisher of those that can; this "
+        "product's method)"
     )
     options = FedFIbOSOptions
     options_prefix = "fedfibos-"
