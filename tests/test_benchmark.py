@@ -346,3 +346,27 @@ def test_row_says_a_client_over_its_bytes_is_over_capacity_and_the_table_says_by
     table = summarise([row | {"local_acc": 0.5, "client_train_s": 0.1, "client_fisher_s": 0.0}])
     assert f"no ({(4 * d + 2 * share) / (2 * share):.1f}x bytes @0.015625)" in table
     assert "local @0.015625" in table and "0.900 ± 0.000" in table
+
+
+def test_paired_differences_compare_the_product_seed_by_seed_with_each_method_within_capacity():
+    from server.benchmarks.benchmark import paired_differences
+
+    def row(method, seed, acc, small, within=True):
+        return {
+            "dataset": "digits",
+            "partition": "dirichlet:0.1",
+            "method": method,
+            "seed": seed,
+            "global_acc": acc,
+            "trained_cap_0.015625": small,
+            "within_capacity": within,
+        }
+
+    rows = [row("fedfibos", 0, 0.8, 0.5), row("fedfibos", 1, 0.7, 0.4), row("fedfibos", 2, 0.9, 0.3)]
+    rows += [row("fiarse", 0, 0.6, 0.6), row("fiarse", 1, 0.75, 0.5)]  # seed 2 missing: compared on 0 and 1
+    rows += [row("fedavg", s, 0.95, 0.95, within=False) for s in (0, 1, 2)]  # over capacity: left out
+    table = paired_differences(rows)
+    assert "| digits | dirichlet:0.1 | fiarse | full model | 0,1 | +0.200 / -0.050 | +0.075 | 1 of 2 |" in table
+    assert "| fiarse | trained @0.015625 | 0,1 | -0.100 / -0.100 | -0.100 | 0 of 2 |" in table
+    assert "fedavg" not in table
+    assert paired_differences([r for r in rows if r["method"] != "fedfibos"]) == ""

@@ -618,12 +618,62 @@ def write_results(
             writer.writeheader()
             writer.writerows(layers)
     table = summarise(rows)
+    paired = paired_differences(rows)
     command = " ".join(sys.argv[1:] if argv is None else argv)
     (out / "summary.md").write_text(
         f"Command: `fibos bench {command}`\n\n"
         f"{setup}, Simulation Engine. Mean ± std over up to {seeds} seed(s).\n\n{table}\n"
+        + (f"\n{paired}\n" if paired else "")
     )
     return table
+
+
+#: The figures :func:`paired_differences` compares: the full model, then each capacity's trained submodels.
+PAIRED = ("global_acc", "trained_cap_0.25", "trained_cap_0.0625", "trained_cap_0.015625")
+
+
+def paired_differences(rows: list[dict[str, Any]], reference: str = HIGHLIGHT) -> str:
+    """Markdown: ``reference`` minus each other method within capacity, seed by seed, on the same data.
+
+    For each dataset and partition where ``reference`` ran, and each other method whose every run stayed within
+    capacity (values and bytes), one line per figure of :data:`PAIRED`: the per-seed differences (seeds both
+    ran), their mean and how many seeds ``reference`` is ahead. ``""`` when there is nothing to compare.
+    """
+    groups: dict[tuple[str, str], dict[str, dict[int, dict[str, Any]]]] = {}
+    for row in rows:
+        groups.setdefault((row["dataset"], row["partition"]), {}).setdefault(row["method"], {})[int(row["seed"])] = row
+
+    def within(runs: dict[int, dict[str, Any]]) -> bool:
+        return all(r.get("within_capacity") in (True, "True") for r in runs.values())
+
+    lines = []
+    for (dataset, partition), methods in sorted(groups.items()):
+        mine = methods.get(reference)
+        if not mine:
+            continue
+        for method, theirs in sorted(methods.items()):
+            seeds = sorted(set(mine) & set(theirs))
+            if method == reference or not seeds or not within(theirs):
+                continue
+            for key in PAIRED:
+                diffs = [float(mine[s].get(key, "nan")) - float(theirs[s].get(key, "nan")) for s in seeds]
+                if any(d != d for d in diffs):
+                    continue
+                wins = sum(d > 0 for d in diffs)
+                per_seed = " / ".join(f"{d:+.3f}" for d in diffs)
+                label = "full model" if key == "global_acc" else "trained @" + key.removeprefix("trained_cap_")
+                lines.append(
+                    f"| {dataset} | {partition} | {method} | {label} | {','.join(map(str, seeds))} | {per_seed} "
+                    f"| {statistics.fmean(diffs):+.3f} | {wins} of {len(seeds)} |"
+                )
+    if not lines:
+        return ""
+    head = (
+        f"{reference} minus each method within capacity, seed by seed:\n\n"
+        "| dataset | partition | method | figure | seeds | per seed | mean | seeds ahead |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":
