@@ -370,3 +370,32 @@ def test_paired_differences_compare_the_product_seed_by_seed_with_each_method_wi
     assert "| fiarse | trained @0.015625 | 0,1 | -0.100 / -0.100 | -0.100 | 0 of 2 |" in table
     assert "fedavg" not in table
     assert paired_differences([r for r in rows if r["method"] != "fedfibos"]) == ""
+
+
+def test_the_headline_table_is_written_from_the_results_it_cites(tmp_path):
+    from server.benchmarks.headline import headline_block
+
+    fields = ["method", "seed", "global_acc", "trained_cap_0.015625", "within_capacity", "bytes_ratio_cap_0.015625"]
+    rows = [
+        ("fedfibos", 0, 0.8, 0.5, True, 1.02),
+        ("fedfibos", 1, 0.6, 0.3, True, 1.03),
+        ("fiarse", 0, 0.7, 0.6, True, 1.08),
+        ("fiarse", 1, 0.7, 0.6, True, 1.08),
+        ("fedavg", 0, 0.9, "", False, 64.0),
+        ("fedavg", 1, 0.95, "", False, 64.0),
+    ]
+    (tmp_path / "r").mkdir()
+    with open(tmp_path / "r" / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        w.writerows(rows)
+    readme = "# x\n\n<!-- headline: r/results.csv -->\n| stale |\n|---|\n\nafter\n"
+    out = headline_block(readme, tmp_path)
+    assert out.startswith("# x\n\n<!-- headline: r/results.csv -->\n| 2 seeds (0, 1) | fedfibos | fiarse | fedavg |")
+    assert "| full model, last round | 0.700 ± 0.141 | 0.700 ± 0.000 | 0.925 ± 0.035 |" in out
+    assert (
+        "| ≤ capacity (values and bytes; worst bytes / share) | yes (1.03x) | yes (1.08x) | no (64.0x bytes) |" in out
+    )
+    assert "| trained @1/64 | 0.400 ± 0.141 | 0.600 ± 0.000 | - |" in out
+    assert "stale" not in out and out.endswith("\n\nafter\n")
+    assert headline_block(out, tmp_path) == out  # rewriting changes nothing

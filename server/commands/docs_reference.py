@@ -3,7 +3,8 @@
 * ``pyproject.toml``'s ``[tool.flwr.app.config]`` block and README's run-config table, from the schema
   (:mod:`common.config.run`, and each method's options model): a key is declared once, in the schema;
 * README's method table, from each registered method's ``summary``;
-* README's layout section, from the first line of every module's docstring.
+* README's layout section, from the first line of every module's docstring;
+* README's headline results table, from the results.csv its marker names (:mod:`server.benchmarks.headline`).
 
 ``fibos docs`` (``--check``, the default) fails when a file differs from what the code says; ``fibos docs
 --write`` rewrites them. A test runs the check.
@@ -27,6 +28,7 @@ from common.config.parse import key_groups
 from common.config.run import RunConfig, common_keys
 from common.config.schema import KeyGroup, kebab
 from common.methods import registry
+from server.benchmarks.headline import headline_block
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST_START = "[tool.flwr.app.config]\n"
@@ -225,21 +227,24 @@ def expected_files() -> dict[Path, str]:
     readme = ROOT / "README.md"
     return {
         pyproject: _replace_block(pyproject.read_text(), MANIFEST_START, manifest_block(), "\n["),
-        readme: _replace_block(
+        readme: headline_block(
             _replace_block(
                 _replace_block(
-                    _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
-                    NODE_START,
-                    node_table(),
+                    _replace_block(
+                        _replace_block(readme.read_text(), README_START, readme_table(), "\n\n"),
+                        NODE_START,
+                        node_table(),
+                        "\n\n",
+                    ),
+                    METHODS_START,
+                    methods_table(),
                     "\n\n",
                 ),
-                METHODS_START,
-                methods_table(),
-                "\n\n",
+                LAYOUT_START,
+                layout_section(),
+                "\n## ",
             ),
-            LAYOUT_START,
-            layout_section(),
-            "\n## ",
+            ROOT,
         ),
     }
 
