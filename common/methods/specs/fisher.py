@@ -48,7 +48,8 @@ class FisherOptions(Schema):
         "so round 1 is ranked by Fisher instead of by magnitude (with `global` it costs each node one download of "
         "the model; `fedfibos` with `global` sends it with the discovery message, so it costs no exchange of its "
         "own, the others one exchange); applies to methods that rank by Fisher with the `global` or `received` "
-        "estimator",
+        "estimator, and to `fedfibos` only with `fedfibos-byte-budget = 0` (the whole model is beyond a small "
+        "node's bytes)",
     )
     batches: int = Field(0, ge=0, le=1_000_000, description="training steps in the Fisher estimate (0 = all)")
     ema: float = Field(
