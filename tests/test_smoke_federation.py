@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.fisher.prior_influence import contested_positions
 from common.fisher.state import FisherState
-from common.models.layout import ParamLayout
 from common.wire.byte_budget import BYTES_SLACK
 from common.wire.mask_codec import encode_mask
 from server.benchmarks.benchmark import run_byte_ratios
@@ -125,18 +123,11 @@ def test_no_process_left_behind(federation):
     assert _processes_with_env(f"FLWR_HOME={results.resolve() / '.flwr'}") == []
 
 
-def test_prior_influence_is_recorded_and_recomputable(federation):
-    """Each round records the certified share one client could flip; it follows from the saved state."""
+def test_prior_influence_claims_no_bound_while_fewer_than_three_clients_report(federation):
+    """Under the default byte budget only the capacity-1 node can afford a refresh: the prior is its estimate
+    alone, which a trimmed mean cannot bound, so no round claims a certified share (the recomputation from the
+    saved state is tested with three or more reporting clients in tests/test_prior_influence.py)."""
     results, metrics, _ = federation
-    for r in metrics["rounds"][1:]:
-        assert set(r["prior_influence"]) == {"0.25", "0.0625"}
-        assert all(0.0 < v < 1.0 for v in r["prior_influence"].values()), r["prior_influence"]
     state = FisherState.from_bytes((results / "fisher_state.npz").read_bytes())
-    model = {k: v.numpy() for k, v in torch.load(results / "model.pt").items()}
-    layout = ParamLayout.from_arrays(model)
-    lo, hi = state.prior_interval()
-    last = metrics["rounds"][-1]["prior_influence"]
-    for gamma in (0.25, 0.0625):
-        guards = (metrics["run"]["min_per_row"], metrics["run"]["keep_vectors"])
-        share = float(contested_positions(layout, layout.flatten(model), gamma, lo, hi, *guards).mean())
-        assert share == pytest.approx(last[f"{gamma:g}"], abs=1e-12)
+    assert len(state.clients) == 1 and state.prior_interval() is None
+    assert all(r["prior_influence"] is None for r in metrics["rounds"][1:])

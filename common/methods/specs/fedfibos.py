@@ -39,11 +39,12 @@ class FedFIbOSOptions(Schema):
         "share, docs/FISHER.md)",
     )
     fisher_power: float = Field(
-        2.0,
+        1.0,
         ge=0,
         le=4,
-        description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2`, 1 = `F x^2` (the second-order "
-        "loss change), 0 = `|x|` (magnitude)",
+        description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2` (the gradient mismatch), 1 = "
+        "`F x^2` (the second-order loss change; under the byte budget it gave the small clients better submodels "
+        "on seeds no reported table uses, docs/FISHER.md), 0 = `|x|` (magnitude)",
     )
 
 
@@ -52,7 +53,8 @@ class FedFIbOSSpec(FisherRankedSpec):
 
     name = "fedfibos"
     summary = (
-        "top-`ceil(gamma d)` of `F_j^2 x_j^2`, `F` the client's Fisher measured at the current global model "
+        "top-`ceil(gamma d)` of `F_j x_j^2` (`fedfibos-fisher-power = 2`: the definition's `F_j^2 x_j^2`), `F` "
+        "the client's Fisher measured at the current global model "
         "(refreshed every `fisher-every` rounds where its byte budget affords the rest of the model, the mask held "
         "in between; a client that cannot afford it is ranked by the pooled Fisher of those that can; this "
         "product's method)"
