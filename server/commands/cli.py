@@ -44,11 +44,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Server seconds per round at scale, step by step, against numpy",
     ),
     "bench-selection": (
-        "server.benchmarks.selection_quality",
+        "server.benchmarks.ranking.selection_quality",
         "How close the server's mask is to the exact-Fisher one, per estimator and upload encoding",
     ),
     "bench-refresh": (
-        "server.benchmarks.refresh_options",
+        "server.benchmarks.ranking.refresh_options",
         "Ways to rank a small client's next mask at the global model: bytes, and what each keeps of the exact mask",
     ),
     "bench-fisher-cost": (
@@ -61,7 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "class-coverage": ("server.benchmarks.class_coverage", "Per-class recall and dead units of finished runs"),
     "ranking-rules": (
-        "server.benchmarks.ranking_rules",
+        "server.benchmarks.ranking.ranking_rules",
         "Submodels of a finished run's global model under each ranking rule (Fisher, magnitude, ...)",
     ),
     "docs": (

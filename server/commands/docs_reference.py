@@ -66,6 +66,7 @@ PACKAGES = (
     "common/wire",
     "server/commands",
     "server/benchmarks",
+    "server/benchmarks/ranking",
     "server/benchmarks/vs_flower",
 )
 

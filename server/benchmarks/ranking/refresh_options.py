@@ -54,7 +54,7 @@ from common.models.layout import ParamLayout
 from common.training.evaluation import evaluate
 from common.wire.mask_codec import encode_mask
 from server.benchmarks.bench_rows import write_rows
-from server.benchmarks.selection_quality import received_model
+from server.benchmarks.ranking.selection_quality import received_model
 from server.commands.launcher import parse_capacities
 
 OPTIONS = ("exact", "own-32", "int8-rest", "candidates-4k", "prior", "magnitude")
