@@ -20,7 +20,14 @@ def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
     with LocalFederation((1.0, 0.25, 0.0625), tmp_path / "federation", echo=lambda line: None) as fed:
         # 60 s: the rejoined node's replies start fresh ClientApp processes, and with two test workers on two
         # cores they took just over 30 s, so it was never seen training again.
-        config = {"num-rounds": ROUNDS, "eval-every": 0, "local-epochs": 1, "round-timeout": 60.0}
+        # No byte budget: the small node must have measured its own Fisher for a rejoin to carry it.
+        config = {
+            "num-rounds": ROUNDS,
+            "eval-every": 0,
+            "local-epochs": 1,
+            "round-timeout": 60.0,
+            "fedfibos-byte-budget": 0,
+        }
         thread = threading.Thread(target=lambda: result.update(fed.run(config, out, timeout=900)))
         thread.start()
         wait_for_round(out, 2)
