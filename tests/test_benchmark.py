@@ -128,7 +128,9 @@ def test_tiny_benchmark_runs_on_the_simulation_engine(tmp_path):
     fibos, hetero = rows
     assert float(fibos["client_fisher_s"]) > 0 and float(hetero["client_fisher_s"]) == 0  # only fedfibos estimates
     assert float(fibos["kib_up_per_client_round"]) > float(hetero["kib_up_per_client_round"])  # Fisher upload
-    assert (out / "summary.md").read_text().count("| digits |") == 2
+    summary = (out / "summary.md").read_text()
+    assert summary.split("minus each method")[0].count("| digits |") == 2  # one row per method ...
+    assert "| digits | dirichlet:0.5 | heterofl | full model | 0 |" in summary  # ... then the paired differences
     layers = list(csv.DictReader(open(out / "mask_layers.csv")))  # where the submodels sit, per capacity
     assert {(r["method"], r["capacity"]) for r in layers} >= {("fedfibos", "0.015625"), ("heterofl", "0.25")}
     for r in layers:

@@ -62,7 +62,16 @@ def test_fedavg_drop_names_its_rule_when_no_node_can_take_part(tmp_path, monkeyp
 # (run config, capacities, sha256 of the final flat model, each record's global accuracy)
 RUNS = [
     pytest.param(
-        {"method": "fedfibos", "num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 3},
+        # fedfibos as it was when pinned (no byte budget, F^2 x^2): the pin is of the strategy, not of the defaults
+        {
+            "method": "fedfibos",
+            "num-rounds": 2,
+            "local-epochs": 1,
+            "eval-every": 1,
+            "seed": 3,
+            "fedfibos-byte-budget": 0,
+            "fedfibos-fisher-power": 2,
+        },
         {11: 1.0, 12: 0.25, 13: 0.0625},
         "7c1c7892628e315a0ea10c3ac6ff10ce69cde14b0d938d12f87e91258a3ce746",
         [0.09722222222222222, 0.5194444444444445, 0.39166666666666666],

@@ -7,7 +7,7 @@ import pytest
 
 from common.config.parse import parse_run_config
 from common.fisher.level_masks import LevelMasks
-from common.fisher.selection import select_mask
+from common.fisher.selection import powered, select_mask
 from common.methods import create_method
 from common.models.layout import ParamLayout
 
@@ -57,6 +57,7 @@ def _fedfibos():
 def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
     method = _fedfibos()
     guards = (method.guards.min_per_row, method.guards.keep_vectors)  # the run's guards, whatever their defaults
+    power = method.opts.fisher_power  # F^power x^2, whatever the default
     x = _x(1)
     before, source = method.mask_for(None, 1, 0.25, x)  # no Fisher yet: magnitude
     assert source == "magnitude"
@@ -66,18 +67,20 @@ def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
         method.fisher.update(key, rng.lognormal(0, 2, D).astype(np.float32), 10.0 + i, 1)
     prior = method.fisher.global_prior()
     for gamma in (0.25, 0.0625):
-        want = select_mask(LAYOUT, x, gamma, "fisher", prior, *guards)
+        want = select_mask(LAYOUT, x, gamma, "fisher", powered(prior, power), *guards)
         level, source = method.mask_for(None, 2, gamma, x)
         assert source == "prior" and np.array_equal(level, want)
         stranger, source = method.mask_for("never-seen", 2, gamma, x.copy())
         assert source == "prior" and stranger is level  # one mask per level, not one per client
     own, source = method.mask_for("a", 2, 0.25, x)
     assert source == "client"
-    assert np.array_equal(own, select_mask(LAYOUT, x, 0.25, "fisher", method.fisher.estimate("a", 2), *guards))
+    own_estimate = powered(method.fisher.estimate("a", 2), power)
+    assert np.array_equal(own, select_mask(LAYOUT, x, 0.25, "fisher", own_estimate, *guards))
     assert method.level_masks.misses == 3  # magnitude 0.25, prior 0.25, prior 0.0625
     method.fisher.update("e", rng.lognormal(0, 2, D).astype(np.float32), 5.0, 2)  # the prior changes
     after, _ = method.mask_for(None, 3, 0.25, x)
-    assert np.array_equal(after, select_mask(LAYOUT, x, 0.25, "fisher", method.fisher.global_prior(), *guards))
+    prior = powered(method.fisher.global_prior(), power)
+    assert np.array_equal(after, select_mask(LAYOUT, x, 0.25, "fisher", prior, *guards))
     method.load_state(method.state_bytes())  # a restored state is a new object: nothing stale is reused
     again, _ = method.mask_for(None, 3, 0.25, x)
     assert again is not after and np.array_equal(again, after)

@@ -36,7 +36,8 @@ class ChangingGrid(InProcessGrid):
 
 def test_excluded_departed_and_unavailable_nodes_are_recorded_with_reasons(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    run_config = {"num-rounds": 3, "local-epochs": 1, "eval-every": 0, "seed": 1}
+    # No byte budget: the discovery message carries round 1 (the warm-up with discovery), which node 15 answers.
+    run_config = {"num-rounds": 3, "local-epochs": 1, "eval-every": 0, "seed": 1, "fedfibos-byte-budget": 0}
     cfg = parse_run_config(run_config)
     nodes = {
         11: {"partition-id": 0, "num-partitions": 5, "capacity": 1.0},

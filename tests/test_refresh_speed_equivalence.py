@@ -186,7 +186,7 @@ def test_a_gather_of_every_position_is_a_copy_of_the_values(outside):
 
 
 def test_fisher_request_sends_the_values_outside_the_mask():
-    run = parse_run_config({"fisher-encoding": "masked", "fisher-estimator": "global"})
+    run = parse_run_config({"fisher-encoding": "masked", "fisher-estimator": "global", "fedfibos-byte-budget": 0})
     method = create_method(run)
     layout = ParamLayout.from_arrays({"w": np.zeros((40, 50)), "b": np.zeros(40)})
     method.start_server(layout)
