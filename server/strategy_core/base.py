@@ -240,8 +240,9 @@ class SubmodelStrategyBase:
                 log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
         if not seen:
             return None
-        # Summed in node-id order, not arrival order: the same replies give the same figures to the last bit.
-        seen = {nid: seen[nid] for nid in sorted(seen)}
+        # Summed in the clients' key order, not in arrival order (nor by node id, which a new federation draws
+        # afresh): the same replies give the same figures to the last bit.
+        seen = {nid: seen[nid] for nid in sorted(seen, key=lambda nid: nodes[nid].key)}
         self.federated = federated_figures(
             [
                 NodeEvaluation(
