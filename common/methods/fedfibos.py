@@ -137,10 +137,9 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         room_down, room_up = self.ledger.room(key)
         extra = int(request.arrays[P.VALUES].nbytes)
         cap = room_up - 4 * k  # this round's update first
-        encoding = self.upload_encoding(self.run)
-        need = payload_bytes(encoding, k, self.layout.size, self.layout.num_rows)
-        if encoding == "ranked":
-            need = ranked_floor(self.layout.size, self.layout.num_rows)
+        encoding, d, rows = self.upload_encoding(self.run), self.layout.size, self.layout.num_rows
+        # ``ranked`` fits any cap down to its floor; every other encoding has a size of its own
+        need = ranked_floor(d, rows) if encoding == "ranked" else payload_bytes(encoding, k, d, rows)
         if extra > room_down or cap < need:
             return None
         self.ledger.charge(key, down=extra)
