@@ -44,7 +44,7 @@ class FedFIbOSOptions(Schema):
         le=4,
         description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2` (the gradient mismatch), 1 = "
         "`F x^2` (the second-order loss change; under the byte budget it gave the small clients better submodels "
-        "on seeds no reported table uses, docs/FISHER.md), 0 = `|x|` (magnitude)",
+        "on seeds no reported table uses, docs/FISHER.md), 0 = magnitude alone",
     )
 
 
