@@ -26,10 +26,10 @@ LAYOUT = ParamLayout.from_arrays({"w": np.zeros((40, 50)), "b": np.zeros(40), "c
 def test_the_ledger_allows_the_budget_times_the_shares_of_the_rounds_trained() -> None:
     ledger = ByteLedger(1.1)
     assert ledger.room("a") == (0, 0)  # nothing trained yet: nothing beyond a submodel
-    ledger.charge_round("a", share=1000, down=1000)
+    ledger.charge_round("a", share=1000)
     assert ledger.room("a") == (100, 1100)
     ledger.charge("a", up=1000)
-    ledger.charge_round("a", share=1000, down=1000)
+    ledger.charge_round("a", share=1000)
     assert ledger.room("a") == (200, 1200)
     ledger.charge("a", down=250)
     assert ledger.room("a") == (-50, 1200)  # over: nothing more until later rounds pay it back
@@ -41,26 +41,27 @@ def test_the_ledger_refuses_a_budget_or_bytes_below_zero() -> None:
         ByteLedger(0)
     ledger = ByteLedger(1.05)
     with pytest.raises(ValueError, match="non-negative"):
-        ledger.charge_round("a", share=-1, down=0)
+        ledger.charge_round("a", share=-1)
     with pytest.raises(ValueError, match="non-negative"):
         ledger.charge("a", up=-3)
 
 
 def test_the_ledger_survives_its_arrays() -> None:
     ledger = ByteLedger(1.05)
-    ledger.charge_round("node-1", 400, 420)
+    ledger.charge_round("node-1", 400)
+    ledger.charge("node-1", down=20)
     ledger.charge("node-2", down=7, up=9)
     buf = io.BytesIO()
     np.savez(buf, **ledger.arrays())
     with np.load(io.BytesIO(buf.getvalue())) as z:
-        back = ByteLedger.from_arrays(z)
+        back = ByteLedger.from_arrays(z, 1.05)
     assert back.budget == 1.05
     assert back.clients == ledger.clients
     empty = ByteLedger(2.0)
     buf = io.BytesIO()
     np.savez(buf, **empty.arrays())
     with np.load(io.BytesIO(buf.getvalue())) as z:
-        assert ByteLedger.from_arrays(z).clients == {}
+        assert ByteLedger.from_arrays(z, 2.0).clients == {}
 
 
 def test_byte_ratios_sum_a_clients_bytes_over_its_shares_and_count_an_opening_as_bytes_only() -> None:

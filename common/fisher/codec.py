@@ -112,8 +112,9 @@ def ranked_count(d: int, budget_bytes: int) -> int:
 _RANKED_FIXED = 1 + 8
 
 
-def payload_bytes(mode: str, k: int, d: int, num_rows: int, max_bytes: int | None = None) -> int:
-    """The bytes of a Fisher payload of ``mode`` for a mask of ``k`` of ``d`` positions (at most, for ``ranked``).
+def payload_bytes(mode: str, k: int, d: int, num_rows: int) -> int:
+    """The bytes of a Fisher payload of ``mode`` for a mask of ``k`` of ``d`` positions (at most, for ``ranked``
+    without a cap).
 
     Parameters
     ----------
@@ -121,8 +122,6 @@ def payload_bytes(mode: str, k: int, d: int, num_rows: int, max_bytes: int | Non
         The encoding (:data:`UPLOAD_ENCODINGS`).
     k, d, num_rows : int
         Positions in the client's mask, in the model, and the model's output rows.
-    max_bytes : int, optional
-        ``ranked`` only: the cap the payload was asked to fit (:func:`encode_fisher`).
     """
     if mode == "none":
         return 0
@@ -135,8 +134,7 @@ def payload_bytes(mode: str, k: int, d: int, num_rows: int, max_bytes: int | Non
     if mode == "topm":
         return k * (4 + np.dtype(index_dtype(d)).itemsize) + 4
     if mode == "ranked":
-        full = max(4 * k + 4 * num_rows, ranked_floor(d, num_rows))  # one value is sent whatever the mask
-        return full if max_bytes is None else min(full, max_bytes)
+        return max(4 * k + 4 * num_rows, ranked_floor(d, num_rows))  # one value is sent whatever the mask
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {UPLOAD_ENCODINGS}")
 
 

@@ -99,8 +99,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             self.held = HeldMasks.from_arrays(z) if "held_d" in z.files else HeldMasks(self.fisher.d)
             if self.ledger is not None and "ledger_keys" in z.files:
-                self.ledger = ByteLedger.from_arrays(z)
-                self.ledger.budget = self.opts.byte_budget
+                self.ledger = ByteLedger.from_arrays(z, self.opts.byte_budget)
 
     def runs_warmup(self) -> bool:
         """As the run asks, except under ``fedfibos-byte-budget``: the warm-up sends every node the whole model
@@ -129,7 +128,7 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         if download is None:
             download = self.encode(x, mask)
         share = download.values_bytes + download.mask_bytes
-        self.ledger.charge_round(key, share, share)
+        self.ledger.charge_round(key, share)
         if request is None or not request.arrays:
             return request
         assert self.layout is not None, "start_server() first"

@@ -66,13 +66,13 @@ class ByteLedger:
         """The totals of ``key`` (a new client starts at zero)."""
         return self.clients.setdefault(key, ClientBytes())
 
-    def charge_round(self, key: str, share: int, down: int) -> None:
-        """A round's submodel sent to ``key``: ``share`` bytes of values and mask, ``down`` bytes in all."""
-        if share < 0 or down < 0:
-            raise ValueError(f"bytes must be non-negative, got share={share} down={down}")
+    def charge_round(self, key: str, share: int) -> None:
+        """A round's submodel sent to ``key``: ``share`` bytes of values and mask, its share and its bytes down."""
+        if share < 0:
+            raise ValueError(f"bytes must be non-negative, got share={share}")
         e = self.entry(key)
         e.share += share
-        e.down += down
+        e.down += share
 
     def charge(self, key: str, down: int = 0, up: int = 0) -> None:
         """Bytes moved beyond a round's submodel: ``down`` to ``key``, ``up`` from it."""
@@ -92,19 +92,18 @@ class ByteLedger:
         return allowed - e.down, allowed - e.up
 
     def arrays(self) -> dict[str, NDArray]:
-        """The totals as named arrays (``ledger_*``), for the method's state archive."""
+        """The totals as named arrays (``ledger_*``), for the method's state archive (the budget is the run's)."""
         keys = list(self.clients)
         totals = [[self.clients[k].share, self.clients[k].down, self.clients[k].up] for k in keys]
         return {
-            "ledger_budget": np.array(self.budget, dtype=np.float64),
             "ledger_keys": np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
             "ledger_totals": np.array(totals, dtype=np.int64).reshape(len(keys), 3),
         }
 
     @classmethod
-    def from_arrays(cls, z: Mapping[str, NDArray]) -> ByteLedger:
-        """Restore :meth:`arrays` (e.g. from an opened npz)."""
-        out = cls(float(z["ledger_budget"]))
+    def from_arrays(cls, z: Mapping[str, NDArray], budget: float) -> ByteLedger:
+        """Restore :meth:`arrays` (e.g. from an opened npz) under the run's ``budget``."""
+        out = cls(budget)
         keys = json.loads(np.asarray(z["ledger_keys"]).tobytes())
         for key, (share, down, up) in zip(keys, np.asarray(z["ledger_totals"]), strict=True):
             out.clients[str(key)] = ClientBytes(int(share), int(down), int(up))
