@@ -288,6 +288,23 @@ def curves(metrics: dict[str, Any]) -> tuple[list[int], list[float], list[float]
     return xs, acc, mib
 
 
+def worst_bytes_ratio(rows: list[dict[str, Any]]) -> tuple[float, str] | None:
+    """The largest ``bytes_ratio_cap_*`` of ``rows`` (results rows, or results.csv's strings) and its capacity level;
+    ``None`` when no row has one."""
+    found = [
+        (float(v), k.removeprefix("bytes_ratio_cap_"))
+        for row in rows
+        for k, v in row.items()
+        if k.startswith("bytes_ratio_cap_") and v not in (None, "") and float(v) == float(v)
+    ]
+    return max(found, default=None)
+
+
+def stayed_within(rows: list[dict[str, Any]]) -> bool:
+    """Whether every run of ``rows`` stayed within capacity (``within_capacity``, a bool or results.csv's string)."""
+    return all(r.get("within_capacity") in (True, "True") for r in rows)
+
+
 def summarise(rows: list[dict[str, Any]]) -> str:
     """Markdown table: mean +- std over seeds per (dataset, partition, method, encoding).
 
@@ -319,16 +336,8 @@ def summarise(rows: list[dict[str, Any]]) -> str:
             return "-"
         if all(flags):
             return "yes"
-        worst = max(
-            (
-                (float(v), k[len("bytes_ratio_cap_") :])
-                for g in group
-                for k, v in g.items()
-                if k.startswith("bytes_ratio_cap_")
-            ),
-            default=None,
-        )
-        if worst is None or worst[0] != worst[0] or worst[0] <= BYTES_SLACK:
+        worst = worst_bytes_ratio(group)
+        if worst is None or worst[0] <= BYTES_SLACK:
             return "no"
         return f"no ({worst[0]:.1f}x bytes @{worst[1]})"
 
@@ -643,9 +652,6 @@ def paired_differences(rows: list[dict[str, Any]], reference: str = HIGHLIGHT) -
     for row in rows:
         groups.setdefault((row["dataset"], row["partition"]), {}).setdefault(row["method"], {})[int(row["seed"])] = row
 
-    def within(runs: dict[int, dict[str, Any]]) -> bool:
-        return all(r.get("within_capacity") in (True, "True") for r in runs.values())
-
     lines = []
     for (dataset, partition), methods in sorted(groups.items()):
         mine = methods.get(reference)
@@ -653,7 +659,7 @@ def paired_differences(rows: list[dict[str, Any]], reference: str = HIGHLIGHT) -
             continue
         for method, theirs in sorted(methods.items()):
             seeds = sorted(set(mine) & set(theirs))
-            if method == reference or not seeds or not within(theirs):
+            if method == reference or not seeds or not stayed_within(list(theirs.values())):
                 continue
             for key in PAIRED:
                 diffs = [float(mine[s].get(key, "nan")) - float(theirs[s].get(key, "nan")) for s in seeds]

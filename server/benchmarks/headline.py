@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from common.wire.byte_budget import BYTES_SLACK
+from server.benchmarks.benchmark import stayed_within, worst_bytes_ratio
 
 MARKER = "<!-- headline: "
 
@@ -48,13 +49,11 @@ def _mean_sd(vals: list[float], digits: int) -> str:
 
 def _capacity(rows: list[dict[str, str]]) -> tuple[bool, str]:
     """Whether every run stayed within capacity, and the cell saying so (with the worst byte ratio when over)."""
-    ok = all(r.get("within_capacity") == "True" for r in rows)
-    ratios = [v for r in rows for k, v in r.items() if k.startswith("bytes_ratio_cap_") and v not in (None, "")]
-    worst = max((float(v) for v in ratios), default=float("nan"))
-    if ok:
-        return True, f"yes ({worst:.2f}x)" if worst == worst else "yes"
-    if worst == worst and worst > BYTES_SLACK:
-        return False, f"no ({worst:.1f}x bytes)"
+    found = worst_bytes_ratio(rows)
+    if stayed_within(rows):
+        return True, "yes" if found is None else f"yes ({found[0]:.2f}x)"
+    if found is not None and found[0] > BYTES_SLACK:
+        return False, f"no ({found[0]:.1f}x bytes)"
     return False, "no"
 
 
