@@ -1,14 +1,21 @@
-# fibos-fl on CPU: the ServerApp executor, the CPU ClientApp executors and the one-shot
-# control services (credentials, registration, run submission) of docker-compose.yml.
+# fibos-fl: the ServerApp executor, the ClientApp executors and the one-shot control services
+# (credentials, registration, run submission) of docker-compose.yml.
 #
 # Multi-arch: the same file builds for x86 servers and ARM boards, e.g.
 #   docker buildx build --platform linux/amd64,linux/arm64 -f docker/app.Dockerfile -t fibos-fl/app:cpu .
+#
+# The GPU executor is this file with torch from PyPI: PyPI's Linux x86_64 wheel carries the CUDA runtime
+# libraries itself, so the host needs only the NVIDIA driver and the NVIDIA Container Toolkit, and no
+# NVIDIA base image is pulled (docker/app-cuda-nvidia.Dockerfile is the alternative on NVIDIA's base):
+#   docker build -f docker/app.Dockerfile --build-arg TORCH_INDEX= --build-arg REQUIRE_CUDA=1 -t fibos-fl/app:cuda .
 # Built on Flower's official SuperExec image (non-root user `app`, uid 49999, venv in /python/venv).
 ARG FLWR_IMAGE=flwr/superexec:1.42.0-py3.13-ubuntu24.04
 FROM ${FLWR_IMAGE}
 
-# CPU wheels of torch from PyTorch's index: the PyPI x86 wheel bundles CUDA (gigabytes unused here).
-# Empty = pip's default index (where PyTorch's is out of reach; on x86 that is the CUDA build).
+# CPU wheels of torch from PyTorch's index: the PyPI x86 wheel bundles CUDA (gigabytes unused on a CPU).
+# Empty = pip's default index (where PyTorch's is out of reach; on x86 that is the CUDA 13 build, which
+# needs an NVIDIA driver of the 580 series or later; an older driver takes PyTorch's index of its CUDA
+# release, e.g. https://download.pytorch.org/whl/cu128).
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
@@ -28,6 +35,13 @@ WORKDIR /app
 # hadolint ignore=DL3013
 RUN python -m pip install --no-cache-dir ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"} \
     "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
+
+# 1 = the GPU image: the build fails unless the torch installed is a CUDA build. Declared after the
+# torch layer, so the CPU and GPU images share it when their index is the same.
+ARG REQUIRE_CUDA=0
+RUN if [ "${REQUIRE_CUDA}" = 1 ]; then \
+        python -c "import sys, torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda); sys.exit(torch.version.cuda is None)"; \
+    fi
 
 # The project's dependencies, without its code (empty packages), so code edits reuse this layer.
 COPY --chown=app:app pyproject.toml README.md ./

@@ -68,6 +68,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "server.commands.docs_reference",
         "Check (or --write) the docs generated from the code: config, methods, layout",
     ),
+    "check-gpu": (
+        "server.commands.gpu_check",
+        "The client paths on a CUDA GPU against the CPU (training, Fisher, LoRA, probe, a federation); a report",
+    ),
     "credentials": ("server.commands.credentials", "Make a CA, the SuperLink certificate and SuperNode key pairs"),
     "control": ("server.commands.control", "Register SuperNode keys and submit runs through the Control API"),
     "join": ("client.join", "Make a key pair, register it and start a SuperNode on this machine"),

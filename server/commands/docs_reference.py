@@ -198,8 +198,9 @@ def layout_section() -> str:
     lines.append(
         entry(
             "docker/",
-            "app.Dockerfile (CPU, amd64/arm64), app-cuda.Dockerfile (NVIDIA), fleet-gateway.conf; docker-compose.yml"
-            " runs everything on one host, coordinator.yml the coordinator alone, node.yml (+ node.gpu.yml) one node"
+            "app.Dockerfile (CPU, amd64/arm64; GPU with PyPI's CUDA torch), app-cuda-nvidia.Dockerfile (GPU on NVIDIA's"
+            " base), fleet-gateway.conf; docker-compose.yml runs everything on one host, coordinator.yml the"
+            " coordinator alone, node.yml (+ node.gpu.yml) one node"
             " machine, compose.arm64.yml adds an arm64 node",
         )
     )

@@ -37,6 +37,7 @@ from common.config.run import RunConfig
 from common.config.schema import ConfigError
 from common.data.catalog import NODE_DATASET
 from common.models.model_path import resolve_model_path
+from common.training.catalog import DEVICES
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.app_bundle import stage_app
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
@@ -269,6 +270,9 @@ class LocalFederation:
     data_paths : Sequence[str]
         With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its node
         config's ``data-path``, client id ``node-<i>``) instead of a partition; empty = partitions.
+    devices : Sequence[str]
+        SuperNode ``i`` trains on ``devices[i]`` (its node config's ``device``: ``auto``, ``cpu``, ``cuda``,
+        ``mps``); empty = every node's default (``auto``).
     database : str, optional
         The SuperLink's state: ``None`` (default) a SQLite file of this launch, ``<FLWR_HOME>/state.db``,
         removed at the end; ``"memory"`` Flower's in-memory state (no SQLite, nothing on disk); or a file
@@ -286,6 +290,7 @@ class LocalFederation:
         delays: Sequence[float] = (),
         data_paths: Sequence[str] = (),
         database: str | None = None,
+        devices: Sequence[str] = (),
     ) -> None:
         if secure and simulation:
             raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
@@ -297,6 +302,12 @@ class LocalFederation:
         if data_paths and (simulation or len(data_paths) != len(capacities)):
             raise ValueError("data paths need one entry per SuperNode process (not available in simulation)")
         self.data_paths = [str(Path(p).expanduser().resolve()) for p in data_paths]
+        if devices and (simulation or len(devices) != len(capacities)):
+            raise ValueError("devices need one entry per SuperNode process (not available in simulation)")
+        unknown = sorted(set(devices) - set(DEVICES))
+        if unknown:
+            raise ValueError(f"devices {unknown}: allowed values are {', '.join(DEVICES)}")
+        self.devices = list(devices)
         self.capacities = list(capacities)
         self.database = database
         self.home = home.resolve()
@@ -445,6 +456,8 @@ class LocalFederation:
         config = f"{where} capacity={self.capacities[i]!r}"
         if self.delays and self.delays[i]:
             config += f" bench-delay-s={float(self.delays[i])!r}"
+        if self.devices:
+            config += f" device={json.dumps(self.devices[i])}"
         return config
 
     def start_node(self, i: int, node_config: str | None = None) -> None:
@@ -861,6 +874,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
     )
     parser.add_argument(
+        "--devices",
+        default="",
+        help="comma-separated training device per SuperNode (auto, cpu, cuda, mps), e.g. cuda,cpu,cpu; "
+        "default: auto on every node",
+    )
+    parser.add_argument(
         "--data-paths",
         default="",
         help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as that node\'s own '
@@ -879,6 +898,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if delays and len(delays) != len(args.capacities):
         parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
     data_paths = [v.strip() for v in args.data_paths.split(",") if v.strip()]
+    devices = [v.strip() for v in args.devices.split(",") if v.strip()]
+    if devices and len(devices) != len(args.capacities):
+        parser.error(f"--devices has {len(devices)} entries for {len(args.capacities)} capacities")
+    if set(devices) - set(DEVICES):
+        parser.error(f"--devices {args.devices!r}: allowed values are {', '.join(DEVICES)}")
     if data_paths and len(data_paths) != len(args.capacities):
         parser.error(f"--data-paths has {len(data_paths)} entries for {len(args.capacities)} capacities")
     started = time.monotonic()
@@ -887,7 +911,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
         overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
         federation = LocalFederation(
-            args.capacities, args.results, delays=delays, data_paths=data_paths, database=args.superlink_database
+            args.capacities,
+            args.results,
+            delays=delays,
+            data_paths=data_paths,
+            database=args.superlink_database,
+            devices=devices,
         )
         federation.run_overrides(overrides, args.results)
     except ConfigError as err:

@@ -1,7 +1,10 @@
-# fibos-fl ClientApp executor for NVIDIA GPU nodes (linux/amd64; needs the NVIDIA driver and
-# the NVIDIA Container Toolkit on the host). Flower publishes no GPU image, so this one starts
-# from NVIDIA's CUDA base and installs Python, CUDA torch, Flower and the project.
-#   docker build -f docker/app-cuda.Dockerfile -t fibos-fl/app:cuda .
+# fibos-fl ClientApp executor for NVIDIA GPU nodes on NVIDIA's CUDA base image (linux/amd64; needs the
+# NVIDIA driver and the NVIDIA Container Toolkit on the host): the alternative to the default GPU image,
+# docker/app.Dockerfile with PyPI's CUDA torch, for sites that mirror NVIDIA's registry or need its base.
+# It installs Python, CUDA torch from PyTorch's index of the base's CUDA release, Flower and the project.
+#   docker build -f docker/app-cuda-nvidia.Dockerfile -t fibos-fl/app:cuda .
+#   (docker-compose.yml: FIBOS_CUDA_DOCKERFILE=docker/app-cuda-nvidia.Dockerfile
+#    FIBOS_CUDA_TORCH_INDEX=https://download.pytorch.org/whl/cu130)
 ARG CUDA_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
@@ -32,7 +35,7 @@ RUN apt-get update \
 USER 49999:49999
 WORKDIR /app
 RUN python3 -m venv /python/venv \
-    && python -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" \
+    && python -m pip install --no-cache-dir ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"} \
     "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 
 COPY --chown=app:app pyproject.toml README.md ./
