@@ -6,7 +6,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 # protobuf<7 otherwise makes pip backtrack through grpcio-health-checking releases for a minute.
 PIN := "grpcio-health-checking<1.82"
 
-.PHONY: install text-data demo bench bench-docs test test-docker test-docker-arm64 lint system-deps clean
+.PHONY: install text-data demo bench bench-docs test test-docker test-docker-arm64 test-docker-cuda lint system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ test-docker: $(VENV)/.installed
 test-docker-arm64: $(VENV)/.installed
 	FIBOS_DOCKER_ARM64=1 bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider \
 		tests/test_docker_compose.py -k arm64
+
+# The GPU executor image (fibos-fl/app:cuda, PyPI's CUDA torch: several GB) built and checked without a GPU:
+# a CUDA build of torch, and `fibos check-gpu` in it (a cuda node refuses at discovery). Not part of CI.
+test-docker-cuda: $(VENV)/.installed
+	FIBOS_DOCKER_CUDA=1 bash docker/e2e.sh $(PY) -m pytest -q -ra -s -p no:cacheprovider tests/test_docker_cuda.py
 
 clean:
 	rm -rf results .pytest_cache .ruff_cache .hypothesis

@@ -34,6 +34,8 @@ RUN apt-get update \
     && chown -R app:app /app /credentials /results /state /python
 USER 49999:49999
 WORKDIR /app
+# DL3013: hadolint reads the optional --index-url as a package.
+# hadolint ignore=DL3013
 RUN python3 -m venv /python/venv \
     && python -m pip install --no-cache-dir ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"} \
     "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"

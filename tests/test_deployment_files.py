@@ -77,7 +77,10 @@ def test_every_supernode_is_keyed_registered_and_served(doc: dict) -> None:
         assert any(_arg(s.argv, "--runtime-api-address") == f"{name}:{port}" for s in executors), name
         assert svc.healthcheck is not None
     gpu = doc["services"]["clientapp-gpu"]
-    assert gpu["profiles"] == ["gpu"] and gpu["build"]["dockerfile"] == "docker/app-cuda.Dockerfile"
+    # The GPU image is the CPU image's file with PyPI's CUDA torch; NVIDIA's base stays an option.
+    assert gpu["profiles"] == ["gpu"] and gpu["build"]["dockerfile"] == "docker/app.Dockerfile"
+    assert gpu["build"]["args"]["REQUIRE_CUDA"] == "1" and gpu["build"]["args"]["TORCH_INDEX"] == ""
+    assert (REPO / "docker" / "app-cuda-nvidia.Dockerfile").is_file()
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
 
 
@@ -214,6 +217,11 @@ def test_a_remote_node_holds_its_own_key_and_its_executor_none() -> None:
     assert executor.pop("executor-secret") is True and all(executor.values()), executor  # data read-only, no key
     gpu = yaml.safe_load((REPO / "docker" / "node.gpu.yml").read_text())["services"]
     assert set(gpu) == {"clientapp"} and "volumes" not in gpu["clientapp"]  # the GPU changes no mount
+    # the same image as the one-host stack's GPU executor
+    assert (
+        gpu["clientapp"]["build"]["args"]
+        == yaml.safe_load(COMPOSE.read_text())["services"]["clientapp-gpu"]["build"]["args"]
+    )
 
 
 def test_the_coordinator_issues_no_node_key_and_shares_the_demo_services() -> None:
