@@ -78,7 +78,10 @@ class MetricsLog:
         self.path = path
         self.doc: dict[str, Any] = {"run": run, "rounds": []}
         if keep_until is not None and path.exists():  # resuming: keep the completed rounds
-            self.doc["rounds"] = [r for r in json.loads(path.read_text())["rounds"] if r["round"] <= keep_until]
+            earlier = json.loads(path.read_text())
+            self.doc["rounds"] = [r for r in earlier["rounds"] if r["round"] <= keep_until]
+            if earlier.get("restarts"):  # the launcher's records of how the run came to be resumed
+                self.doc["restarts"] = earlier["restarts"]
 
     def append(self, record: dict[str, Any]) -> None:
         """Add a round record and rewrite the file."""

@@ -105,6 +105,12 @@ def _line(record: dict[str, Any]) -> str:
 
 
 def _round_of(record: dict[str, Any]) -> int:
-    """The record's round number; a record without one sorts after every kept round (so it is dropped)."""
+    """The record's round number; a record without one sorts after every kept round (so it is dropped).
+
+    A launcher's restart record (``{"restart": ...}``) belongs after the round its run resumed from.
+    """
+    restart = record.get("restart")
+    if isinstance(restart, dict) and isinstance(restart.get("resumed_from_round"), int):
+        return restart["resumed_from_round"]
     rnd = record.get("round")
     return rnd if isinstance(rnd, int) else 1 << 62

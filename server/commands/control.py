@@ -37,6 +37,7 @@ from server.commands.launcher import (
     run_federation_command,
     toml_overrides,
 )
+from server.commands.restarts import RestartPolicy
 
 
 def connection_toml(name: str, superlink: str, root_certificates: Path | None) -> str:
@@ -182,28 +183,48 @@ def submit(args: argparse.Namespace) -> int:
     except BundleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    wait_for_control_api(env, args.connection, args.wait, args.superlink)
-    cmd = ["flwr", "run", str(app), args.connection, "--stream"]
-    if overrides:
-        cmd += ["-c", toml_overrides(overrides)]
-    print("$ " + " ".join(cmd), flush=True)
-    log = Path(env["FLWR_HOME"]) / "run.log"
-    try:
-        run_federation_command(
-            cmd, env, log, args.timeout, lambda line: print(line, flush=True), connection=args.connection
-        )
-    except RunTimeout as err:
-        # Stopping `flwr run --stream` only stops following the run: the SuperLink would go on running it.
-        stopped = stop_run(env, args.connection, err.run_id)
-        print(f"error: the run exceeded --timeout {args.timeout:g} s; {stopped}", file=sys.stderr)
-        print(f"(full log: {log})", file=sys.stderr)
-        return 1
-    except (RuntimeError, TimeoutError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        print(log.read_text()[-4000:], file=sys.stderr)
-        return 1
-    print(f"run finished; full log: {log}")
-    return 0
+    policy = RestartPolicy(args.restarts, args.restart_backoff)
+    started, made = time.monotonic(), 0
+    while True:
+        wait_for_control_api(env, args.connection, args.wait, args.superlink)
+        cmd = ["flwr", "run", str(app), args.connection, "--stream"]
+        if overrides:
+            cmd += ["-c", toml_overrides(overrides)]
+        print("$ " + " ".join(cmd), flush=True)
+        log = Path(env["FLWR_HOME"]) / ("run.log" if made == 0 else f"run-{made + 1}.log")
+        left = max(args.timeout - (time.monotonic() - started), 1.0)
+        try:
+            run_federation_command(
+                cmd, env, log, left, lambda line: print(line, flush=True), connection=args.connection
+            )
+        except RunTimeout as err:
+            # Stopping `flwr run --stream` only stops following the run: the SuperLink would go on running it.
+            stopped = stop_run(env, args.connection, err.run_id)
+            print(f"error: the run exceeded --timeout {args.timeout:g} s; {stopped}", file=sys.stderr)
+            print(f"(full log: {log})", file=sys.stderr)
+            return 1
+        except (RuntimeError, TimeoutError) as err:
+            # A resume the ServerApp refuses (no checkpoint yet, a damaged one) says "resume=true: ...": final.
+            final = made >= policy.attempts or (overrides.get("resume") is True and "resume=true:" in str(err))
+            if final:
+                print(f"error: {err}", file=sys.stderr)
+                print(log.read_text()[-4000:], file=sys.stderr)
+                if made:
+                    print(f"(not restarted again: {made} restarts made)", file=sys.stderr)
+                return 1
+            wait = policy.wait_s(made)
+            why = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            print(
+                f"the run failed ({why}); resubmitting it with resume=true in {wait:.0f} s "
+                f"(restart {made + 1} of at most {policy.attempts}; log of this attempt: {log})",
+                flush=True,
+            )
+            time.sleep(wait)
+            overrides = {**overrides, "resume": True}
+            made += 1
+            continue
+        print(f"run finished; full log: {log}")
+        return 0
 
 
 def stop_run(env: dict[str, str], connection: str, run_id: int | None) -> str:
@@ -261,7 +282,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=86_400.0,
         help="seconds the run may take, counted by the clock; then it is stopped on the SuperLink",
     )
+    sm.add_argument(
+        "--restarts",
+        type=int,
+        default=3,
+        help="times a failed run is resubmitted with resume=true (once the Control API answers again, e.g. "
+        "after the SuperLink's restart); 0 = never (default: 3)",
+    )
+    sm.add_argument(
+        "--restart-backoff",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds before the first resubmission; each later one waits twice as long, at most 60 s (default: 5)",
+    )
     args = ap.parse_args(argv)
+    if args.command == "submit" and args.restarts < 0:
+        ap.error(f"--restarts {args.restarts}: give 0 (never) or more")
     return register(args) if args.command == "register" else submit(args)
 
 

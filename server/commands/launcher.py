@@ -41,8 +41,10 @@ from common.training.catalog import DEVICES
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.app_bundle import stage_app
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
+from server.commands.restarts import RestartPolicy, last_recorded_round, record_restart, restart_record
 from server.commands.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.commands.run_status import RUN_STARTED, run_status
+from server.persistence import CHECKPOINT, check_checkpoint
 from server.resume_check import check_resume
 from server.tensorboard_log import check_tensorboard
 
@@ -273,6 +275,10 @@ class LocalFederation:
     devices : Sequence[str]
         SuperNode ``i`` trains on ``devices[i]`` (its node config's ``device``: ``auto``, ``cpu``, ``cuda``,
         ``mps``); empty = every node's default (``auto``).
+    node_restarts : RestartPolicy, optional
+        A SuperNode that exits while this federation is up is started again, with the same node config, as
+        often as this allows (waiting longer each time); a node stopped by :meth:`kill_node` stays down.
+        ``None`` (default): a node that exits stays down.
     database : str, optional
         The SuperLink's state: ``None`` (default) a SQLite file of this launch, ``<FLWR_HOME>/state.db``,
         removed at the end; ``"memory"`` Flower's in-memory state (no SQLite, nothing on disk); or a file
@@ -291,6 +297,7 @@ class LocalFederation:
         data_paths: Sequence[str] = (),
         database: str | None = None,
         devices: Sequence[str] = (),
+        node_restarts: RestartPolicy | None = None,
     ) -> None:
         if secure and simulation:
             raise ValueError("the Simulation Engine runs without TLS or SuperNode authentication")
@@ -308,6 +315,14 @@ class LocalFederation:
         if unknown:
             raise ValueError(f"devices {unknown}: allowed values are {', '.join(DEVICES)}")
         self.devices = list(devices)
+        self.node_restarts = node_restarts
+        #: Per SuperNode: restarts made, and when the next is due (monotonic seconds) while it is down.
+        self.node_restarts_made: dict[int, int] = {}
+        self._node_due: dict[int, float] = {}
+        self._kept_down: set[int] = set()
+        self._node_configs: dict[int, str] = {}
+        self.superlink: subprocess.Popen | None = None
+        self.superlink_starts = 0
         self.capacities = list(capacities)
         self.database = database
         self.home = home.resolve()
@@ -384,7 +399,6 @@ class LocalFederation:
             )
 
     def _start(self) -> None:
-        link_port = free_port()
         if self.secure:
             from common.wire.node_keys import make_node_keys
             from server.commands.credentials import make_ca, make_server_cert
@@ -392,21 +406,33 @@ class LocalFederation:
             make_server_cert(self.certs, *make_ca(self.certs), ["localhost", "127.0.0.1"])
             for i in range(len(self.capacities)):
                 make_node_keys(self.certs, f"node-{i}")
-            transport = [
-                "--ssl-ca-certfile",
-                str(self.certs / "ca.crt"),
-                "--ssl-certfile",
-                str(self.certs / "server.pem"),
-                "--ssl-keyfile",
-                str(self.certs / "server.key"),
-                "--enable-supernode-auth",
-            ]
-        else:
-            transport = ["--insecure"]
+        self._start_superlink(free_port())
+        for i in range(0 if self.simulation else len(self.capacities)):
+            if self.secure and i not in self.unregistered:
+                self.register_node(i)
+            self.start_node(i)
+
+    def _transport(self) -> list[str]:
+        if not self.secure:
+            return ["--insecure"]
+        return [
+            "--ssl-ca-certfile",
+            str(self.certs / "ca.crt"),
+            "--ssl-certfile",
+            str(self.certs / "server.pem"),
+            "--ssl-keyfile",
+            str(self.certs / "server.key"),
+            "--enable-supernode-auth",
+        ]
+
+    def _start_superlink(self, link_port: int) -> None:
+        """Start the SuperLink on ``link_port`` and point this launch's ``flwr`` configuration at it."""
+        self.superlink_starts += 1
+        log_name = "superlink.log" if self.superlink_starts == 1 else f"superlink-{self.superlink_starts}.log"
         superlink = self.group.start(
             [
                 _bin("flower-superlink"),
-                *transport,
+                *self._transport(),
                 "--disable-runtime-dependency-installation",
                 "--host",
                 "127.0.0.1",
@@ -415,9 +441,10 @@ class LocalFederation:
                 *([] if self.database == MEMORY_DATABASE else ["--database", self.database_path]),
                 *(["--simulation"] if self.simulation else []),
             ],
-            self.logs / "superlink.log",
+            self.logs / log_name,
             self.env,
         )
+        self.superlink = superlink
         wait_for_port(link_port, 60, superlink)
         self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
         self.link_port = link_port
@@ -425,10 +452,37 @@ class LocalFederation:
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{trust}\n'
         )
+
+    def restart_superlink(self) -> None:
+        """A fresh SuperLink after the old one died, and every SuperNode started again to dial it.
+
+        The SuperLink's state starts afresh (a new SQLite file of this launch, or memory) unless the launch was
+        given a database file, which is reopened. The nodes are restarted rather than left to find the new
+        SuperLink, whose state no longer knows them.
+        """
+        with self._nodes_lock:
+            nodes = dict(self.nodes)
+            self.nodes.clear()
+            self._node_due.clear()
+        for i, proc in nodes.items():
+            signal_group(proc, signal.SIGKILL)
+            proc.wait(timeout=10)
+            self._stop_node_processes(i, grace=0.0)
+        if self.superlink is not None and self.superlink.poll() is None:
+            signal_group(self.superlink, signal.SIGKILL)
+            self.superlink.wait(timeout=10)
+        # What the old SuperLink started (its ServerApp above all) must not write beside the resumed run.
+        stop_pids(self.serverapp_processes, grace=5.0)
+        if self.database is None:  # this launch's own file: the dead SuperLink's runs are not carried over
+            Path(self.database_path).unlink(missing_ok=True)
+        self._start_superlink(free_port())
+        with self._nodes_lock:
+            self._superlink_reported = False
         for i in range(0 if self.simulation else len(self.capacities)):
             if self.secure and i not in self.unregistered:
                 self.register_node(i)
-            self.start_node(i)
+            if i not in self._kept_down:
+                self.start_node(i)
 
     @property
     def database_path(self) -> str:
@@ -471,6 +525,10 @@ class LocalFederation:
             Its ``--node-config`` (default :meth:`node_config`; a test may give a wrong one).
         """
         config = self.node_config(i) if node_config is None else node_config
+        self._node_configs[i] = config
+        with self._nodes_lock:
+            self._kept_down.discard(i)
+            self._node_due.pop(i, None)
         # Every process of this node, Flower's detached children included, carries this entry: when the
         # node dies they are found and stopped (:meth:`_watch_nodes`).
         marker = f"{self.launch}/node-{i}/{time.monotonic_ns()}"
@@ -512,8 +570,13 @@ class LocalFederation:
         stop_pids(lambda: self.node_processes(i), grace)
 
     def kill_node(self, i: int) -> None:
-        """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too."""
+        """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too.
+
+        The node stays down (no restart under ``node_restarts``) until :meth:`start_node` starts it again, as
+        ``docker compose kill`` leaves a container of a ``restart: unless-stopped`` service down.
+        """
         with self._nodes_lock:
+            self._kept_down.add(i)
             proc = self.nodes.pop(i)
         signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -521,22 +584,40 @@ class LocalFederation:
 
     def _report_dead_superlink(self) -> None:
         """Say once that the SuperLink died, and how to continue (from the watcher, or when a run fails)."""
-        superlink = self.group.procs[0]
+        superlink = self.superlink
         with self._nodes_lock:
-            if self._superlink_reported or superlink.poll() is None:
+            if superlink is None or self._superlink_reported or superlink.poll() is None:
                 return
             self._superlink_reported = True
         self.echo(
-            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on. Its log: "
-            f"{self.logs / 'superlink.log'}. Launch again with -c resume=true to continue from the last "
-            "completed round"
+            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on with it. Its log: "
+            f"{self.logs}/superlink*.log. fibos local starts a fresh one and resumes the run when --restarts "
+            "allows; otherwise launch again with -c resume=true to continue from the last completed round"
         )
 
+    def serverapp_processes(self) -> list[int]:
+        """PIDs of this launch's ServerApp processes still alive (``flwr-serverapp``, started by the SuperLink)."""
+
+        def serverapp(pid: int) -> bool:
+            try:
+                return b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return False
+
+        marker = f"FLWR_HOME={self.flwr_home}".encode()
+        return [pid for pid in pids_with_env(lambda entries: marker in entries) if serverapp(pid)]
+
+    def superlink_dead(self) -> bool:
+        """Whether the SuperLink process has exited."""
+        return self.superlink is not None and self.superlink.poll() is not None
+
     def _watch_nodes(self) -> None:
-        """Background: when a SuperNode process dies, reap it and stop what it spawned.
+        """Background: when a SuperNode process dies, reap it and stop what it spawned; restart it if allowed.
 
         Flower's executor and ClientApp processes exit when their parent's PID disappears, but an unreaped
         SuperNode stays a zombie whose PID exists: without this they would run on until the launch ends.
+        Under ``node_restarts`` the node is started again with its node config after the policy's wait (not
+        while the SuperLink is down: :meth:`restart_superlink` restarts every node).
 
         A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
         """
@@ -550,6 +631,36 @@ class LocalFederation:
                 left = self.node_processes(i)
                 self.echo(f"SuperNode {i} exited (code {proc.returncode}); stopping the {len(left)} processes it left")
                 self._stop_node_processes(i, grace=5.0)
+                self._schedule_node_restart(i)
+            self._restart_due_nodes()
+
+    def _schedule_node_restart(self, i: int) -> None:
+        policy = self.node_restarts
+        with self._nodes_lock:
+            if policy is None or i in self._kept_down:
+                return
+            made = self.node_restarts_made.get(i, 0)
+            if made >= policy.attempts:
+                self.echo(f"SuperNode {i}: {made} restarts made, the most --node-restarts allows; it stays down")
+                return
+            wait = policy.wait_s(made)
+            self._node_due[i] = time.monotonic() + wait
+        self.echo(f"SuperNode {i}: restart {made + 1} of at most {policy.attempts} in {wait:.0f} s")
+
+    def _restart_due_nodes(self) -> None:
+        if self.superlink_dead():
+            return
+        now = time.monotonic()
+        with self._nodes_lock:
+            due = [i for i, at in self._node_due.items() if at <= now and i not in self.nodes]
+            for i in due:
+                del self._node_due[i]
+                self.node_restarts_made[i] = self.node_restarts_made.get(i, 0) + 1
+        for i in due:
+            try:
+                self.start_node(i, self._node_configs.get(i))
+            except OSError as err:  # the launch goes on without it; said once
+                self.echo(f"SuperNode {i} could not be started again: {err}")
 
     def run_overrides(self, run_config: Mapping[str, object], results_dir: Path, app_dir: Path = APP_DIR) -> dict:
         """The validated ``-c`` overrides of a run of this federation writing to ``results_dir``.
@@ -597,7 +708,12 @@ class LocalFederation:
         return overrides
 
     def run(
-        self, run_config: dict[str, object], results_dir: Path, app_dir: Path = APP_DIR, timeout: float = 3600.0
+        self,
+        run_config: dict[str, object],
+        results_dir: Path,
+        app_dir: Path = APP_DIR,
+        timeout: float = 3600.0,
+        lock: bool = True,
     ) -> dict:
         """Submit the app with ``flwr run --stream`` and wait for it; returns the parsed metrics.json.
 
@@ -612,6 +728,8 @@ class LocalFederation:
             The Flower app (folder with pyproject.toml).
         timeout : float
             Seconds the run may take before it is stopped.
+        lock : bool
+            Lock ``results_dir`` for the run (``False``: the caller holds its lock).
         """
         results_dir = results_dir.resolve()
         overrides = self.run_overrides(run_config, results_dir, app_dir)
@@ -630,7 +748,7 @@ class LocalFederation:
         superlink_log = self.logs / "superlink.log"
         logged_before = superlink_log.stat().st_size if superlink_log.exists() else 0
         try:
-            with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
+            with RunFolderLock(results_dir) if lock and results_dir != self.home else nullcontext():
                 try:
                     run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
                 except RuntimeError:
@@ -652,6 +770,76 @@ class LocalFederation:
                 raise RunTimeout(f"{why}\n{err}", err.run_id) from err
             raise RuntimeError(f"{why}\n{err}") from err
         return json.loads(metrics_path.read_text())
+
+    def run_healing(
+        self,
+        run_config: dict[str, object],
+        results_dir: Path,
+        app_dir: Path = APP_DIR,
+        timeout: float = 3600.0,
+        restarts: RestartPolicy | None = None,
+    ) -> dict:
+        """:meth:`run`, and after a failure the same run resumed from its checkpoint, without a person.
+
+        A run that fails (its ServerApp lost, or the SuperLink with it: then a fresh SuperLink and every node
+        are started first, :meth:`restart_superlink`) is resubmitted with ``resume=true`` after the policy's
+        wait, as often as ``restarts`` allows; each restart is recorded (:mod:`server.commands.restarts`). A
+        failure that cannot be resumed (no checkpoint yet, one that fails its checks, a setting the resumed
+        run refuses) and a run past its timeout are not retried: the error says why. ``results_dir`` stays
+        locked between the attempts.
+
+        Parameters
+        ----------
+        run_config, results_dir, app_dir
+            As for :meth:`run`.
+        timeout : float
+            Seconds all attempts together may take.
+        restarts : RestartPolicy, optional
+            Restarts allowed and the waits between them (default :class:`RestartPolicy`; ``attempts=0``: none).
+        """
+        policy = RestartPolicy() if restarts is None else restarts
+        results_dir = results_dir.resolve()
+        started = time.monotonic()
+        config, made = dict(run_config), 0
+        with RunFolderLock(results_dir) if results_dir != self.home else nullcontext():
+            while True:
+                left = timeout - (time.monotonic() - started)
+                try:
+                    return self.run(config, results_dir, app_dir, max(left, 1.0), lock=False)
+                except RunTimeout:
+                    raise
+                except RuntimeError as err:
+                    failed_at = time.time()
+                    if policy.attempts == 0:
+                        raise
+                    if made >= policy.attempts:
+                        gave_up = f"not restarted again: {made} restarts made, the most allowed"
+                        raise RuntimeError(f"{err}\n{gave_up}") from err
+                    config = {**config, "resume": True}
+                    time.sleep(1.0)  # a SuperLink that went down with the run has exited by now
+                    fault = "superlink" if self.superlink_dead() else "serverapp"
+                    try:
+                        self.run_overrides(config, results_dir, app_dir)  # the resume's own checks
+                    except ConfigError as why:
+                        raise RuntimeError(f"{err}\nnot restarted: {why}") from err
+                    resumed_from = check_checkpoint(results_dir / CHECKPOINT)[0]
+                    why = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                    record = restart_record(
+                        made + 1, fault, why, resumed_from, last_recorded_round(results_dir), failed_at
+                    )
+                    wait = policy.wait_s(made)
+                    self.echo(
+                        f"the run failed ({'SuperLink lost' if fault == 'superlink' else 'ServerApp lost'}: {why}); "
+                        f"restart {made + 1} of at most {policy.attempts} in {wait:.0f} s, resuming after round "
+                        f"{resumed_from} ({record['rounds_redone']} round(s) done again)"
+                    )
+                    time.sleep(wait)
+                    if fault == "superlink":
+                        self.restart_superlink()
+                    else:  # a ServerApp the SuperLink gave up on may still be running: it must not write beside
+                        stop_pids(self.serverapp_processes, grace=5.0)
+                    record_restart(results_dir, record)
+                    made += 1
 
 
 def run_local_federation(
@@ -874,6 +1062,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
     )
     parser.add_argument(
+        "--restarts",
+        type=int,
+        default=3,
+        help="times a failed run (its ServerApp or the SuperLink lost) is resumed from its checkpoint without a "
+        "person; 0 = never (default: 3)",
+    )
+    parser.add_argument(
+        "--node-restarts",
+        type=int,
+        default=5,
+        help="times each SuperNode that exits during the launch is started again; 0 = never (default: 5)",
+    )
+    parser.add_argument(
+        "--restart-backoff",
+        type=positive_seconds,
+        default=2.0,
+        help="seconds before a first restart; each later one of the same thing waits twice as long, at most 60 s "
+        "(default: 2)",
+    )
+    parser.add_argument(
         "--devices",
         default="",
         help="comma-separated training device per SuperNode (auto, cpu, cuda, mps), e.g. cuda,cpu,cpu; "
@@ -899,6 +1107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--delays has {len(delays)} entries for {len(args.capacities)} capacities")
     data_paths = [v.strip() for v in args.data_paths.split(",") if v.strip()]
     devices = [v.strip() for v in args.devices.split(",") if v.strip()]
+    for flag, value in (("--restarts", args.restarts), ("--node-restarts", args.node_restarts)):
+        if value < 0:
+            parser.error(f"{flag} {value}: give 0 (never) or more")
     if devices and len(devices) != len(args.capacities):
         parser.error(f"--devices has {len(devices)} entries for {len(args.capacities)} capacities")
     if set(devices) - set(DEVICES):
@@ -917,6 +1128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_paths=data_paths,
             database=args.superlink_database,
             devices=devices,
+            node_restarts=RestartPolicy(args.node_restarts, args.restart_backoff) if args.node_restarts else None,
         )
         federation.run_overrides(overrides, args.results)
     except ConfigError as err:
@@ -925,7 +1137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         with federation:
-            metrics = federation.run(overrides, args.results, timeout=args.timeout)
+            metrics = federation.run_healing(
+                overrides,
+                args.results,
+                timeout=args.timeout,
+                restarts=RestartPolicy(args.restarts, args.restart_backoff),
+            )
     except KeyboardInterrupt:
         print("interrupted; every process was stopped", file=sys.stderr)
         return 130
