@@ -263,3 +263,46 @@ def test_control_submit_resubmits_a_failed_run_with_resume_until_the_resume_is_r
     assert "not restarted again: 1 restarts made" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         control.main([*argv[:-1], "-1"])
+
+
+@pytest.mark.federation
+def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path: Path) -> None:
+    """The SuperLink's SQLite database held locked for 12 s (past Flower's 5 s busy timeout), then a SuperNode
+    stopped (SIGSTOP) past Flower's heartbeat expiry and continued: the run ends, every round recorded."""
+    import sqlite3
+
+    lines: list[str] = []
+    policy = RestartPolicy(attempts=3, backoff_s=0.5)
+    config = {"num-rounds": 6, "eval-every": 0, "local-epochs": 1, "round-timeout": 30.0}
+    with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
+        out = tmp_path / "run"
+        result: dict = {}
+        failure: list[BaseException] = []
+
+        def healing() -> None:
+            try:
+                result.update(fed.run_healing(config, out, timeout=1500, restarts=policy))
+            except BaseException as err:
+                failure.append(err)
+
+        thread = threading.Thread(target=healing)
+        thread.start()
+        wait_for_round(out, 2)
+        db = sqlite3.connect(fed.database_path, timeout=30, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        time.sleep(12.0)
+        db.execute("COMMIT")
+        db.close()
+        wait_for_round(out, 4, timeout=600)
+        node = fed.nodes[1]
+        os.kill(node.pid, signal.SIGSTOP)
+        time.sleep(75.0)  # past Flower's heartbeat expiry (the SuperLink then treats the node as gone)
+        os.kill(node.pid, signal.SIGCONT)
+        thread.join(timeout=1500)
+        assert not thread.is_alive() and not failure, (failure, lines[-20:])
+
+    assert [r["round"] for r in result["rounds"]] == list(range(config["num-rounds"] + 1))
+    assert len(result.get("restarts", [])) <= 1, result.get("restarts")
+    last = [c for c in result["rounds"][-1]["clients"] if c["status"] == "ok"]
+    assert {c["capacity"] for c in last} == {1.0, 0.25}, "both nodes train again by the last round"
+    print(f"restarts: {result.get('restarts', [])}; node restarts: {fed.node_restarts_made}")
