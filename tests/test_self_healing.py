@@ -99,7 +99,26 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
     ]
     assert doc["restarts"][0]["why"] == "the run failed: the ServerApp was lost"
 
+    # a database locked past Flower's busy timeout: the SuperLink is replaced, not resubmitted to
+    from server.commands.launcher import SuperLinkDatabaseError
+
+    replaced: list[bool] = []
+    monkeypatch.setattr(fed, "restart_superlink", lambda: replaced.append(True))
+    outcomes = [SuperLinkDatabaseError("the SuperLink's database x was locked"), None]
+
+    def locked_once(config, results_dir, app_dir, timeout, lock=True):
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+        return {"rounds": []}
+
+    monkeypatch.setattr(fed, "run", locked_once)
+    assert fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=2)) == {"rounds": []}
+    assert replaced == [True]
+    assert json.loads((out / "metrics.json").read_text())["restarts"][-1]["fault"] == "superlink"
+
     # attempts=0: the first failure is final, as it was
+    monkeypatch.setattr(fed, "run", failing_run)
     calls.clear()
     with pytest.raises(RuntimeError, match="the ServerApp was lost") as err:
         fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=0))

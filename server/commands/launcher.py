@@ -333,6 +333,7 @@ class LocalFederation:
         # Set when entering: this launch's name, log folder, Flower state and environment.
         self.launch = ""
         self.logs = self.home / "logs"
+        self.superlink_log = self.logs / "superlink.log"  # the current SuperLink's log, once one is started
         self.flwr_home = self.home / ".flwr"
         self.env: dict[str, str] = {}
         self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")  # no process has it: launches get their own
@@ -444,7 +445,7 @@ class LocalFederation:
             self.logs / log_name,
             self.env,
         )
-        self.superlink = superlink
+        self.superlink, self.superlink_log = superlink, self.logs / log_name
         wait_for_port(link_port, 60, superlink)
         self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
         self.link_port = link_port
@@ -745,7 +746,7 @@ class LocalFederation:
         cmd.append(toml_overrides(overrides))
         self.echo("$ " + shlex.join(cmd))
         log = self.logs / ("serverapp.log" if self.runs == 1 else f"serverapp-{self.runs}.log")
-        superlink_log = self.logs / "superlink.log"
+        superlink_log = self.superlink_log
         logged_before = superlink_log.stat().st_size if superlink_log.exists() else 0
         try:
             with RunFolderLock(results_dir) if lock and results_dir != self.home else nullcontext():
@@ -768,7 +769,7 @@ class LocalFederation:
                 raise
             if isinstance(err, RunTimeout):
                 raise RunTimeout(f"{why}\n{err}", err.run_id) from err
-            raise RuntimeError(f"{why}\n{err}") from err
+            raise SuperLinkDatabaseError(f"{why}\n{err}") from err
         return json.loads(metrics_path.read_text())
 
     def run_healing(
@@ -817,7 +818,8 @@ class LocalFederation:
                         raise RuntimeError(f"{err}\n{gave_up}") from err
                     config = {**config, "resume": True}
                     time.sleep(1.0)  # a SuperLink that went down with the run has exited by now
-                    fault = "superlink" if self.superlink_dead() else "serverapp"
+                    replace_link = self.superlink_dead() or isinstance(err, SuperLinkDatabaseError)
+                    fault = "superlink" if replace_link else "serverapp"
                     try:
                         self.run_overrides(config, results_dir, app_dir)  # the resume's own checks
                     except ConfigError as why:
@@ -908,6 +910,14 @@ class Deadline(threading.Timer):
             self.proc.wait(timeout=self.grace)
         except subprocess.TimeoutExpired:
             signal_group(self.proc, signal.SIGKILL)
+
+
+class SuperLinkDatabaseError(RuntimeError):
+    """A run failed because the SuperLink's SQLite database stayed locked past Flower's busy timeout.
+
+    The SuperLink may outlive it in a state that starts no further run (its scheduler's write failed too), so a
+    restart replaces it rather than resubmitting to it.
+    """
 
 
 class RunTimeout(TimeoutError):
