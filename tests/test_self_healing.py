@@ -292,7 +292,8 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
 
     lines: list[str] = []
     policy = RestartPolicy(attempts=3, backoff_s=0.5)
-    config = {"num-rounds": 6, "eval-every": 0, "local-epochs": 1, "round-timeout": 30.0}
+    # 14 rounds: a round waits at most 20 s for the stopped node, so rounds remain after it continues
+    config = {"num-rounds": 14, "eval-every": 0, "local-epochs": 1, "round-timeout": 20.0}
     with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
         out = tmp_path / "run"
         result: dict = {}
@@ -317,11 +318,12 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
         os.kill(node.pid, signal.SIGSTOP)
         time.sleep(75.0)  # past Flower's heartbeat expiry (the SuperLink then treats the node as gone)
         os.kill(node.pid, signal.SIGCONT)
+        continued = time.time()
         thread.join(timeout=1500)
         assert not thread.is_alive() and not failure, (failure, lines[-20:])
 
     assert [r["round"] for r in result["rounds"]] == list(range(config["num-rounds"] + 1))
     assert len(result.get("restarts", [])) <= 1, result.get("restarts")
-    last = [c for c in result["rounds"][-1]["clients"] if c["status"] == "ok"]
-    assert {c["capacity"] for c in last} == {1.0, 0.25}, "both nodes train again by the last round"
+    after = [c for r in result["rounds"] if r["time"] > continued for c in r["clients"] if c["status"] == "ok"]
+    assert any(c["capacity"] == 0.25 for c in after), "the stopped node never trained again after it continued"
     print(f"restarts: {result.get('restarts', [])}; node restarts: {fed.node_restarts_made}")
