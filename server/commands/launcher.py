@@ -475,7 +475,8 @@ class LocalFederation:
         # What the old SuperLink started (its ServerApp above all) must not write beside the resumed run.
         stop_pids(self.serverapp_processes, grace=5.0)
         if self.database is None:  # this launch's own file: the dead SuperLink's runs are not carried over
-            Path(self.database_path).unlink(missing_ok=True)
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(self.database_path + suffix).unlink(missing_ok=True)
         self._start_superlink(free_port())
         with self._nodes_lock:
             self._superlink_reported = False
