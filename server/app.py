@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from logging import INFO
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from common.config.parse import parse_run_config
 from common.training.device import pick_device
 from server.federation import build_federation
 from server.persistence import CHECKPOINT, MetricsLog, atomic_write, load_checkpoint, save_checkpoint, save_model
+from server.restart_log import last_recorded_round, note_resume
 from server.resume_check import check_resume
 from server.round_log import ROUNDS_JSONL, RoundLog
 from server.tensorboard_log import TENSORBOARD_DIR, TensorBoardLog, check_tensorboard
@@ -49,6 +51,9 @@ def main(grid: Grid, context: Context) -> None:
         keep_until=done,
     )
     rounds = RoundLog(results / ROUNDS_JSONL, keep_until=done)  # one line per round, for `tail -f`
+    if done is not None:  # how the run came to be resumed: the launcher's record stamped, or one of its own
+        restart = note_resume(metrics.doc.setdefault("restarts", []), done, last_recorded_round(results), time.time())
+        rounds.note_restart(restart)
     tensorboard = TensorBoardLog(results / TENSORBOARD_DIR, resume_after=done) if cfg.tensorboard else None
 
     def after_round(record: dict) -> None:

@@ -63,11 +63,24 @@ class RoundLog:
     def __init__(self, path: Path, keep_until: int | None = None) -> None:
         self.path = path
         self.keep_until = keep_until
-        #: Lines the first append writes before its own (a resume's kept rounds); ``None`` once written.
-        self._pending: list[str] | None = None
+        #: Records the first append writes before its own (a resume's kept rounds); ``None`` once written.
+        self._pending: list[dict[str, Any]] | None = None
         if keep_until is not None:
-            self._pending = [_line(r) for r in read_rounds(path) if _round_of(r) <= keep_until]
+            self._pending = [r for r in read_rounds(path) if _round_of(r) <= keep_until]
         self._started = False
+
+    def note_restart(self, record: dict[str, Any]) -> None:
+        """Keep ``{"restart": record}`` among a resumed run's kept lines, in place of the line of the same
+        ``attempt`` (the launcher's, now stamped by the ServerApp) or after the kept rounds; written with them
+        on the first :meth:`append`.
+        """
+        if self._pending is None:
+            raise RuntimeError("a restart is noted only by a resumed run, before its first round is appended")
+        for i, kept in enumerate(self._pending):
+            if isinstance(kept.get("restart"), dict) and kept["restart"].get("attempt") == record["attempt"]:
+                self._pending[i] = {"restart": record}
+                return
+        self._pending.append({"restart": record})
 
     def append(self, record: dict[str, Any]) -> None:
         """Write ``record`` as one line at the end of the file and flush it to disk (``fsync``).
@@ -89,7 +102,7 @@ class RoundLog:
         """Begin the file: atomically rewritten with the kept rounds (resume), or emptied (fresh run)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self._pending is not None:
-            atomic_write(self.path, "".join(self._pending).encode())
+            atomic_write(self.path, "".join(_line(r) for r in self._pending).encode())
             self._pending = None
         else:
             with open(self.path, "w", encoding="utf-8") as f:

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from server.commands.launcher import LocalFederation, main
-from server.commands.restarts import RestartPolicy, last_recorded_round, record_restart, restart_record
+from server.commands.restarts import RestartPolicy, record_restart
 from server.persistence import CHECKPOINT, MetricsLog, check_checkpoint
+from server.restart_log import RESUBMITTED, last_recorded_round, note_resume, restart_record
 from server.round_log import ROUNDS_JSONL, RoundLog, read_rounds
 from tests.federation_progress import wait_for_round
 
@@ -327,3 +328,32 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
     after = [c for r in result["rounds"] if r["time"] > continued for c in r["clients"] if c["status"] == "ok"]
     assert any(c["capacity"] == 0.25 for c in after), "the stopped node never trained again after it continued"
     print(f"restarts: {result.get('restarts', [])}; node restarts: {fed.node_restarts_made}")
+
+
+def test_the_resumed_serverapp_stamps_the_launchers_record_or_writes_its_own(tmp_path: Path) -> None:
+    launcher_record = restart_record(1, "superlink", "the run failed: lost", 3, 4, 1_800_000_000.0)
+    restarts = [launcher_record]
+    stamped = note_resume(restarts, 3, 4, 1_800_000_030.0)
+    assert stamped is launcher_record and restarts == [launcher_record]
+    assert stamped["resumed_at"].startswith("2027-01-15T08:00:30")
+    # a second resume from the same round that no launcher recorded (an operator's resume=true): a record of its own
+    own = note_resume(restarts, 3, 5, 1_800_000_100.0)
+    assert own["attempt"] == 2 and own["fault"] == "unknown" and own["why"] == RESUBMITTED
+    assert own["failed_at"] is None and own["rounds_redone"] == 3 and len(restarts) == 2
+
+    # in rounds.jsonl, the stamped record replaces the launcher's line; one of its own is added after the rounds
+    path = tmp_path / ROUNDS_JSONL
+    log = RoundLog(path)
+    for rnd in range(5):
+        log.append({"round": rnd})
+    record_restart_line = {"restart": restart_record(1, "superlink", "lost", 3, 4, 1_800_000_000.0)}
+    with open(path, "a") as f:
+        f.write(json.dumps(record_restart_line) + "\n")
+    resumed = RoundLog(path, keep_until=3)
+    resumed.note_restart(stamped)
+    resumed.note_restart(own)
+    resumed.append({"round": 4})
+    assert [r.get("round", r.get("restart", {}).get("attempt")) for r in read_rounds(path)] == [0, 1, 2, 3, 1, 2, 4]
+    assert read_rounds(path)[4]["restart"]["resumed_at"] == stamped["resumed_at"]
+    with pytest.raises(RuntimeError, match="resumed run"):
+        RoundLog(path).note_restart(own)

@@ -41,10 +41,11 @@ from common.training.catalog import DEVICES
 from server.benchmarks.report import summary_table, write_accuracy_plot
 from server.commands.app_bundle import stage_app
 from server.commands.process_group import ProcessGroup, pids_with_env, signal_group, stop_pids
-from server.commands.restarts import RestartPolicy, last_recorded_round, record_restart, restart_record
+from server.commands.restarts import RestartPolicy, record_restart
 from server.commands.run_folder import RunFolderBusy, RunFolderLock, launch_id, new_log_folder
 from server.commands.run_status import RUN_STARTED, run_status
 from server.persistence import CHECKPOINT, check_checkpoint
+from server.restart_log import last_recorded_round, restart_record
 from server.resume_check import check_resume
 from server.tensorboard_log import check_tensorboard
 

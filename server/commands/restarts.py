@@ -4,7 +4,8 @@ A failed run whose results folder holds a checkpoint is resubmitted with ``resum
 when the SuperLink died); a SuperNode that exits while the run is live is started again. Both are bounded
 (:class:`RestartPolicy`) and wait longer after each try. Each run restart is recorded where the run's other
 records are: a ``restarts`` list in ``metrics.json`` and one ``{"restart": ...}`` line in ``rounds.jsonl``, so a
-reader of either sees when the run was interrupted, why, and which rounds were done again.
+reader of either sees when the run was interrupted, why, and which rounds were done again
+(:mod:`server.restart_log` makes the records; the resumed ServerApp stamps them with when it resumed).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from server.persistence import atomic_write
-from server.round_log import ROUNDS_JSONL, read_rounds
+from server.round_log import ROUNDS_JSONL
 
 METRICS = "metrics.json"
 
@@ -49,43 +49,6 @@ class RestartPolicy:
     def wait_s(self, done: int) -> float:
         """Seconds to wait before restart number ``done + 1`` (``done`` restarts already made)."""
         return min(self.max_backoff_s, self.backoff_s * 2.0**done)
-
-
-def last_recorded_round(results_dir: Path) -> int:
-    """The last round ``rounds.jsonl`` in ``results_dir`` records as finished (0 when none)."""
-    rounds = [r["round"] for r in read_rounds(results_dir / ROUNDS_JSONL) if isinstance(r.get("round"), int)]
-    return max(rounds, default=0)
-
-
-def restart_record(
-    attempt: int, fault: str, why: str, resumed_from: int, last_finished: int, failed_at: float
-) -> dict[str, Any]:
-    """One run restart, as ``metrics.json`` and ``rounds.jsonl`` keep it.
-
-    Parameters
-    ----------
-    attempt : int
-        Its number in the run (1 for the first restart).
-    fault : {"serverapp", "superlink"}
-        What died: the run alone, or the SuperLink with it (then restarted too).
-    why : str
-        The failure as the launcher saw it (its first line).
-    resumed_from : int
-        The checkpoint's round: the resumed run starts with the round after it.
-    last_finished : int
-        The last round recorded as finished before the failure; rounds after ``resumed_from`` up to it, and the
-        round that was in flight, are done again.
-    failed_at : float
-        When the launcher saw the failure (Unix seconds).
-    """
-    return {
-        "attempt": attempt,
-        "fault": fault,
-        "why": why,
-        "failed_at": datetime.fromtimestamp(failed_at, UTC).isoformat(timespec="milliseconds"),
-        "resumed_from_round": resumed_from,
-        "rounds_redone": max(0, last_finished - resumed_from) + 1,
-    }
 
 
 def record_restart(results_dir: Path, record: dict[str, Any]) -> None:
