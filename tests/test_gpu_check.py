@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from server.commands import gpu_check
-from server.commands.gpu_check import Check, Devices, relative_distance, topk_overlap
+from client import gpu_check
+from client.gpu_check import Check, Devices, relative_distance, topk_overlap
 
 CPU = Devices(torch.device("cpu"), torch.device("cpu"))
 

@@ -69,7 +69,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Check (or --write) the docs generated from the code: config, methods, layout",
     ),
     "check-gpu": (
-        "server.commands.gpu_check",
+        "client.gpu_check",
         "The client paths on a CUDA GPU against the CPU (training, Fisher, LoRA, probe, a federation); a report",
     ),
     "credentials": ("server.commands.credentials", "Make a CA, the SuperLink certificate and SuperNode key pairs"),

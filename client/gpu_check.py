@@ -185,6 +185,36 @@ def discovery(devices: Devices) -> Check:
     return Check("discovery", "pass" if ok else "fail", detail, [row])
 
 
+def in_channels(train: Any) -> int:
+    """Input channels of a local split's examples (images: ``(n, c, h, w)``; token ids: 1)."""
+    return int(train.x.shape[1]) if train.x.ndim == 4 else 1
+
+
+def initial_model(run: Any, method: Any, train: Any) -> tuple[NDArray[np.float32], Any]:
+    """The run's initial global model, flat, and its layout: the server's, rebuilt from the same seed."""
+    from common.models.architectures import build_run_model, model_layout, trainable_arrays
+
+    model = method.federated_model(build_run_model(run, train.num_classes, in_channels(train)))
+    layout = model_layout(model)
+    return layout.flatten(trainable_arrays(model)), layout
+
+
+def settings(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["dataset=ag_news", "text-length=12"]`` -> run-config settings (each value read as TOML, else a string)."""
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--text-config {pair!r}: expected key=value, e.g. -t dataset=ag_news")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 @dataclass(frozen=True)
 class RoundOutcome:
     """One client round on one device: its update, mean loss, examples and seconds, peak GPU MiB."""
@@ -207,16 +237,15 @@ def client_round(run: Any, gamma: float, device: torch.device) -> RoundOutcome:
     from common.methods.base import Received
     from common.training.loop import round_train_config
     from common.wire import protocol as P
-    from server.federation import global_model
 
     method = create_method(run)
-    x0, layout, _ = global_model(run, method, "cpu")
+    node = _node(run, gamma, device.type)
+    data = load_local_data(run, node)
+    x0, layout = initial_model(run, method, data.train)
     method.start_server(layout)
     mask, _ = method.mask_for(None, 1, gamma, x0)
     download = method.encode(x0, mask)
     got = Received(download.records, download.kind, download.digest, layout.size, 1)
-    node = _node(run, gamma, device.type)
-    data = load_local_data(run, node)
     torch.manual_seed(run.seed)
     with gpu_peak(device) as peak:
         start = time.perf_counter()
@@ -267,18 +296,17 @@ def compare_fisher(name: str, run: Any, devices: Devices, examples: int, shares:
     from client.local_data import load_local_data
     from common.fisher.estimation import per_example_fisher
     from common.methods import create_method
-    from server.federation import global_model
 
     method = create_method(run)
-    x0, layout, _ = global_model(run, method, "cpu")
     data = load_local_data(run, _node(run, 1.0, "cpu")).train
+    x0, layout = initial_model(run, method, data)
     indices = np.arange(min(examples, len(data)), dtype=np.int64)
     mask = np.ones(layout.size, dtype=bool)
 
     def estimate(device: torch.device, vectorise: bool) -> tuple[NDArray[np.float32], float, float | None]:
         from common.models.architectures import build_run_model
 
-        model = build_run_model(run, data.num_classes, int(data.x.shape[1]) if data.x.ndim == 4 else 1)
+        model = build_run_model(run, data.num_classes, in_channels(data))
         with gpu_peak(device) as peak:
             start = time.perf_counter()
             fisher = per_example_fisher(model, layout, x0, mask, data, indices, None, device, vectorise=vectorise)
@@ -545,15 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fisher-examples", type=int, default=32, help="examples of the per-example Fisher check")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the federation check")
     args = ap.parse_args(argv)
-    from server.commands.launcher import parse_overrides
-
     os.environ.setdefault("FIBOS_CACHE_DIR", str(Path(tempfile.gettempdir()) / "fibos-fl-gpu-check"))
     try:
         checks = run_checks(
             args.out,
             args.device,
             args.text_model,
-            parse_overrides(args.text_config),
+            settings(args.text_config),
             not args.no_federation,
             args.fisher_examples,
             args.rounds,
