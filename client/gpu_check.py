@@ -185,34 +185,13 @@ def discovery(devices: Devices) -> Check:
     return Check("discovery", "pass" if ok else "fail", detail, [row])
 
 
-def in_channels(train: Any) -> int:
-    """Input channels of a local split's examples (images: ``(n, c, h, w)``; token ids: 1)."""
-    return int(train.x.shape[1]) if train.x.ndim == 4 else 1
-
-
 def initial_model(run: Any, method: Any, train: Any) -> tuple[NDArray[np.float32], Any]:
     """The run's initial global model, flat, and its layout: the server's, rebuilt from the same seed."""
     from common.models.architectures import build_run_model, model_layout, trainable_arrays
 
-    model = method.federated_model(build_run_model(run, train.num_classes, in_channels(train)))
+    model = method.federated_model(build_run_model(run, train.num_classes, train.in_channels))
     layout = model_layout(model)
     return layout.flatten(trainable_arrays(model)), layout
-
-
-def settings(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["dataset=ag_news", "text-length=12"]`` -> run-config settings (each value read as TOML, else a string)."""
-    import tomllib
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--text-config {pair!r}: expected key=value, e.g. -t dataset=ag_news")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
-    return out
 
 
 @dataclass(frozen=True)
@@ -306,7 +285,7 @@ def compare_fisher(name: str, run: Any, devices: Devices, examples: int, shares:
     def estimate(device: torch.device, vectorise: bool) -> tuple[NDArray[np.float32], float, float | None]:
         from common.models.architectures import build_run_model
 
-        model = build_run_model(run, data.num_classes, in_channels(data))
+        model = build_run_model(run, data.num_classes, data.in_channels)
         with gpu_peak(device) as peak:
             start = time.perf_counter()
             fisher = per_example_fisher(model, layout, x0, mask, data, indices, None, device, vectorise=vectorise)
@@ -573,13 +552,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fisher-examples", type=int, default=32, help="examples of the per-example Fisher check")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the federation check")
     args = ap.parse_args(argv)
+    from common.config.overrides import parse_overrides
+
     os.environ.setdefault("FIBOS_CACHE_DIR", str(Path(tempfile.gettempdir()) / "fibos-fl-gpu-check"))
     try:
         checks = run_checks(
             args.out,
             args.device,
             args.text_model,
-            settings(args.text_config),
+            parse_overrides(args.text_config),
             not args.no_federation,
             args.fisher_examples,
             args.rounds,

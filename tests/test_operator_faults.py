@@ -10,35 +10,17 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from server.commands.launcher import LocalFederation
-from server.persistence import CHECKPOINT, check_checkpoint
-from tests.federation_progress import wait_for_round
+from tests.federation_progress import checkpointed_round, wait_for_round, wait_until
 
 pytestmark = pytest.mark.federation
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"eval-every": 0, "local-epochs": 1}
-
-
-def _wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
-
-
-def _checkpointed_round(results: Path) -> int:
-    try:
-        return check_checkpoint(results / CHECKPOINT)[0]
-    except (OSError, ValueError):
-        return 0
 
 
 def test_misconfigured_node_says_why_and_a_killed_node_leaves_no_children(tmp_path):
@@ -55,10 +37,10 @@ def test_misconfigured_node_says_why_and_a_killed_node_leaves_no_children(tmp_pa
 
         # Killed from outside (a crash, the OOM killer) while its flwr-clientapp works on a TRAIN message:
         # Flower's detached children (executor, ClientApp) would run on; they are stopped within seconds.
-        assert _wait_until(lambda: "Receiving: train message" in (fed.logs / "supernode-1.log").read_text(), 300)
-        assert _wait_until(lambda: len(fed.node_processes(1)) >= 3, 60), fed.node_processes(1)
+        assert wait_until(lambda: "Receiving: train message" in (fed.logs / "supernode-1.log").read_text(), 300)
+        assert wait_until(lambda: len(fed.node_processes(1)) >= 3, 60), fed.node_processes(1)
         os.kill(fed.nodes[1].pid, signal.SIGKILL)
-        assert _wait_until(lambda: fed.node_processes(1) == [], 15), fed.node_processes(1)
+        assert wait_until(lambda: fed.node_processes(1) == [], 15), fed.node_processes(1)
         assert any(line.startswith("SuperNode 1 exited (code -9)") for line in lines), lines
         assert fed.node_processes(0), "the other nodes are left alone"
         thread.join(timeout=600)
@@ -131,7 +113,7 @@ def test_superlink_crash_then_resume_keeps_every_launchs_logs(tmp_path):
         thread.start()
         wait_for_round(tmp_path, 1)
         # A resume refuses a folder without a checkpoint: kill once round 1's (written after metrics.json) is there.
-        assert _wait_until(lambda: _checkpointed_round(tmp_path) >= 1, 60)
+        assert wait_until(lambda: checkpointed_round(tmp_path) >= 1, 60)
         os.kill(fed.group.procs[0].pid, signal.SIGKILL)
         thread.join(timeout=120)
         assert not thread.is_alive() and failure, "the run must fail with its SuperLink"

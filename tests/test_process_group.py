@@ -6,13 +6,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from server.commands.process_group import RELEASE, ProcessGroup, guard, pids_with_env, stop_pids
+from tests.federation_progress import wait_until
 
 pytestmark = pytest.mark.federation
 
@@ -36,15 +36,6 @@ group.start([sys.executable, "-c", sys.argv[4]], folder / "child.log", env)
 print("started", flush=True)
 time.sleep(600)
 """
-
-
-def _wait_until(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 @pytest.fixture
@@ -81,10 +72,10 @@ def test_a_sigkilled_launchers_processes_are_stopped_by_its_guard(tmp_path: Path
     )
     try:
         assert launcher.stdout.readline().strip() == "started"
-        assert _wait_until(lambda: len(_carrying(marker)) == 3, 30), _carrying(marker)  # daemon, its child, child
+        assert wait_until(lambda: len(_carrying(marker)) == 3, 30), _carrying(marker)  # daemon, its child, child
         launcher.kill()
         launcher.wait()
-        assert _wait_until(lambda: _carrying(marker) == [], 20), f"still running: {_carrying(marker)}"
+        assert wait_until(lambda: _carrying(marker) == [], 20), f"still running: {_carrying(marker)}"
     finally:
         launcher.kill()
         launcher.wait()
@@ -136,11 +127,11 @@ def test_a_sigkilled_fibos_local_leaves_no_federation_running(tmp_path: Path) ->
 
     try:
         # Killed once Flower's detached children work too: the ServerApp, and a ClientApp on a node.
-        assert _wait_until(lambda: running(b"flwr-serverapp") and running(b"flwr-clientapp"), 300), federation()
+        assert wait_until(lambda: running(b"flwr-serverapp") and running(b"flwr-clientapp"), 300), federation()
         assert len(federation()) >= 6, federation()  # and the SuperLink, two SuperNodes, flwr run
         launch.kill()
         launch.wait()
-        assert _wait_until(lambda: federation() == [], 30), f"still running: {federation()}"
+        assert wait_until(lambda: federation() == [], 30), f"still running: {federation()}"
     finally:
         launch.kill()
         launch.wait()

@@ -20,20 +20,6 @@ pytestmark = pytest.mark.federation
 CONFIG = {"num-rounds": 4, "eval-every": 0, "local-epochs": 1}
 
 
-def _serverapp_pids(flwr_home: Path) -> list[int]:
-    marker = f"FLWR_HOME={flwr_home}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if b"flwr-serverapp" in (entry / "cmdline").read_bytes() and marker in (entry / "environ").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 def _checkpointed_round(out: Path) -> int:
     try:
         return load_checkpoint(out / CHECKPOINT)[0]
@@ -60,7 +46,7 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
         deadline = time.monotonic() + 120
         while _checkpointed_round(out) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        pids = _serverapp_pids(fed.flwr_home)
+        pids = fed.serverapp_processes()
         assert pids, "no ServerApp process to kill"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)

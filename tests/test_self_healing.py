@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -19,10 +20,10 @@ import torch
 
 from server.commands.launcher import LocalFederation, main
 from server.commands.restarts import RestartPolicy, record_restart
-from server.persistence import CHECKPOINT, MetricsLog, check_checkpoint
+from server.persistence import MetricsLog
 from server.restart_log import RESUBMITTED, last_recorded_round, note_resume, restart_record
 from server.round_log import ROUNDS_JSONL, RoundLog, read_rounds
-from tests.federation_progress import wait_for_round
+from tests.federation_progress import checkpointed_round, wait_for_round, wait_until
 
 
 def test_restart_waits_double_up_to_the_most() -> None:
@@ -143,19 +144,29 @@ def recovery_seconds(metrics: dict) -> list[float]:
     return out
 
 
-def _checkpointed(out: Path) -> int:
-    try:
-        return check_checkpoint(out / CHECKPOINT)[0]
-    except (OSError, ValueError):
-        return 0
+@dataclass
+class HealingRun:
+    """:meth:`LocalFederation.run_healing` in a thread: its metrics once it ends, or what it raised."""
+
+    thread: threading.Thread
+    result: dict
+    failure: list[BaseException]
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(what)
-        time.sleep(0.05)
+def heal_in_background(fed: LocalFederation, config: dict, out: Path, policy: RestartPolicy) -> HealingRun:
+    """Start ``fed.run_healing(config, out)`` in a thread, for a test to inject faults meanwhile."""
+    result: dict = {}
+    failure: list[BaseException] = []
+
+    def healing() -> None:
+        try:
+            result.update(fed.run_healing(config, out, timeout=1500, restarts=policy))
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=healing)
+    thread.start()
+    return HealingRun(thread, result, failure)
 
 
 @pytest.mark.federation
@@ -167,27 +178,18 @@ def test_a_run_heals_from_a_lost_serverapp_and_a_lost_superlink_to_the_same_mode
     with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
         reference = fed.run(config, tmp_path / "reference", timeout=900)
         out = tmp_path / "healed"
-        result: dict = {}
-        failure: list[BaseException] = []
-
-        def healing() -> None:
-            try:
-                result.update(fed.run_healing(config, out, timeout=1500, restarts=policy))
-            except BaseException as err:
-                failure.append(err)
-
-        thread = threading.Thread(target=healing)
-        thread.start()
+        healing = heal_in_background(fed, config, out, policy)
+        result, failure, thread = healing.result, healing.failure, healing.thread
         wait_for_round(out, 2)
-        _wait(lambda: _checkpointed(out) >= 2, 120, "no checkpoint of round 2")
+        assert wait_until(lambda: checkpointed_round(out) >= 2, 120), "no checkpoint of round 2"
         pids = fed.serverapp_processes()
         assert pids, "no ServerApp process to kill"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         # the resumed run goes on past round 5; then the SuperLink dies in round 6
-        _wait(lambda: len(_restarts(out)) == 1 or failure, 300, "the run never resumed")
+        assert wait_until(lambda: len(_restarts(out)) == 1 or failure, 300), "the run never resumed"
         wait_for_round(out, 5)
-        _wait(lambda: _checkpointed(out) >= 5, 120, "no checkpoint of round 5")
+        assert wait_until(lambda: checkpointed_round(out) >= 5, 120), "no checkpoint of round 5"
         assert fed.superlink is not None
         os.kill(fed.superlink.pid, signal.SIGKILL)
         thread.join(timeout=1500)
@@ -225,7 +227,9 @@ def test_a_supernode_killed_twice_comes_back_and_one_stopped_on_purpose_stays_do
             wait_for_round(out, rnd)
             os.kill(fed.nodes[1].pid, signal.SIGKILL)
             made = rnd // 2
-            _wait(lambda m=made: fed.node_restarts_made.get(1, 0) >= m, 60, f"node 1 not restarted after round {rnd}")
+            assert wait_until(lambda m=made: fed.node_restarts_made.get(1, 0) >= m, 60), (
+                f"node 1 not restarted after round {rnd}"
+            )
         thread.join(timeout=900)
         assert result, "the run did not finish"
         assert fed.node_restarts_made == {1: 2}
@@ -297,17 +301,8 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
     config = {"num-rounds": 14, "eval-every": 0, "local-epochs": 1, "round-timeout": 20.0}
     with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
         out = tmp_path / "run"
-        result: dict = {}
-        failure: list[BaseException] = []
-
-        def healing() -> None:
-            try:
-                result.update(fed.run_healing(config, out, timeout=1500, restarts=policy))
-            except BaseException as err:
-                failure.append(err)
-
-        thread = threading.Thread(target=healing)
-        thread.start()
+        healing = heal_in_background(fed, config, out, policy)
+        result, failure, thread = healing.result, healing.failure, healing.thread
         wait_for_round(out, 2)
         db = sqlite3.connect(fed.database_path, timeout=30, isolation_level=None)
         db.execute("BEGIN EXCLUSIVE")

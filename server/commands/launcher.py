@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TextIO
 
 from common.config.capacity import parse_capacity_list
+from common.config.overrides import parse_overrides
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.config.schema import ConfigError
@@ -1167,26 +1168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\n{len(metrics['rounds']) - 1} rounds in {time.monotonic() - started:.0f} s")
     print(f"metrics: {args.results / 'metrics.json'}\nplot:    {plot}\nmodel:   {args.results / 'model.pt'}")
     return 0
-
-
-def parse_overrides(text: str | Sequence[str]) -> dict[str, object]:
-    """``"lr=0.1 partitioner='dirichlet'"`` -> ``{"lr": 0.1, "partitioner": "dirichlet"}`` (TOML values).
-
-    A sequence is the values of a repeated ``-c`` flag, merged in order (a later key wins), as ``flwr run -c`` does.
-    A pair without ``=`` exits (``SystemExit``) with a message naming it.
-    """
-    import tomllib
-
-    out: dict[str, object] = {}
-    for pair in (p for item in ([text] if isinstance(text, str) else text) for p in shlex.split(item)):
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"error: run-config override {pair!r} is not key=value (e.g. -c lr=0.1)")
-        try:
-            out[key] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key] = value
-    return out
 
 
 if __name__ == "__main__":
