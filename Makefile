@@ -35,9 +35,9 @@ demo: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(VENV)/bin/fibos bench --out results/bench $(BENCH_ARGS)
 
-# Every benchmark command in docs/BENCHMARKS.md, in order; --reuse keeps finished runs, so it resumes.
+# Every benchmark command in docs/results/benchmarks.md, in order; --reuse keeps finished runs, so it resumes.
 bench-docs: $(VENV)/.installed
-	grep -E '^    fibos bench ' docs/BENCHMARKS.md | sed 's|^ *fibos|$(VENV)/bin/fibos|' | \
+	grep -E '^    fibos bench ' docs/results/benchmarks.md | sed 's|^ *fibos|$(VENV)/bin/fibos|' | \
 		while read -r cmd; do echo "$$cmd --reuse"; eval "$$cmd --reuse" || exit 1; done
 
 lint: $(VENV)/.installed
@@ -64,7 +64,7 @@ test: lint system-deps
 
 # Docker end to end (root): installs the engine and Compose v2 where missing, starts the engine
 # (stopped again after), builds stand-ins for the public images, then builds the app image and runs
-# the federation with `docker compose` (docker/e2e.sh; README, "Deployment with Docker").
+# the federation with `docker compose` (docker/e2e.sh; docs/guide/docker.md).
 test-docker: $(VENV)/.installed
 	bash docker/e2e.sh $(PY) -m pytest -q -ra -p no:cacheprovider tests/test_docker_compose.py
 

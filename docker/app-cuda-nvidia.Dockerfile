@@ -49,7 +49,8 @@ RUN mkdir -p server client common \
 COPY --chown=app:app common common
 COPY --chown=app:app client client
 COPY --chown=app:app server server
+COPY --chown=app:app cli cli
 RUN python -m pip install --no-cache-dir --no-deps . \
-    && python -c "import server.app, client.app"
+    && python -c "import server.app, client.app, cli.control"
 
 ENTRYPOINT ["flower-superexec"]

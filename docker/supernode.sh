@@ -53,7 +53,7 @@ if [ "$status" -ne 0 ] && [ -e "$work/refused" ]; then
 error: the SuperLink refused this node's key ${key:-(none given)}, set by ${setting}: either its public key is
 not registered with the coordinator, or another SuperNode with the same key is connected right now. Each
 machine needs its own key pair, registered once: never copy a key file (or the volume or disk image holding
-it) to a second machine; make this machine's own key and have its public key registered (docs/DEPLOYMENT.md,
+it) to a second machine; make this machine's own key and have its public key registered (docs/guide/deployment.md,
 "A node's key refused"). If this same node crashed less than about a minute ago, its old session has not
 lapsed yet: it is let in once it has (a restart policy retries).
 EOF

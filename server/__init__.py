@@ -1,4 +1,5 @@
 """The ServerApp and its strategies: rounds, replies, evaluation, records, checkpoints.
 
-Operator commands live in :mod:`server.commands`, benchmarks and analyses in :mod:`server.benchmarks`.
+Everything here is what the ServerApp imports and travels in the FAB; operator commands live in :mod:`cli`,
+benchmarks and analyses in :mod:`benchmarks`.
 """

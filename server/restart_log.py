@@ -1,7 +1,7 @@
 """Restart records: how a run came to be resumed, kept in ``metrics.json`` (``restarts``) and ``rounds.jsonl``.
 
 Two writers share one shape. The launcher (``fibos local``) knows what failed and writes its record between two
-attempts (:func:`restart_record`, ``server.commands.restarts``); the resumed ServerApp then marks that record with
+attempts (:func:`restart_record`, ``cli.restarts``); the resumed ServerApp then marks that record with
 the time it resumed (:func:`note_resume`). A run resumed by anyone else (an operator's ``resume=true``, the
 compose stack's ``submit``) leaves no launcher record, so the ServerApp writes one itself, with what it knows.
 """

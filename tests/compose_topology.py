@@ -18,7 +18,7 @@ Compose would set up, as closely as processes allow:
   ``service_completed_successfully``;
 * variables: ``${VAR:-default}`` / ``${VAR}`` interpolation, as Compose does.
 
-What it cannot reproduce (documented in docs/DEPLOYMENT.md): the images
+What it cannot reproduce (documented in docs/guide/deployment.md): the images
 themselves (the commands run from this checkout's virtual environment, as
 root, with ``HOME``/cache folders of the test), restart policies, published
 ports, resource reservations (GPUs) and profiles other than the default.
@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from server.commands.launcher import ProcessGroup
+from cli.launcher import ProcessGroup
 
 VENV_BIN = Path(sys.executable).parent
 # ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR, $$, and ${VAR:?message} / ${VAR?message} (required: an error).

@@ -32,7 +32,7 @@ def text_setup(tmp_path_factory):
 @pytest.fixture
 def no_process(monkeypatch):
     """Fail the test if the launcher (or a subcommand through it) starts any process."""
-    from server.commands import launcher
+    from cli import launcher
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"a process was started: {args[0] if args else kwargs}")

@@ -1,4 +1,4 @@
-"""server.commands.app_bundle: the staged folder gives ``flwr run`` the bundle the checkout would, byte for byte."""
+"""cli.app_bundle: the staged folder gives ``flwr run`` the bundle the checkout would, byte for byte."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from server.commands.app_bundle import BundleError, app_files, stage_app
-from server.commands.launcher import APP_DIR
+from cli.app_bundle import BundleError, app_files, stage_app
+from cli.launcher import APP_DIR
 
 PYPROJECT = """\
 [build-system]

@@ -1,4 +1,5 @@
-"""The package structure: neither side imports the other, common imports neither, and no import cycle."""
+"""The package structure: neither side imports the other, common imports neither, the apps import no operator
+tool or benchmark, and no import cycle."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("server", "client", "common")
+PACKAGES = ("server", "client", "common", "cli", "benchmarks")
+APP_PACKAGES = ("server", "client", "common")  # what the FAB carries
 
 
 def _module_name(path: Path) -> str:
@@ -61,6 +63,24 @@ def test_server_and_client_do_not_import_each_other_and_common_imports_neither()
         or (src.startswith("common") and not dst.startswith("common"))
     ]
     assert bad == []
+
+
+def test_the_apps_import_no_operator_tool_and_no_benchmark():
+    graph = _graph(type_only=True)
+    bad = [
+        f"{src} -> {dst}"
+        for src, targets in graph.items()
+        for dst in targets
+        if src.split(".")[0] in APP_PACKAGES and dst.split(".")[0] not in APP_PACKAGES
+    ]
+    assert bad == []
+
+
+def test_fab_include_is_globs_over_the_app_packages():
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["fab-include"]
+    assert sorted(include) == sorted(f"{pkg}/**/*.py" for pkg in APP_PACKAGES)
 
 
 @pytest.mark.parametrize("type_only", [False, True], ids=["run-time", "type-only-included"])

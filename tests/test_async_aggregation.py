@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from common.aggregation.asynchronous import TooStale, apply_async_update, mask_overlap, staleness_weight
 from common.aggregation.masked import MaskedUpdate
-from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 
 
 def _update(indices, delta):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.benchmarks.time_to_accuracy import accuracy_curve, time_to_target
-from server.commands.launcher import run_local_federation
+from benchmarks.time_to_accuracy import accuracy_curve, time_to_target
+from cli.launcher import run_local_federation
 
 pytestmark = pytest.mark.federation
 

@@ -1,4 +1,4 @@
-"""``server.benchmarks.bench_rows.write_rows``: the JSON and the CSV hold the same rows."""
+"""``benchmarks.bench_rows.write_rows``: the JSON and the CSV hold the same rows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from server.benchmarks.bench_rows import write_rows
+from benchmarks.bench_rows import write_rows
 
 
 @dataclass(frozen=True)

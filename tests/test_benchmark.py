@@ -9,8 +9,7 @@ import math
 
 import pytest
 
-from common.config.parse import default_run_config
-from server.benchmarks.benchmark import (
+from benchmarks.benchmark import (
     LAST_ROUNDS,
     MethodSpec,
     Partition,
@@ -21,6 +20,7 @@ from server.benchmarks.benchmark import (
     stored_folder,
     summarise,
 )
+from common.config.parse import default_run_config
 
 pytestmark = pytest.mark.federation
 
@@ -181,7 +181,7 @@ def test_a_run_stored_under_a_renamed_key_is_reused_under_the_new_name(tmp_path)
 
 
 def test_a_failed_run_does_not_stop_the_matrix(tmp_path, monkeypatch, capsys):
-    import server.benchmarks.benchmark as bench
+    import benchmarks.benchmark as bench
 
     started = []
 
@@ -202,7 +202,7 @@ def test_every_documented_benchmark_command_is_valid(tmp_path):
     import shlex
     from pathlib import Path
 
-    doc = Path(__file__).resolve().parents[1] / "docs" / "BENCHMARKS.md"
+    doc = Path(__file__).resolve().parents[1] / "docs" / "results" / "benchmarks.md"
     commands = [line.split() for line in doc.read_text().splitlines() if line.startswith("    fibos bench ")]
     assert len(commands) >= 6
     for i, words in enumerate(commands):
@@ -249,7 +249,7 @@ def test_a_method_spec_carries_its_own_keys_and_refuses_what_a_flag_sets():
 
 
 def test_a_variant_runs_as_a_row_of_its_own_with_its_keys(tmp_path, monkeypatch):
-    import server.benchmarks.benchmark as bench
+    import benchmarks.benchmark as bench
 
     seen = []
 
@@ -353,7 +353,7 @@ def test_row_says_a_client_over_its_bytes_is_over_capacity_and_the_table_says_by
 
 
 def test_paired_differences_compare_the_product_seed_by_seed_with_each_method_within_capacity():
-    from server.benchmarks.benchmark import paired_differences
+    from benchmarks.benchmark import paired_differences
 
     def row(method, seed, acc, small, within=True):
         return {
@@ -377,7 +377,7 @@ def test_paired_differences_compare_the_product_seed_by_seed_with_each_method_wi
 
 
 def test_the_headline_table_is_written_from_the_results_it_cites(tmp_path):
-    from server.benchmarks.headline import headline_block
+    from benchmarks.headline import headline_block
 
     fields = ["method", "seed", "global_acc", "trained_cap_0.015625", "within_capacity", "bytes_ratio_cap_0.015625"]
     rows = [

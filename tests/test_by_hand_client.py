@@ -1,9 +1,8 @@
-"""The by-hand steps of docs/DEPLOYMENT.md ("By hand"), run as written on loopback.
+"""The by-hand steps of docs/guide/deployment.md ("By hand"), run as written on loopback.
 
 The documentation's fenced blocks marked ``<!-- by-hand NAME: ... -->`` are taken from the file and run with
 bash: only the values of the settings block are replaced (loopback, free ports, this test's folders), every
-other line runs verbatim. So a step that is wrong, missing or out of order in the docs fails here. The
-README carries the same blocks; they must match.
+other line runs verbatim. So a step that is wrong, missing or out of order in the docs fails here.
 """
 
 from __future__ import annotations
@@ -18,13 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from server.commands.launcher import APP_DIR, flower_env, free_port, wait_for_port
-from server.commands.process_group import ProcessGroup
+from cli.launcher import APP_DIR, flower_env, free_port, wait_for_port
+from cli.process_group import ProcessGroup
 
 pytestmark = pytest.mark.federation
 
-DEPLOYMENT = APP_DIR / "docs" / "DEPLOYMENT.md"
-README = APP_DIR / "README.md"
+DEPLOYMENT = APP_DIR / "docs" / "guide" / "deployment.md"
 BLOCK = re.compile(r"<!-- by-hand (?P<name>[\w-]+):[^>]*-->\s*```bash\n(?P<body>.*?)```", re.DOTALL)
 SETTING = re.compile(r"^(?P<name>[A-Z][A-Z0-9_]*)=\S*(?P<comment>\s+#.*)?$")
 #: The steps in the order the docs give them; the daemons run until the test stops them.
@@ -68,8 +66,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
 @pytest.mark.timeout(1200)  # a federation takes 30-90 s on a quiet 2-core machine; much longer under load
 def test_by_hand_steps_run_as_written(tmp_path: Path) -> None:
     blocks = doc_blocks(DEPLOYMENT)
-    assert set(blocks) == {"settings", *STEPS}, f"by-hand blocks in DEPLOYMENT.md: {sorted(blocks)}"
-    assert doc_blocks(README) == blocks, "README's by-hand blocks differ from docs/DEPLOYMENT.md's"
+    assert set(blocks) == {"settings", *STEPS}, f"by-hand blocks in deployment.md: {sorted(blocks)}"
 
     superlink_dir, node_dir, logs = tmp_path / "superlink-host", tmp_path / "node-host", tmp_path / "logs"
     port = free_port()

@@ -238,7 +238,7 @@ def test_a_budgeted_federation_keeps_every_client_within_its_bytes(tmp_path, mon
 
 # ---------------------------------------------------------------- the refresh options benchmark
 def test_the_int8_copy_of_the_rest_is_within_half_a_step_and_counts_a_byte_a_position() -> None:
-    from server.benchmarks.ranking.refresh_options import int8_rest
+    from benchmarks.ranking.refresh_options import int8_rest
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal(LAYOUT.size).astype(np.float32)

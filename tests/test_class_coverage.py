@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.config.parse import parse_run_config
-from common.models.architectures import build_model
-from server.benchmarks.class_coverage import (
+from benchmarks.class_coverage import (
     ClassCoverage,
     class_coverage,
     coverage_lines,
@@ -21,6 +19,8 @@ from server.benchmarks.class_coverage import (
     run_coverage,
     tier_name,
 )
+from common.config.parse import parse_run_config
+from common.models.architectures import build_model
 
 
 def test_recall_and_largest_holder_per_class():

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from server.commands import cli, control, launcher  # noqa: F401 (imported here: torch's import runs ldconfig, a process)
+from cli import control, fibos, launcher  # noqa: F401 (imported here: torch's import runs ldconfig, a process)
 
 
 def test_an_override_without_a_value_is_named_on_stderr(tmp_path: Path, capsys, no_process) -> None:
-    code = cli.main(["local", "--capacities", "1,1/4", "--results", str(tmp_path / "run"), "-c", "lr"])
+    code = fibos.main(["local", "--capacities", "1,1/4", "--results", str(tmp_path / "run"), "-c", "lr"])
     assert code != 0
     assert "run-config override 'lr' is not key=value" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
@@ -20,7 +20,7 @@ def test_an_override_without_a_value_is_named_on_stderr(tmp_path: Path, capsys, 
 def test_a_registration_without_trust_says_what_to_give(tmp_path: Path, capsys, no_process) -> None:
     pub = tmp_path / "edge-07.pub"
     pub.write_text("ecdsa-sha2-nistp384 AAAA edge-07\n")
-    code = cli.main(["control", "register", "--superlink", "127.0.0.1:28000", str(pub)])
+    code = fibos.main(["control", "register", "--superlink", "127.0.0.1:28000", str(pub)])
     assert code != 0
     assert "give --root-certificates CA.crt (TLS), or --insecure" in capsys.readouterr().err
 
@@ -35,7 +35,7 @@ def test_a_registration_without_trust_says_what_to_give(tmp_path: Path, capsys, 
 )
 def test_a_subcommands_help_names_it(argv: list[str], usage: str, capsys) -> None:
     argv0 = sys.argv[0]
-    assert cli.main(argv) == 0
+    assert fibos.main(argv) == 0
     out = capsys.readouterr().out
     assert out.startswith(usage), out
     assert "python -m server." not in out
@@ -43,9 +43,9 @@ def test_a_subcommands_help_names_it(argv: list[str], usage: str, capsys) -> Non
 
 
 def test_an_unknown_or_missing_subcommand_is_said_without_a_traceback(capsys) -> None:
-    assert cli.main(["nosuch"]) == 2
+    assert fibos.main(["nosuch"]) == 2
     err = capsys.readouterr().err
     assert "No such command 'nosuch'" in err and "Traceback" not in err
-    assert cli.main([]) == 2  # the help, as `fibos --help` shows it
+    assert fibos.main([]) == 2  # the help, as `fibos --help` shows it
     shown = capsys.readouterr()
     assert "Usage: fibos [OPTIONS] COMMAND" in shown.out + shown.err and "Traceback" not in shown.err

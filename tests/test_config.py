@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from cli.launcher import parse_capacities, parse_overrides, toml_overrides
 from common.config.node import parse_node_config
 from common.config.parse import default_run_config, parse_run_config
 from common.config.schema import ConfigError
-from server.commands.launcher import parse_capacities, parse_overrides, toml_overrides
 
 MANIFEST = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
 
@@ -81,7 +81,7 @@ def test_launcher_argument_parsing():
 
 
 def test_manifest_readme_tables_and_layout_are_generated_from_the_code():
-    from server.commands.docs_reference import expected_files, readme_table
+    from cli.docs_reference import expected_files, readme_table
 
     for path, text in expected_files().items():
         assert path.read_text() == text, f"{path.name} is out of date: run `fibos docs --write`"

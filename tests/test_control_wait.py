@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from client.join import main as join_main
-from server.commands import control
-from server.commands.credentials import main as credentials_main
-from server.commands.launcher import free_port
+from cli import control
+from cli.credentials import main as credentials_main
+from cli.join import main as join_main
+from cli.launcher import free_port
 
 UNREACHABLE = {
     "success": False,

@@ -64,9 +64,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.credentials import make_ca
 from common.config.parse import default_run_config
 from common.methods import create_method
-from server.commands.credentials import make_ca
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = "fibos-dockertest"
@@ -364,7 +364,7 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(compose:
     rogue = _docker(
         "run", "-d", "--name", f"{PROJECT}-rogue", "--network", f"{PROJECT}_edge",
         "-v", f"{PROJECT}_public:/credentials:ro", "--entrypoint", "sh", app_image, "-c",
-        "python -m server.commands.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
+        "python -m cli.credentials --out /tmp/rogue --node rogue >/dev/null && exec flower-supernode"
         " --root-certificates /credentials/ca.crt --superlink fleet-gateway:8443"
         " --auth-supernode-private-key /tmp/rogue/rogue --isolation process --port 9094"
         " --node-config 'partition-id=1 num-partitions=4 capacity=1.0'",

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from server.commands import cli, control, launcher
+from cli import control, fibos, launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+@pytest.mark.parametrize("name", sorted(fibos.COMMANDS))
 def test_every_subcommands_help_shows_its_fibos_usage(name: str, capsys) -> None:
-    assert cli.main([name, "--help"]) == 0
+    assert fibos.main([name, "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: fibos {name} "), out[:200]
     # The module's own usage examples must be the command the operator types, not the module behind it.
@@ -32,10 +32,10 @@ def test_every_subcommands_help_shows_its_fibos_usage(name: str, capsys) -> None
 def test_a_results_path_that_is_a_file_is_refused_naming_it(tmp_path: Path, capsys, no_process) -> None:
     results = tmp_path / "results"
     results.write_text("not a folder")
-    assert cli.main(["local", "--capacities", "1", "--results", str(results)]) == 2
+    assert fibos.main(["local", "--capacities", "1", "--results", str(results)]) == 2
     assert f"error: --results {results} is a file, not a folder" in capsys.readouterr().err
     under = results / "run"
-    assert cli.main(["local", "--capacities", "1", "--results", str(under)]) == 2
+    assert fibos.main(["local", "--capacities", "1", "--results", str(under)]) == 2
     assert f"--results {under} lies under {results}, which is a file" in capsys.readouterr().err
 
 
@@ -55,12 +55,12 @@ def test_a_file_error_of_the_launch_is_said_not_raised(tmp_path: Path, capsys, m
         raise PermissionError(13, "Permission denied", str(lock))
 
     monkeypatch.setattr(launcher.LocalFederation, "__enter__", refuse)
-    assert cli.main(["local", "--capacities", "1", "--results", str(tmp_path)]) == 1
+    assert fibos.main(["local", "--capacities", "1", "--results", str(tmp_path)]) == 1
     assert f"error: [Errno 13] Permission denied: '{lock}'" in capsys.readouterr().err
 
 
 def test_a_submission_of_a_folder_without_an_app_is_refused_naming_it(tmp_path: Path, capsys, no_process) -> None:
-    code = cli.main(["control", "submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(tmp_path)])
+    code = fibos.main(["control", "submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(tmp_path)])
     assert code == 2
     assert f"error: {tmp_path} holds no pyproject.toml: it is not a Flower app folder" in capsys.readouterr().err
 
@@ -72,11 +72,11 @@ def test_missing_certificate_or_key_files_are_refused_before_the_wait(tmp_path: 
     ca = tmp_path / "ca.crt"
     base = ["control", "register", "--superlink", "127.0.0.1:1", "--wait", "300"]
     started = time.monotonic()
-    assert cli.main([*base, "--root-certificates", str(ca), str(pub)]) != 0
+    assert fibos.main([*base, "--root-certificates", str(ca), str(pub)]) != 0
     assert f"error: --root-certificates {ca}: no such file" in capsys.readouterr().err
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     gone = tmp_path / "edge-08.pub"
-    assert cli.main([*base, "--root-certificates", str(ca), str(pub), str(gone)]) != 0
+    assert fibos.main([*base, "--root-certificates", str(ca), str(pub), str(gone)]) != 0
     assert f"error: no such public key file or folder: {gone}" in capsys.readouterr().err
     assert time.monotonic() - started < 30  # not the 300 s wait
 
@@ -96,11 +96,11 @@ def test_register_reads_a_folder_of_keys_and_an_empty_one_is_no_error(
     keys.mkdir()
     (keys / "README.md").write_text("not a key")
     base = ["control", "register", "--superlink", "127.0.0.1:1", "--insecure", str(keys)]
-    assert cli.main(base) == 0
+    assert fibos.main(base) == 0
     assert "no public keys to register yet" in capsys.readouterr().out and calls == []
     for name in ("lab-pi-2", "lab-pi-1"):
         (keys / f"{name}.pub").write_text(f"ecdsa-sha2-nistp384 AAAA {name}\n")
-    assert cli.main(base) == 0
+    assert fibos.main(base) == 0
     registered = [argv[2] for argv in calls if argv[:2] == ("supernode", "register")]
     assert registered == [str(keys / "lab-pi-1.pub"), str(keys / "lab-pi-2.pub")]
     assert "lab-pi-1: registered" in capsys.readouterr().out
@@ -143,8 +143,8 @@ def test_a_run_that_could_not_be_stopped_is_said_to_run_on(monkeypatch, capsys, 
 
 
 def test_a_joining_nodes_missing_data_folder_is_refused_before_anything_is_made(tmp_path: Path, capsys) -> None:
-    from client.join import main as join_main
-    from server.commands.credentials import make_ca
+    from cli.credentials import make_ca
+    from cli.join import main as join_main
 
     make_ca(tmp_path)
     data = tmp_path / "no-such-data"
@@ -159,7 +159,7 @@ def test_a_joining_nodes_missing_data_folder_is_refused_before_anything_is_made(
 
 _REFUSED_WITHOUT_TORCH = """
 import sys
-from server.commands.cli import main
+from cli.fibos import main
 code = main(sys.argv[1:])
 print("EXIT", code, "torch" in sys.modules, "common.methods.masked" in sys.modules)
 """

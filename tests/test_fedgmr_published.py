@@ -3,7 +3,7 @@
 Published code: machengjie321/ICML2026-Breaking-the-Capacity-Bottleneck-in-Model-Heterogeneous-FL-via-Gradual-
 Model-Restoration, commit 965eeb8 (``control/sub_algorithm.py``: ``process_layer``,
 ``sub_architecture_search_fast``; ``bases/fl/simulation_real/Prune_Recover_FL_fiarse.py``: ``EarlyStopping``,
-``FedMapServer.GMR``). ``docs/FIDELITY-ELEMENTWISE.md`` maps each element to these tests.
+``FedMapServer.GMR``). ``docs/design/fidelity-elementwise.md`` maps each element to these tests.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from server.benchmarks.fisher_cost_bench import main
+from benchmarks.fisher_cost_bench import main
 
 
 def test_cost_rows_relate_estimate_and_encoding_to_training(tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""Emulated fleet time and the stock-Flower comparison's pure parts (server/benchmarks/fleet_time.py,
-server/benchmarks/flower_comparison.py), and the stock app's sameness: same initial weights, same partitions."""
+"""Emulated fleet time and the stock-Flower comparison's pure parts (benchmarks/fleet_time.py,
+benchmarks/flower_comparison.py), and the stock app's sameness: same initial weights, same partitions."""
 
 from __future__ import annotations
 
@@ -12,13 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.config.node import parse_node_config
-from common.config.parse import parse_run_config
-from common.data.local_split import derive_local_data
-from common.methods import create_method
-from common.training.loop import as_input
-from server.benchmarks.vs_flower.comparison import PartitionNodes, run_row, stock_run_config, table
-from server.benchmarks.vs_flower.fleet_time import (
+from benchmarks.vs_flower.comparison import PartitionNodes, run_row, stock_run_config, table
+from benchmarks.vs_flower.fleet_time import (
     Evaluation,
     NodeCost,
     exchange_seconds,
@@ -29,7 +24,12 @@ from server.benchmarks.vs_flower.fleet_time import (
     stock_curve,
     transfer_seconds,
 )
-from server.benchmarks.vs_flower.stock_flower.stock_fedavg.task import load_data, product_settings, server_model, train
+from benchmarks.vs_flower.stock_flower.stock_fedavg.task import load_data, product_settings, server_model, train
+from common.config.node import parse_node_config
+from common.config.parse import parse_run_config
+from common.data.local_split import derive_local_data
+from common.methods import create_method
+from common.training.loop import as_input
 from server.federation import global_model
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from client import gpu_check
-from client.gpu_check import Check, Devices, relative_distance, topk_overlap
+from cli import gpu_check
+from cli.gpu_check import Check, Devices, relative_distance, topk_overlap
 
 CPU = Devices(torch.device("cpu"), torch.device("cpu"))
 
@@ -97,7 +97,7 @@ def test_only_runs_the_named_checks_and_refuses_unknown_names(tmp_path, capsys) 
 
 
 def test_the_launcher_puts_each_nodes_device_in_its_node_config(tmp_path) -> None:
-    from server.commands.launcher import LocalFederation, main
+    from cli.launcher import LocalFederation, main
 
     fed = LocalFederation([1.0, 0.25], tmp_path / "run", devices=["cuda", "cpu"])
     assert fed.node_config(0) == 'partition-id=0 num-partitions=2 capacity=1.0 device="cuda"'

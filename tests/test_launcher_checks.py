@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cli import launcher
+from cli.run_folder import LOCK_FILE, RunFolderBusy, RunFolderLock, new_log_folder
 from common.config.schema import ConfigError
-from server.commands import launcher
-from server.commands.run_folder import LOCK_FILE, RunFolderBusy, RunFolderLock, new_log_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ def test_matching_flag_and_key_are_accepted(tmp_path):
 
 def test_the_command_line_exits_non_zero_with_the_key_on_stderr(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "server.commands.cli", "local", "--results", str(tmp_path / "run"), "-c", "lr=-1"],
+        [sys.executable, "-m", "cli.fibos", "local", "--results", str(tmp_path / "run"), "-c", "lr=-1"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -86,7 +86,7 @@ def test_a_dead_holder_frees_the_folder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from server.commands.run_folder import RunFolderLock; "
+            "import sys, time; from cli.run_folder import RunFolderLock; "
             f"RunFolderLock(__import__('pathlib').Path({str(tmp_path)!r})).acquire(); print('held', flush=True); "
             "time.sleep(600)",
         ],
@@ -154,7 +154,7 @@ def test_the_timeout_is_kept_by_the_clock_while_the_run_prints_nothing(tmp_path)
 
 
 def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(capsys, monkeypatch):
-    from server.commands import control
+    from cli import control
 
     def refuse(*args, **kwargs):
         raise AssertionError("nothing may be sent for a bad run config")

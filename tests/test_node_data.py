@@ -338,7 +338,7 @@ FEDERATED = {
 
 
 def test_without_a_server_test_set_the_round_line_and_summary_show_the_nodes_figures():
-    from server.benchmarks.report import summary_table
+    from cli.run_report import summary_table
     from server.federated_evaluation import global_figures
     from server.strategy_core.round_records import progress_line
 
@@ -372,7 +372,7 @@ def test_federated_figures_pool_by_examples_per_level_and_for_the_full_model():
 
 
 def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_before_starting(tmp_path, no_process):
-    from server.commands.launcher import LocalFederation, main
+    from cli.launcher import LocalFederation, main
 
     a, b = write_image_folder(tmp_path / "a", {0: 1}), write_image_folder(tmp_path / "b", {1: 1})
     fed = LocalFederation([1.0, 0.25], tmp_path / "run", data_paths=[str(a), str(b)])

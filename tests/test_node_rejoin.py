@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from server.commands.launcher import LocalFederation
+from cli.launcher import LocalFederation
 from tests.federation_progress import wait_for_round
 
 pytestmark = pytest.mark.federation

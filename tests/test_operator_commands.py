@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from client.join import main as join_main
-from server.commands.control import connection_toml
-from server.commands.credentials import main as credentials_main
-from server.commands.credentials import make_ca
+from cli.control import connection_toml
+from cli.credentials import main as credentials_main
+from cli.credentials import make_ca
+from cli.join import main as join_main
 
 
 def _sans(pem: Path) -> list[str]:
@@ -123,7 +123,7 @@ def test_join_dry_run_prints_the_three_steps(tmp_path: Path, capsys) -> None:
     assert join_main(_join(tmp_path, "--control-api", "127.0.0.1:9093", "--capacity", "auto", "--dry-run")) == 0
     out = capsys.readouterr().out
     assert "would make the key pair" in out
-    assert "server.commands.control register --superlink 127.0.0.1:9093" in out and "edge-7.pub" in out
+    assert "cli.control register --superlink 127.0.0.1:9093" in out and "edge-7.pub" in out
     assert "--superlink fleet.example.org:8000" in out and "--auth-supernode-private-key" in out
     assert 'capacity="auto" client-id="edge-7"' in out
     assert not (tmp_path / "keys").exists()  # a dry run writes nothing

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server.commands.launcher import LocalFederation
+from cli.launcher import LocalFederation
 from tests.federation_progress import checkpointed_round, wait_for_round, wait_until
 
 pytestmark = pytest.mark.federation
@@ -73,7 +73,7 @@ def test_a_second_launcher_on_the_same_folder_is_refused_and_the_first_is_unaffe
             [
                 sys.executable,
                 "-m",
-                "server.commands.launcher",
+                "cli.launcher",
                 "--capacities",
                 "1",
                 "--rounds",

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.benchmark import summarise
 from common.training.peak_memory import PeakRSS, current_rss_bytes, lifetime_peak_rss_bytes
-from server.benchmarks.benchmark import summarise
 
 needs_proc = pytest.mark.skipif(current_rss_bytes() is None, reason="no /proc/self/statm on this platform")
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from common.fisher.selection import select_mask
-from server.benchmarks.poisoning_bench import (
+from benchmarks.poisoning_bench import (
     certified_share,
     federation_state,
     fisher_world,
     mask_change,
     shaped_attack,
 )
+from common.fisher.selection import select_mask
 
 ATTACKER = 9  # the last of the ten clients
 

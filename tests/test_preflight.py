@@ -1,4 +1,4 @@
-"""client.preflight against a real TLS listener: each misconfiguration a node can arrive with, named."""
+"""cli.preflight against a real TLS listener: each misconfiguration a node can arrive with, named."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from client.preflight import (
+from cli.credentials import make_ca, make_server_cert
+from cli.launcher import free_port
+from cli.preflight import (
     PreflightError,
     check_ca_certificate,
     check_coordinator,
@@ -22,8 +24,6 @@ from client.preflight import (
     split_address,
 )
 from common.wire.node_keys import make_node_keys
-from server.commands.credentials import make_ca, make_server_cert
-from server.commands.launcher import free_port
 
 
 class TlsListener:
@@ -247,7 +247,7 @@ def test_a_supernode_started_with_a_connected_nodes_key_is_told_why(tmp_path: Pa
     """A real secure federation: a second SuperNode with node 0's key while node 0 is connected."""
     import subprocess
 
-    from server.commands.launcher import LocalFederation
+    from cli.launcher import LocalFederation
 
     with LocalFederation((1.0,), tmp_path / "federation", echo=lambda line: None, secure=True) as fed:
         # Node 0 must hold the key first: started at once, the second SuperNode could win the race and be let in.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from server.commands.process_group import RELEASE, ProcessGroup, guard, pids_with_env, stop_pids
+from cli.process_group import RELEASE, ProcessGroup, guard, pids_with_env, stop_pids
 from tests.federation_progress import wait_until
 
 pytestmark = pytest.mark.federation
@@ -26,7 +26,7 @@ DAEMON = (
 LAUNCHER = """
 import os, sys, time
 from pathlib import Path
-from server.commands.process_group import ProcessGroup
+from cli.process_group import ProcessGroup
 marker, folder = sys.argv[1], Path(sys.argv[2])
 key, value = marker.split("=", 1)
 group = ProcessGroup(marker, guard_log=folder / "guard.log")
@@ -110,7 +110,7 @@ def test_a_sigkilled_fibos_local_leaves_no_federation_running(tmp_path: Path) ->
     """The whole federation (SuperLink, SuperNodes, Flower's detached children, ``flwr run``) ends with it."""
     results = tmp_path / "run"
     launch = subprocess.Popen(
-        [sys.executable, "-m", "server.commands.cli", "local", "--capacities", "1,1/4", "--rounds", "50"]
+        [sys.executable, "-m", "cli.fibos", "local", "--capacities", "1,1/4", "--rounds", "50"]
         + ["--results", str(results), "-c", "eval-every=0 local-epochs=1"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},

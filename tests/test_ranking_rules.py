@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.ranking.ranking_rules import main, pooled_fisher, rule_scores, run_rankings, submodel_accuracy
 from common.config.parse import parse_run_config
 from common.data.datasets import load_dataset
 from common.fisher.selection import budget
 from common.models.architectures import build_run_model, load_flat, model_layout, trainable_arrays
 from common.training.evaluation import evaluate
-from server.benchmarks.ranking.ranking_rules import main, pooled_fisher, rule_scores, run_rankings, submodel_accuracy
 
 positive = st.floats(1e-6, 1e3, allow_nan=False, allow_infinity=False)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.commands.launcher import LocalFederation
+from cli.launcher import LocalFederation
 from server.persistence import CHECKPOINT, load_checkpoint
 from tests.federation_progress import wait_for_round
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.commands import launcher
+from cli import launcher
 from server.persistence import CHECKPOINT, MetricsLog, chunk_store, save_checkpoint
 from server.resume_check import ResumeError, check_resume
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from server.commands.launcher import run_federation_command
+from cli.launcher import run_federation_command
 from server.round_log import RoundLog, read_rounds
 from server.strategy_core.round_records import progress_line
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from server.commands import launcher
-from server.commands.run_status import RunStatus, parse_run_status
+from cli import launcher
+from cli.run_status import RunStatus, parse_run_status
 
 FAKE_FLWR = """#!{python}
 import json, sys

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from server.commands.launcher import LocalFederation, free_port
+from cli.launcher import LocalFederation, free_port
 
 pytestmark = pytest.mark.federation
 
@@ -22,7 +22,7 @@ def test_registered_nodes_train_and_an_unregistered_one_is_refused(tmp_path):
         # A real client joins with the documented one-command path (key pair, registration, SuperNode),
         # taking the partition the refused node would have had.
         address = f"127.0.0.1:{fed.link_port}"
-        join = [sys.executable, "-m", "client.join", "--name", "lab-node", "--superlink", address]
+        join = [sys.executable, "-m", "cli.join", "--name", "lab-node", "--superlink", address]
         join += ["--root-certificates", str(fed.certs / "ca.crt"), "--control-api", address]
         join += ["--partition-id", str(UNREGISTERED), "--num-partitions", str(len(CAPACITIES))]
         join += ["--capacity", "0.125", "--keys", str(tmp_path / "keys"), "--runtime-port", str(free_port())]

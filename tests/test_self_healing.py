@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from server.commands.launcher import LocalFederation, main
-from server.commands.restarts import RestartPolicy, record_restart
+from cli.launcher import LocalFederation, main
+from cli.restarts import RestartPolicy, record_restart
 from server.persistence import MetricsLog
 from server.restart_log import RESUBMITTED, last_recorded_round, note_resume, restart_record
 from server.round_log import ROUNDS_JSONL, RoundLog, read_rounds
@@ -79,7 +79,7 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
         raise RuntimeError("the run failed: the ServerApp was lost")
 
     monkeypatch.setattr(fed, "run", failing_run)
-    monkeypatch.setattr("server.commands.launcher.time.sleep", lambda s: None)
+    monkeypatch.setattr("cli.launcher.time.sleep", lambda s: None)
     # nothing to resume from: not retried, and the error says why
     with pytest.raises(RuntimeError, match="not restarted: resume=true: .*checkpoint.npz does not exist"):
         fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=2))
@@ -88,7 +88,7 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
     # with a checkpoint: resumed twice (the policy's most), each recorded, then given up with the reason
     calls.clear()
     monkeypatch.setattr(fed, "run_overrides", lambda config, results_dir, app_dir: dict(config))
-    monkeypatch.setattr("server.commands.launcher.check_checkpoint", lambda path: (2, 10))
+    monkeypatch.setattr("cli.launcher.check_checkpoint", lambda path: (2, 10))
     out.mkdir(exist_ok=True)
     MetricsLog(out / "metrics.json", {}).append({"round": 2})
     with pytest.raises(RuntimeError, match="not restarted again: 2 restarts made"):
@@ -102,7 +102,7 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
     assert doc["restarts"][0]["why"] == "the run failed: the ServerApp was lost"
 
     # a database locked past Flower's busy timeout: the SuperLink is replaced, not resubmitted to
-    from server.commands.launcher import SuperLinkDatabaseError
+    from cli.launcher import SuperLinkDatabaseError
 
     replaced: list[bool] = []
     monkeypatch.setattr(fed, "restart_superlink", lambda: replaced.append(True))
@@ -250,7 +250,7 @@ def test_control_submit_resubmits_a_failed_run_with_resume_until_the_resume_is_r
     monkeypatch, capsys, tmp_path: Path
 ) -> None:
     """The compose stack's `submit`: a lost run is resubmitted with resume=true; a refused resume is final."""
-    from server.commands import control
+    from cli import control
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(control, "wait_for_control_api", lambda *a, **k: None)

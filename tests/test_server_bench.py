@@ -8,8 +8,7 @@ import math
 
 import pytest
 
-from common.config.parse import parse_run_config
-from server.benchmarks.server_bench import (
+from benchmarks.server_bench import (
     STEPS,
     capacities_for,
     main,
@@ -20,6 +19,7 @@ from server.benchmarks.server_bench import (
     scaling_lines,
     table,
 )
+from common.config.parse import parse_run_config
 
 
 def test_mask_entropy_bytes():
@@ -209,9 +209,9 @@ def test_a_levels_prior_mask_is_the_rounds_work_and_the_prior_is_cached_when_the
 ):
     import types
 
+    from benchmarks import server_bench
     from common.fisher.state import FisherState
     from common.models.architectures import build_model, model_layout, trainable_arrays
-    from server.benchmarks import server_bench
 
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
@@ -241,9 +241,9 @@ def test_a_levels_prior_mask_is_the_rounds_work_and_the_prior_is_cached_when_the
 def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch, guards):
     """Every Fisher-ranked mask the benchmark makes (clients', levels', central evaluation's) takes the run's
     ``min-per-row`` and ``keep-vectors``, defaults included, as the method does."""
+    from benchmarks import server_bench
     from common.fisher import selection
     from common.models.architectures import build_model, model_layout, trainable_arrays
-    from server.benchmarks import server_bench
 
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
@@ -270,9 +270,9 @@ def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch,
 def test_a_refresh_rounds_masks_are_every_clients_own_and_encoded_afresh_in_each_repeat(tmp_path):
     """Clients a pool apart get estimates of their own, so no Fisher-ranked mask's code is looked up in a refresh
     round, in its first run or a repeat; a held round finds the held masks' codes the previous round left."""
+    from benchmarks import server_bench
     from common.models.architectures import build_model, model_layout, trainable_arrays
     from common.wire.mask_codec import ENCODINGS
-    from server.benchmarks import server_bench
 
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)

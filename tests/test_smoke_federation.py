@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.benchmark import run_byte_ratios
+from cli.launcher import run_local_federation
+from cli.run_report import summary_table, write_accuracy_plot
 from common.fisher.state import FisherState
 from common.wire.byte_budget import BYTES_SLACK
 from common.wire.mask_codec import encode_mask
-from server.benchmarks.benchmark import run_byte_ratios
-from server.benchmarks.report import summary_table, write_accuracy_plot
-from server.commands.launcher import run_local_federation
 
 pytestmark = pytest.mark.federation
 

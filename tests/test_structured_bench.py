@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from server.benchmarks.structured_bench import main
+from benchmarks.structured_bench import main
 
 pytestmark = pytest.mark.federation
 

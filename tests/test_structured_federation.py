@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.commands.launcher import run_local_federation
+from cli.launcher import run_local_federation
 from tests.test_smoke_federation import _processes_with_env
 
 pytestmark = pytest.mark.federation

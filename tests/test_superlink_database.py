@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.commands.launcher import (
+from cli.launcher import (
     MEMORY_DATABASE,
     LocalFederation,
     database_diagnosis,

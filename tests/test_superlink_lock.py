@@ -1,6 +1,6 @@
 """The SuperLink's SQLite database held locked mid-run: under Flower's 5 s busy timeout the run goes on; past it
 the run fails, ``fibos local`` names the database and the lock, replaces the SuperLink and resumes the run
-(docs/RELIABILITY.md, "The SuperLink's database under load" and "What heals by itself").
+(docs/design/reliability.md, "The SuperLink's database under load" and "What heals by itself").
 
 The lock is what a loaded machine does to the SuperLink's writes (a commit that cannot finish in time), made
 deterministic: another process holds the database file with ``BEGIN EXCLUSIVE`` from the end of round 1.
@@ -46,7 +46,7 @@ def _local_run_with_a_lock(tmp_path: Path, seconds: float) -> tuple[subprocess.C
     locker = threading.Thread(target=_lock_after_round_one, args=(results, seconds, held), daemon=True)
     locker.start()
     done = subprocess.run(
-        [sys.executable, "-m", "server.commands.launcher", "--capacities", "1,1/2", "--rounds", "2",
+        [sys.executable, "-m", "cli.launcher", "--capacities", "1,1/2", "--rounds", "2",
          "--results", str(results), "--timeout", "600", "-c", "eval-every=0", "-c", "round-timeout=60"],
         cwd=REPO, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -78,7 +78,7 @@ def test_the_in_memory_database_leaves_no_file_to_lock(tmp_path: Path) -> None:
     """``--superlink-database memory``: Flower's in-memory state, no SQLite file while it runs; the run finishes."""
     results = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.commands.launcher", "--capacities", "1,1/2", "--rounds", "1",
+        [sys.executable, "-m", "cli.launcher", "--capacities", "1,1/2", "--rounds", "1",
          "--results", str(results), "--timeout", "600", "-c", "eval-every=0", "--superlink-database", "memory"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

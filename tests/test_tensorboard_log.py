@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cli import launcher
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from server import tensorboard_log
-from server.commands import launcher
 from server.tensorboard_log import TensorBoardLog, check_tensorboard, round_scalars
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.text_recipe_bench import Recipe, RecipeRow, build_recipe_model, main, table, train_recipe
 from common.data.arrays import ArrayDataset
-from server.benchmarks.text_recipe_bench import Recipe, RecipeRow, build_recipe_model, main, table, train_recipe
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")

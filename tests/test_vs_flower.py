@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from server.benchmarks.vs_flower.comparison import main
+from benchmarks.vs_flower.comparison import main
 
 pytestmark = pytest.mark.federation
 

@@ -1,11 +1,11 @@
-"""The wall-clock comparison's pure helpers (server/benchmarks/wallclock_bench.py) and the seconds-to-target column."""
+"""The wall-clock comparison's pure helpers (benchmarks/wallclock_bench.py) and the seconds-to-target column."""
 
 from __future__ import annotations
 
 import math
 
-from server.benchmarks.benchmark import run_row
-from server.benchmarks.wallclock_bench import table, variant_config, wallclock_row
+from benchmarks.benchmark import run_row
+from benchmarks.wallclock_bench import table, variant_config, wallclock_row
 
 
 def _client(status="ok", staleness=None):

@@ -55,7 +55,7 @@ class NodeConfig(Schema):
         "",
         'for `dataset = "node"` runs',
         "path on the node's machine",
-        "the node's own data instead of a partition (see \"Train on your nodes' own data\")",
+        "the node's own data instead of a partition (docs/guide/own-data.md)",
     )
     label_column: str = _node_field(
         "label", "no (`label`)", "column name", "tables (Parquet, CSV, `save_to_disk`): the label column"
@@ -70,7 +70,7 @@ class NodeConfig(Schema):
         None,
         "yes, unless the run sets `capacity-mix` (a node with `data-path` always)",
         '(0, 1] or `"auto"`',
-        'fraction of the global model this node holds; `"auto"` measures the device (see "Adding a real client")',
+        'fraction of the global model this node holds; `"auto"` measures the device (docs/guide/real-client.md)',
     )
     device: Literal[DEVICES] = _node_field(  # type: ignore[valid-type]
         "auto", "no (`auto`)", ", ".join(f"`{d}`" for d in DEVICES), "`auto`: CUDA, then MPS, then CPU"
@@ -86,14 +86,14 @@ class NodeConfig(Schema):
         0.0,
         "no (0)",
         "[0, 3600]",
-        "TEST/BENCHMARK KNOB: extra seconds per local epoch, to emulate a slower device (`docs/FEDGMR.md`)",
+        "TEST/BENCHMARK KNOB: extra seconds per local epoch, to emulate a slower device (`docs/design/fedgmr.md`)",
     )
     capacity_kind: Literal[CAPACITY_KINDS] | None = _node_field(  # type: ignore[valid-type]
         None,
         "no (the run's `capacity-kind`)",
         ", ".join(f"`{k}`" for k in CAPACITY_KINDS),
         "what `capacity` limits: `bandwidth` (a slow link; FedGMR may restore the submodel past it, up to "
-        "`gmr-ceiling`) or `memory` (a hard cap); FedGMR reads it (`docs/FEDGMR.md`), the other methods treat "
+        "`gmr-ceiling`) or `memory` (a hard cap); FedGMR reads it (`docs/design/fedgmr.md`), the other methods treat "
         "every capacity as a cap",
     )
 

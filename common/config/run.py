@@ -35,7 +35,7 @@ class RunConfig(Schema):
     num_rounds: int = Field(10, ge=1, le=100_000, description="federated rounds")
     method: str = Field(
         "fedfibos",
-        description="the method that picks each client's submodel and aggregates (see the table at the top; "
+        description="the method that picks each client's submodel and aggregates (README's method table; "
         "each method's own keys are listed under its name below)",
     )
     dataset: Literal[DATASETS] = Field(  # type: ignore[valid-type]
@@ -115,14 +115,14 @@ class RunConfig(Schema):
         description="client optimiser, created afresh every round: `sgd` (with `momentum`) or `adamw` (betas "
         "0.9, 0.999; what fine-tuning a pretrained transformer or its LoRA adapters takes: measured on MiniLM, "
         "`lr` 5e-5 to 1e-4 for the whole model and 3e-3 for adapters, where SGD left the adapters where they "
-        "started, `docs/TRANSFORMERS.md`)",
+        "started, `docs/design/transformers.md`)",
     )
     lr: float = Field(
         0.1,
         gt=0,
         le=10,
         description="client learning rate; under strong label skew (2 classes per client) SGD at 0.1 can kill the "
-        "network, 0.05 did not (`docs/BENCHMARKS.md`)",
+        "network, 0.05 did not (`docs/results/benchmarks.md`)",
     )
     momentum: float = Field(0.9, ge=0, le=0.999, description='client SGD momentum (`optimizer = "sgd"` only)')
     weight_decay: float = Field(

@@ -5,7 +5,7 @@ FedFIbOS keeps the ``k = ceil(gamma * d)`` positions with the largest
 minimises the masking surrogate ``eps(S) = sum_{j not in S} F_j^2 x_j^2`` over all
 ``|S| = k``. FIARSE-style magnitude selection keeps the largest ``|x_j|``.
 
-Guards (documented in README, "Selection guards"), each optional:
+Guards (documented in docs/design/round.md, "Selection guards"), each optional:
 
 * ``keep_vectors``: 1-D tensors (biases, normalisation scales) are always kept.
 * every output unit (row of a >=2-D tensor) keeps at least ``min_per_row`` of its

@@ -7,7 +7,7 @@ implementation is imported when a run builds the method (:func:`method_class`).
 
 Adding a method is a spec module in :mod:`common.methods.specs` whose class names its implementation, the
 implementation module here, and the spec module's name in :data:`BUILTIN`; nothing else in the product
-changes (README, "Adding a method"). :func:`register` is the same registration for a method defined
+changes (docs/guide/adding-a-method.md). :func:`register` is the same registration for a method defined
 elsewhere (a test, a plug-in), spec or implementation.
 """
 

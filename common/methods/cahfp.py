@@ -21,7 +21,7 @@ Per round and client (maths in :mod:`common.submodels.channel_scores`, shapes in
    (:class:`common.submodels.channel_scores.ClientChannelScores`); a channel a client never measured ranks by the
    pooled score (:func:`common.submodels.channel_scores.personal_state`).
 
-Design notes and measurements: ``docs/STRUCTURED.md``.
+Design notes and measurements: ``docs/design/cahfp.md``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ every participant's examples, so a position only a few clients held moves by the
 mean of the updates of the clients that held it (:func:`common.aggregation.masked.aggregate_masked`). The first
 damps the positions that only large clients hold, which under label skew are fitted to those clients' classes alone;
 it measured ahead on the mean of the last five rounds both with 10 of 100 clients per round and with 8
-clients in every round (``docs/FISHER.md``).
+clients in every round (``docs/design/fisher.md``).
 """
 
 from __future__ import annotations

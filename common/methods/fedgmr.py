@@ -10,7 +10,7 @@ ranking shared by every client, so the submodels of a round nest (``gmr-selectio
 :mod:`common.submodels.restoration`). The paper's text (a fixed ``linear`` or ``step`` schedule, ``random``
 restoration) and a Fisher ranking are options. ``gmr-mode = "async"`` applies each reply on arrival,
 weighted by staleness and mask overlap (:func:`common.aggregation.asynchronous.apply_async_update`; the loop is
-:mod:`server.async_strategy`). Details and measurements: ``docs/FEDGMR.md``.
+:mod:`server.async_strategy`). Details and measurements: ``docs/design/fedgmr.md``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ with FedRolex, or a common key whose ``auto`` is the published value):
 Static BatchNorm comes with the model (``model = "cnn-bn"`` or ``"resnet18"``, :mod:`common.models.architectures`).
 The published code also recomputes BatchNorm statistics on the server from training data before it
 tests (``sBN``); here the server holds no training data, and static BatchNorm evaluates with the
-statistics of each test batch. The table of published elements: ``docs/FIDELITY.md``.
+statistics of each test batch. The table of published elements: ``docs/design/fidelity-width.md``.
 """
 
 from __future__ import annotations

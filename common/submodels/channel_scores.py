@@ -23,7 +23,7 @@ training is growing (the loss wants them larger), so keeping the highest signed
 sum drops exactly the channels the model relies on: in a 4-round, 3-client digits
 simulation the capacity-1/16 submodel stayed at chance (0.10 accuracy) with the
 signed sum and reached 0.97 with the magnitude (0.97 too with the signed Taylor
-change ``-sum g w + 1/2 sum h w^2``; docs/STRUCTURED.md has the set-up).
+change ``-sum g w + 1/2 sum h w^2``; docs/design/cahfp.md has the set-up).
 
 A group (see :mod:`common.submodels.width`) is a set of channels that must be kept or dropped
 together across tensors (a ResNet residual sum and its shortcut); a client of

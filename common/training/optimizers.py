@@ -4,7 +4,7 @@ A client builds its optimiser afresh every round, so no optimiser state (momentu
 outlives a round or travels: every method's update is the difference of weights alone, as in FedAvg.
 ``sgd`` is what the image benchmarks and the papers' CNN experiments use; ``adamw`` is what fine-tuning a
 pretrained transformer (or its LoRA adapters) usually takes, where plain SGD moves the adapters slowly
-(docs/TRANSFORMERS.md measures both).
+(docs/design/transformers.md measures both).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Key files both sides make: a SuperNode's authentication key pair, written with private permissions.
 
-Used by the operator's credential tool (:mod:`server.commands.credentials`) and by a joining client
-(:mod:`client.join`), which makes its own key pair on its own machine.
+Used by the operator's credential tool (:mod:`cli.credentials`) and by a joining client
+(:mod:`cli.join`), which makes its own key pair on its own machine.
 """
 
 from __future__ import annotations

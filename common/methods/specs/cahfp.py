@@ -39,7 +39,7 @@ class CAHFPSpec(ChannelSpec):
     summary = (
         "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by the client's "
         "own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the "
-        "server, then FedAvg over the reconstructed models (`docs/STRUCTURED.md`)"
+        "server, then FedAvg over the reconstructed models (`docs/design/cahfp.md`)"
     )
     options = CAHFPOptions
     options_prefix = "cahfp-"

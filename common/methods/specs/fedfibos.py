@@ -36,7 +36,7 @@ class FedFIbOSOptions(Schema):
         "before its capacity is known, is then not run. 1.05 leaves room for message headers within the 1.1x "
         "that counts as within capacity; 0 = no limit, the definition as first built: every client is sent the "
         "rest of the model every `fisher-every` rounds and the warm-up (a 1/64 client then moves about 10x its "
-        "share, docs/FISHER.md)",
+        "share, docs/design/fisher.md)",
     )
     fisher_power: float = Field(
         1.0,
@@ -44,7 +44,7 @@ class FedFIbOSOptions(Schema):
         le=4,
         description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2` (the gradient mismatch), 1 = "
         "`F x^2` (the second-order loss change; under the byte budget it gave the small clients better submodels "
-        "on seeds no reported table uses, docs/FISHER.md), 0 = magnitude alone",
+        "on seeds no reported table uses, docs/design/fisher.md), 0 = magnitude alone",
     )
 
 

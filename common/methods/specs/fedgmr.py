@@ -91,7 +91,7 @@ class FedGMRSpec(FisherRankedSpec):
         "nodes) or `min(gmr-ceiling, gamma)` (memory-limited; `capacity-kind`), stepping up when its loss stops "
         "improving; a per-tensor magnitude core plus the largest `|x|` of one ranking shared by all clients "
         "(nested); `gmr-mode='async'` applies each reply on arrival, weighted by staleness and mask overlap "
-        "(FedGMR, `docs/FEDGMR.md`)"
+        "(FedGMR, `docs/design/fedgmr.md`)"
     )
     options = FedGMROptions
     options_prefix = "gmr-"
@@ -104,7 +104,7 @@ class FedGMRSpec(FisherRankedSpec):
 
     @classmethod
     def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
-        """The asynchronous loop steps 0.5 of each weighted reply, its long-standing default (docs/FEDGMR.md)."""
+        """The asynchronous loop steps 0.5 of each weighted reply, its long-standing default (docs/design/fedgmr.md)."""
         settings = super().auto_settings(run)
         return {**settings, "server_lr": 0.5} if run.options(cls.name).mode == "async" else settings
 

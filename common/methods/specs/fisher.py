@@ -22,7 +22,7 @@ class FisherOptions(Schema):
     encoding: Literal[FISHER_ENCODINGS] = Field(  # type: ignore[valid-type]
         "ranked",
         description="uplink Fisher payload (methods that rank by Fisher): `ranked` sends the largest values over "
-        "the whole model in the bytes `masked` would take (`docs/FISHER.md`)",
+        "the whole model in the bytes `masked` would take (`docs/design/fisher.md`)",
     )
     estimator: Literal["global", "received", "path"] = Field(
         "global",
@@ -57,7 +57,7 @@ class FisherOptions(Schema):
         ge=0,
         le=0.99,
         description="weight of a client's previous Fisher when it reports again (0 = the new estimate alone; "
-        "0.5 steadies a small client's mask across refreshes and raised its submodels, docs/FISHER.md)",
+        "0.5 steadies a small client's mask across refreshes and raised its submodels, docs/design/fisher.md)",
     )
     staleness_decay: float = Field(
         0.7, ge=0, le=1, description="per-round trust in an aging client estimate (rest from the prior)"
@@ -89,7 +89,7 @@ class MaskGuardOptions(Schema):
         ge=0,
         le=1_000_000,
         description="guard of Fisher-ranked masks: weights kept per output unit (0 = none, the definition's "
-        "top-k; 1 moved nothing beyond the spread between seeds, docs/FISHER.md)",
+        "top-k; 1 moved nothing beyond the spread between seeds, docs/design/fisher.md)",
     )
     keep_vectors: bool = Field(
         False,

@@ -1,1 +1,0 @@
-"""What an operator runs: the fibos command, the local launcher, Control API, credentials."""
