@@ -204,7 +204,7 @@ def test_every_documented_benchmark_command_is_valid(tmp_path):
 
     doc = Path(__file__).resolve().parents[1] / "docs" / "results" / "benchmarks.md"
     commands = [line.split() for line in doc.read_text().splitlines() if line.startswith("    fibos bench ")]
-    assert len(commands) >= 6
+    assert len(commands) >= 4  # one per current table
     for i, words in enumerate(commands):
         args = shlex.split(" ".join(words[2:]))
         out = args.index("--out")

@@ -30,6 +30,9 @@ deployment):
   test writes on the host and the compose file mounts read-only
   (``FIBOS_DATA_1``), and the three nodes without a data folder are left out with
   the reason; its figures come from the node, with no server test set;
+* a run that loses its ServerApp executor (its container's process killed in round 2) and then its SuperLink
+  (killed once the resumed run has finished a round) ends without a person: ``submit`` resubmits it with
+  ``resume=true`` after each, every round is recorded once, and ``metrics.json`` lists both restarts;
 * a fleet on separate machines, on one engine: ``docker/coordinator.yml`` and two
   projects of ``docker/node.yml`` dialling its published port through the host;
   each node makes its own key pair and only the public key reaches the
@@ -83,6 +86,7 @@ REJOIN_MARGIN = 15
 # a host busy with other work can set FIBOS_DOCKER_ROUND_TIMEOUT higher).
 ROUND_TIMEOUT = int(os.environ.get("FIBOS_DOCKER_ROUND_TIMEOUT", "150"))
 ACCURACY_FLOOR = 0.8  # digits, 10 classes: chance is 0.1; 8 rounds reached 0.97-0.98 here
+HEAL_ROUNDS = 6  # the healing run: the executor lost in round 2, the SuperLink after the resumed run's round 4
 
 pytestmark = [
     pytest.mark.docker,
@@ -501,6 +505,47 @@ def test_down_then_up_keeps_credentials_and_registrations_and_runs_again(compose
     assert full["nodes"] == 1 and full["num_examples"] == 120 and full["accuracy"] > 0.5, record["federated"]
     first = _metrics(compose, "default", tmp_path)  # the first run's results survived on the volume
     assert len(first["rounds"]) == ROUNDS + 1
+
+
+@pytest.mark.timeout(2400)
+def test_the_stack_heals_a_lost_serverapp_executor_and_then_a_lost_superlink(compose: Compose, tmp_path: Path) -> None:
+    compose.env.update(
+        FIBOS_RUN_NAME="healing",
+        FIBOS_NUM_ROUNDS=str(HEAL_ROUNDS),
+        FIBOS_RUN_CONFIG=f"round-timeout={ROUND_TIMEOUT} eval-every={HEAL_ROUNDS}",
+    )
+    compose.run("up", "-d", "--no-deps", "submit", timeout=120)
+    t0 = time.monotonic()
+
+    # The ServerApp's executor dies with its process (SIGKILL from the host: an OOM kill, not `docker stop`),
+    # and the ServerApp it ran with it; the restart policy brings the executor back, `submit` the run.
+    compose.wait_log("submit", f"[round 2/{HEAL_ROUNDS}]", 1, timeout=900)
+    os.kill(compose.state("superexec-serverapp")["Pid"], 9)
+    lost_executor = time.monotonic()
+    compose.wait_log("submit", "resubmitting it with resume=true", 1, timeout=900)
+    print(f"executor killed: resubmitted after {time.monotonic() - lost_executor:.0f} s")
+
+    # Then the SuperLink, once the resumed run has aggregated a round past the one it resumed from.
+    compose.wait_log("submit", f"[round 4/{HEAL_ROUNDS}]", 1, timeout=900)
+    os.kill(compose.state("superlink")["Pid"], 9)
+    lost_link = time.monotonic()
+    compose.wait_log("submit", "resubmitting it with resume=true", 2, timeout=900)
+    print(f"SuperLink killed: resubmitted after {time.monotonic() - lost_link:.0f} s")
+
+    rc = compose.wait_exit("submit", timeout=1500)
+    compose.save_logs("healing-run")
+    assert rc == 0, compose.logs("submit")[-4000:] + compose.logs("superexec-serverapp")[-3000:]
+    print(f"healing run: {time.monotonic() - t0:.0f} s in all")
+    assert compose.restart_count("superexec-serverapp") >= 1 and compose.restart_count("superlink") >= 1
+
+    metrics = _metrics(compose, "healing", tmp_path)
+    assert [r["round"] for r in metrics["rounds"]] == list(range(HEAL_ROUNDS + 1))  # each round once
+    restarts = metrics["restarts"]
+    assert len(restarts) == 2, restarts
+    first, second = (r["resumed_from_round"] for r in restarts)
+    assert 2 <= first < HEAL_ROUNDS and first <= second < HEAL_ROUNDS, restarts
+    accuracy = metrics["rounds"][-1]["global"]["accuracy"]
+    assert accuracy > ACCURACY_FLOOR, accuracy
 
 
 # A remote node's containers: the SuperNode reads the CA certificate it was handed and its own key, the executor
