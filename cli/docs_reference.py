@@ -68,6 +68,7 @@ PACKAGES = (
     "common/wire",
     "cli",
     "benchmarks",
+    "benchmarks/privacy",
     "benchmarks/ranking",
     "benchmarks/vs_flower",
 )

@@ -38,6 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "benchmarks.poisoning_bench",
         "How far one client can move another's Fisher-ranked mask",
     ),
+    "bench-leak": (
+        "benchmarks.privacy.leak_bench",
+        "Which classes a node holds, read by a curious server from its Fisher upload or its update",
+    ),
     "bench-fisher-memory": ("benchmarks.fisher_memory_bench", "Server memory of the per-client Fisher state"),
     "bench-server": (
         "benchmarks.server_bench",
