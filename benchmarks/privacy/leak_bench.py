@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from benchmarks.bench_rows import write_rows
+from benchmarks.benchmark import Partition
 from benchmarks.privacy.label_inference import (
     LeakScore,
     find_classifier,
@@ -67,32 +68,23 @@ SIGNATURE_EXAMPLES = 64  # the server's examples per class in a signature
 
 
 @dataclass(frozen=True)
-class Row:
-    """One attack on one partition, over the nodes of one capacity (or all), mean over seeds."""
+class Row(LeakScore):
+    """One attack on one partition, over the nodes of one capacity (or all): its score, mean over seeds."""
 
-    partition: str
-    source: str
-    attack: str
-    capacity: str
-    nodes: int
-    membership: float
-    membership_chance: float
-    exact: float
-    exact_chance: float
-    share_error: float
-    share_error_chance: float
+    partition: str = ""
+    source: str = ""
+    attack: str = ""
+    capacity: str = ""
+    nodes: int = 0
 
 
-def parse_partition(text: str) -> tuple[str, dict[str, float | int]]:
-    """``dirichlet:<alpha>``, ``pathological:<k>`` or ``iid`` as the partitioner's kind and keyword."""
-    kind, _, value = text.partition(":")
-    if kind == "dirichlet":
-        return kind, {"alpha": float(value or 0.5)}
-    if kind == "pathological":
-        return kind, {"classes_per_client": int(value or 2)}
-    if kind == "iid" and not value:
-        return kind, {}
-    raise argparse.ArgumentTypeError(f"{text!r}: give iid, dirichlet:<alpha> or pathological:<k>")
+def partition_options(partition: Partition) -> dict[str, float | int]:
+    """The keyword of :func:`~common.data.partitioning.partition_indices` that ``partition`` sets."""
+    if partition.kind == "dirichlet":
+        return {"alpha": float(partition.value or 0.5)}
+    if partition.kind == "pathological":
+        return {"classes_per_client": int(partition.value or 2)}
+    return {}
 
 
 def mean_gradient(model: torch.nn.Module, layout: ParamLayout, x: np.ndarray, data: ArrayDataset) -> np.ndarray:
@@ -115,7 +107,8 @@ def measure(
     min_share: float,
 ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per (source, attack, capacity label): inferred held classes, inferred shares and true counts, per node."""
-    kind, options = parse_partition(partition)
+    spec = Partition.parse(partition)
+    kind, options = spec.kind, partition_options(spec)
     torch.manual_seed(seed)
     split = load_dataset(dataset, 0.2, seed)
     classes = split.train.num_classes
@@ -209,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
     for p in partitions:
         try:
-            parse_partition(p)
+            Partition.parse(p)
         except argparse.ArgumentTypeError as err:
             ap.error(f"--partitions: {err}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -230,7 +223,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             key=lambda kv: (SOURCES.index(kv[0][0]), ATTACKS.index(kv[0][1]), kv[0][2] != "all", -_level(kv[0][2])),
         ):
             mean = {f: statistics.fmean(getattr(s, f) for s in scores) for f in asdict(scores[0])}
-            rows.append(Row(partition, source, attack, capacity, nodes[(source, attack, capacity)], **mean))
+            rows.append(
+                Row(
+                    **mean,
+                    partition=partition,
+                    source=source,
+                    attack=attack,
+                    capacity=capacity,
+                    nodes=nodes[(source, attack, capacity)],
+                )
+            )
     write_rows(rows, Path(args.out), "leak")
     print(table([r for r in rows if r.capacity == "all"]))
     return 0
