@@ -213,6 +213,44 @@ def test_the_ledger_travels_with_the_methods_state() -> None:
     assert restored.ledger.clients == method.ledger.clients
 
 
+def _upload(method, key: str, rnd: int, fisher: np.ndarray) -> None:
+    """A capacity-1 client's refresh, requested and folded in at round ``rnd``."""
+    from common.aggregation.masked import MaskedUpdate
+
+    x = np.ones(LAYOUT.size, dtype=np.float32)
+    full = np.ones(LAYOUT.size, dtype=bool)
+    method.fisher_request(key, rnd, x, full)
+    update = MaskedUpdate(np.arange(LAYOUT.size, dtype=np.int32), np.zeros(LAYOUT.size, dtype=np.float32), 10.0)
+    method.observe(Accepted(7, key, TrainReply(update, fisher, {}, fisher_bytes=10)), rnd)
+    assert key in method.fisher.clients
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_a_prior_ranked_mask_is_held_until_the_prior_changes_when_asked(hold: bool) -> None:
+    method = create_method(parse_run_config({"fisher-every": 2, "fedfibos-hold-prior-masks": hold}))
+    method.start_server(LAYOUT)
+    rng = np.random.default_rng(1)
+    _upload(method, "big", 1, rng.gamma(1.0, size=LAYOUT.size).astype(np.float32))
+    x2, x3 = (rng.standard_normal(LAYOUT.size).astype(np.float32) for _ in range(2))
+    first, source = method.mask_for("small", 2, 1 / 4, x2)
+    assert source == "prior"
+    second, source = method.mask_for("small", 3, 1 / 4, x3)  # the global values moved, the prior did not
+    fresh = method.mask_for(None, 3, 1 / 4, x3)[0]  # what a client with no key (central evaluation) is given
+    assert not np.array_equal(first, fresh)
+    if hold:
+        assert source == "held" and np.array_equal(second, first)
+    else:
+        assert source == "prior" and np.array_equal(second, fresh)
+    # A resumed run holds the same mask; a new upload changes the prior, and the mask with it.
+    restored = create_method(parse_run_config({"fisher-every": 2, "fedfibos-hold-prior-masks": hold}))
+    restored.start_server(LAYOUT)
+    restored.load_state(method.state_bytes())
+    assert np.array_equal(restored.mask_for("small", 3, 1 / 4, x3)[0], second)
+    _upload(method, "big", 4, rng.gamma(1.0, size=LAYOUT.size).astype(np.float32))
+    after, source = method.mask_for("small", 5, 1 / 4, x3)
+    assert source == "prior" and np.array_equal(after, method.mask_for(None, 5, 1 / 4, x3)[0])
+
+
 # ---------------------------------------------------------------- a budgeted federation
 def test_a_budgeted_federation_keeps_every_client_within_its_bytes(tmp_path, monkeypatch) -> None:
     from tests.inprocess_grid import inprocess_federation

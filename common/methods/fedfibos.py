@@ -251,7 +251,16 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
                 self.held.put(key, own.round, gamma, mask)
             return mask, source
         # The Fisher state object and its version name the prior: a restored state is a new object.
-        return self.level_masks.get(x, (self.fisher, self.fisher.version), gamma, select), source
+        mask = self.level_masks.get(x, (self.fisher, self.fisher.version), gamma, select)
+        if source == "prior" and key is not None and self.opts.hold_prior_masks:
+            # The prior changes only when a client uploads, so the latest upload's round names it, also after a
+            # resume (the held masks are part of the method's state).
+            stamp = max((c.round for c in self.fisher.clients.values()), default=-1)
+            held = self.held.get(key, stamp, gamma)
+            if held is not None:
+                return held, "held"
+            self.held.put(key, stamp, gamma, mask)
+        return mask, source
 
     def prior_influence(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, float] | None:
         """Per capacity level below 1: the share of a prior-ranked mask any one client could flip.

@@ -46,6 +46,12 @@ class FedFIbOSOptions(Schema):
         "`F x^2` (the second-order loss change; under the byte budget it gave the small clients better submodels "
         "on seeds no reported table uses, docs/design/fisher.md), 0 = magnitude alone",
     )
+    hold_prior_masks: bool = Field(
+        False,
+        description="a client ranked by the prior keeps its mask until the prior changes (the next upload of a "
+        "client that could afford a refresh), as a client ranked by its own estimate keeps its mask until its "
+        "next refresh; false: a prior-ranked mask follows the global values every round",
+    )
 
 
 class FedFIbOSSpec(FisherRankedSpec):
