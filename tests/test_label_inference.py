@@ -130,3 +130,5 @@ def test_the_leak_command_writes_its_table(tmp_path):
     assert all(0 <= r["membership"] <= 1 and 0 <= r["share_error"] <= 1 for r in rows)
     with pytest.raises(SystemExit):
         main(["--partitions", "dirichlet:0.1,shards", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["--min-share", "1.5", "--out", str(tmp_path)])

@@ -89,9 +89,9 @@ def fisher_scores(fisher: NDArray, classifier: Classifier) -> NDArray[np.float64
 
 def update_scores(update: NDArray, held: NDArray[np.bool_], classifier: Classifier) -> NDArray[np.float64]:
     """Per class, the mean update over the positions of its classifier row that the node held (0 where none)."""
-    values = classifier.rows(update)
-    counts = classifier.rows(held.astype(np.float64)).sum(axis=1)
-    sums = (values * classifier.rows(held.astype(np.float64))).sum(axis=1)
+    held_rows = classifier.rows(held.astype(np.float64))
+    counts = held_rows.sum(axis=1)
+    sums = (classifier.rows(update) * held_rows).sum(axis=1)
     return np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
 
 

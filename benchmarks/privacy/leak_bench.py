@@ -67,15 +67,15 @@ ATTACKS = ("classifier", "signature")
 SIGNATURE_EXAMPLES = 64  # the server's examples per class in a signature
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Row(LeakScore):
     """One attack on one partition, over the nodes of one capacity (or all): its score, mean over seeds."""
 
-    partition: str = ""
-    source: str = ""
-    attack: str = ""
-    capacity: str = ""
-    nodes: int = 0
+    partition: str
+    source: str
+    attack: str
+    capacity: str
+    nodes: int
 
 
 def partition_options(partition: Partition) -> dict[str, float | int]:
@@ -168,8 +168,13 @@ def measure(
         note("fedfibos Fisher", "classifier", label, held, shares(scores, held), i)
         q = mixture_shares(upload, fisher_signatures, masks[i])
         note("fedfibos Fisher", "signature", label, held_from_shares(q, min_share), q, i)
-        for source, mask in (("fedfibos update", masks[i]), ("fedavg update", whole)):
-            delta = update(i, mask)
+        # At capacity 1 fedfibos trains the whole model, as FedAvg does: one training serves both.
+        fedfibos_delta = update(i, masks[i])
+        fedavg_delta = fedfibos_delta if masks[i] is whole else update(i, whole)
+        for source, mask, delta in (
+            ("fedfibos update", masks[i], fedfibos_delta),
+            ("fedavg update", whole, fedavg_delta),
+        ):
             scores = update_scores(delta, mask, classifier)
             held = held_from_update(scores)
             note(source, "classifier", label, held, shares(scores, held), i)
@@ -199,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--out", default="results/leak")
     args = ap.parse_args(argv)
+    if not 0 <= args.min_share < 1:
+        ap.error(f"--min-share {args.min_share}: give a share in [0, 1)")
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
     for p in partitions:
         try:
