@@ -13,12 +13,14 @@ from numpy.typing import NDArray
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
+from client.privacy import charge_reply, private_config
 from client.replies import train_records, train_reply
 from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.methods import create_method
 from common.methods.base import LocalUpdate, Method, Received
+from common.methods.specs.privacy import PRIVACY_KEYS
 from common.training.device import pick_device
 from common.training.evaluation import evaluate
 from common.training.loop import round_train_config
@@ -76,28 +78,35 @@ def query(msg: Message, context: Context) -> Message:
         log(level, "own data at %s: %s", node.data_path, data.report.summary())
     content = RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)})
     if P.OPENING in msg.content.array_records:
-        for name, record in opening_warmup(msg, run, node, data, float(capacity)).items():
+        for name, record in opening_warmup(msg, run, node, data, float(capacity), context.run_id).items():
             content[name] = record
     return Message(content, reply_to=msg)
 
 
 def measured_train(
-    method: Method, got: Received, run: RunConfig, node: NodeConfig, data: LocalData
-) -> tuple[LocalUpdate, float | None, float]:
+    method: Method, got: Received, run: RunConfig, node: NodeConfig, data: LocalData, run_id: int
+) -> tuple[LocalUpdate, float | None, float, dict[str, float]]:
     """``method.client_train`` on ``got`` with the node's settings for ``got.round``, measured.
 
-    Returns the update, the process's peak resident MiB while it ran (``None`` where that cannot be read) and
-    its CPU seconds (all threads).
+    Returns the update (under ``dp-epsilon``: trained with DP-SGD and charged to the node's ledger, which raises
+    :class:`~common.privacy.accountant.BudgetSpent` when the budget is spent), the process's peak resident MiB
+    while it ran (``None`` where that cannot be read), its CPU seconds (all threads) and the metrics the
+    privacy ledger adds (none without ``dp-epsilon``).
     """
     cpu0 = time.process_time()
+    cfg = round_train_config(run, node, got.round)
+    private = run.options(PRIVACY_KEYS.name).enabled
+    if private:
+        cfg = private_config(cfg, method, run, len(data.train))
     with PeakRSS() as peak:
-        update = method.client_train(
-            got, data.train, round_train_config(run, node, got.round), pick_device(node.device)
-        )
-    return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0
+        update = method.client_train(got, data.train, cfg, pick_device(node.device))
+    extra = charge_reply(update, method, run, node, cfg, len(data.train), run_id) if private else {}
+    return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0, extra
 
 
-def opening_warmup(msg: Message, run: RunConfig, node: NodeConfig, data: LocalData, capacity: float) -> RecordDict:
+def opening_warmup(
+    msg: Message, run: RunConfig, node: NodeConfig, data: LocalData, capacity: float, run_id: int
+) -> RecordDict:
     """The round-0 TRAIN reply's records for a QUERY carrying the initial model: the node's warm-up Fisher.
 
     The node builds the round-0 download it would have been sent (:meth:`opening_received`) and measures its
@@ -109,14 +118,14 @@ def opening_warmup(msg: Message, run: RunConfig, node: NodeConfig, data: LocalDa
         method = create_method(run)
         x0 = msg.content.array_records[P.OPENING][P.VALUES].numpy()
         got = method.opening_received(data.train, x0, capacity)
-        update, peak_mib, cpu_seconds = measured_train(method, got, run, node, data)
+        update, peak_mib, cpu_seconds, extra = measured_train(method, got, run, node, data, run_id)
     except Exception as err:  # the profile still goes back: the node takes part, ranked by the prior at first
         reason = f"{type(err).__name__}: {err}"
         log(WARNING, "no warm-up Fisher from the discovery message: %s", reason)
         return RecordDict({P.OPENING_ERROR: ConfigRecord({P.OPENING_ERROR: reason})})
-    records = train_records(update, 0, got.digest, peak_mib, cpu_seconds)
+    records = train_records(update, 0, got.digest, peak_mib, cpu_seconds, extra)
     if P.ROUND_ONE in msg.content.config_records:
-        records.update(opening_round_one(method, x0, capacity, got, update, run, node, data))
+        records.update(opening_round_one(method, x0, capacity, got, update, run, node, data, run_id))
     return records
 
 
@@ -129,6 +138,7 @@ def opening_round_one(
     run: RunConfig,
     node: NodeConfig,
     data: LocalData,
+    run_id: int,
 ) -> dict[str, ConfigRecord | ArrayRecord | MetricRecord]:
     """Round 1 trained in the discovery exchange: the records of its TRAIN reply, under the ``round-one-*`` names.
 
@@ -138,13 +148,13 @@ def opening_round_one(
     """
     try:
         got = method.round_one_received(data.train, x0, capacity, opening, warm_up)
-        update, peak_mib, cpu_seconds = measured_train(method, got, run, node, data)
+        update, peak_mib, cpu_seconds, extra = measured_train(method, got, run, node, data, run_id)
     except Exception as err:
         reason = f"{type(err).__name__}: {err}"
         log(WARNING, "round 1 not trained with the discovery message: %s", reason)
         return {P.ROUND_ONE_ERROR: ConfigRecord({P.ROUND_ONE_ERROR: reason})}
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
-    one = train_records(update, 1, got.digest, peak_mib, cpu_seconds)
+    one = train_records(update, 1, got.digest, peak_mib, cpu_seconds, extra)
     return {P.ROUND_ONE_UPDATE: one[P.UPDATE], P.ROUND_ONE_METRICS: one[P.METRICS], P.ROUND_ONE_META: one[P.META]}
 
 
@@ -153,9 +163,9 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received submodel with the run's method; reply with its update and metrics."""
     run, node, data = _setup(context)
     got = received(msg)
-    update, peak_mib, cpu_seconds = measured_train(create_method(run), got, run, node, data)
+    update, peak_mib, cpu_seconds, extra = measured_train(create_method(run), got, run, node, data, context.run_id)
     time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
-    return train_reply(msg, update, got.round, got.digest, peak_mib, cpu_seconds)
+    return train_reply(msg, update, got.round, got.digest, peak_mib, cpu_seconds, extra)
 
 
 @app.evaluate()

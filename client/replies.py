@@ -19,9 +19,11 @@ def train_reply(
     mask_digest: str,
     peak_rss_mib: float | None = None,
     cpu_seconds: float | None = None,
+    extra: dict[str, float] | None = None,
 ) -> Message:
     """Reply to ``msg`` (the TRAIN message answered) with :func:`train_records`."""
-    return Message(train_records(update, server_round, mask_digest, peak_rss_mib, cpu_seconds), reply_to=msg)
+    records = train_records(update, server_round, mask_digest, peak_rss_mib, cpu_seconds, extra)
+    return Message(records, reply_to=msg)
 
 
 def train_records(
@@ -30,6 +32,7 @@ def train_records(
     mask_digest: str,
     peak_rss_mib: float | None = None,
     cpu_seconds: float | None = None,
+    extra: dict[str, float] | None = None,
 ) -> RecordDict:
     """The records of a TRAIN reply carrying the method's local ``update``.
 
@@ -46,6 +49,8 @@ def train_records(
     cpu_seconds : float or None
         The client process's CPU seconds of training and Fisher estimation (all its threads; what the node
         would take alone on one core per thread, whatever else shares the machine); ``None`` sends no value.
+    extra : dict[str, float], optional
+        More metrics (the privacy ledger's ``dp-epsilon`` and ``dp-noise-multiplier``).
     """
     metrics = {
         "num-examples": update.num_examples,
@@ -57,6 +62,7 @@ def train_records(
         metrics["peak-rss-mib"] = float(peak_rss_mib)
     if cpu_seconds is not None:
         metrics["cpu-seconds"] = float(cpu_seconds)
+    metrics.update(extra or {})
     return RecordDict(
         {
             P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),

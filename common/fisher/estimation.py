@@ -130,6 +130,7 @@ def per_example_fisher(
     chunk: int = 64,
     max_chunk_mib: float = 512.0,
     vectorise: bool | None = None,
+    clip_norm: float | None = None,
 ) -> NDArray[np.float32]:
     """Mean squared per-example gradient of the loss at the effective weights ``params * mask``.
 
@@ -159,6 +160,10 @@ def per_example_fisher(
     vectorise : bool, optional
         ``True``: ``vmap`` over chunks; ``False``: one autograd backward pass per example; ``None``
         (default): ``vmap`` on an accelerator for models that allow it, the loop otherwise.
+    clip_norm : float, optional
+        Each example's gradient (over every tensor together) is scaled down to this L2 norm before it is
+        squared, so one example adds at most ``clip_norm ** 2`` to the sum (differential privacy,
+        :mod:`common.privacy.mechanism`); ``None``: unclipped.
 
     Returns
     -------
@@ -167,6 +172,8 @@ def per_example_fisher(
     """
     if len(indices) == 0:
         raise ValueError("no examples to estimate the Fisher on")
+    if clip_norm is not None and not clip_norm > 0:
+        raise ValueError(f"clip_norm={clip_norm!r} must be > 0")
     model = model.to(device)
     effective = layout.unflatten(np.where(mask, params, 0).astype(np.float32))
     tensors = {name: torch.from_numpy(np.ascontiguousarray(effective[name])).to(device) for name in layout.names}
@@ -187,7 +194,9 @@ def per_example_fisher(
         raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
     try:
         with sample_statistics(model, tensors, as_input(x_all)):
-            _accumulate(model, layout, tensors, sums, x_all, y_all, loss_one, vectorise, chunk, max_chunk_mib)
+            _accumulate(
+                model, layout, tensors, sums, x_all, y_all, loss_one, vectorise, chunk, max_chunk_mib, clip_norm
+            )
     finally:
         model.train(was_training)
     n = float(len(indices))
@@ -205,19 +214,37 @@ def _accumulate(
     vectorise: bool,
     chunk: int,
     max_chunk_mib: float,
+    clip_norm: float | None = None,
 ) -> None:
-    """Add every example's squared gradient to ``sums`` (vectorised by chunks, or one backward pass each)."""
+    """Add every example's squared gradient (clipped to ``clip_norm`` first) to ``sums`` (vectorised by chunks,
+    or one backward pass each)."""
     if vectorise:
         per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
         # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
         per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
         for start in range(0, len(x_all), per_chunk):
             g = per_example(tensors, as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
+            scale = _clip_scales({name: g[name].flatten(1) for name in sums}, clip_norm)
             for name in sums:
-                sums[name].add_(g[name].square().sum(0))
+                sq = g[name].square()
+                if scale is not None:
+                    sq = sq * scale.square().reshape(-1, *([1] * (sq.dim() - 1)))
+                sums[name].add_(sq.sum(0))
     else:
         leaves = {name: t.requires_grad_(True) for name, t in tensors.items()}
         for i in range(len(x_all)):
             grads = torch.autograd.grad(loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values()))
+            scale = _clip_scales({name: g.reshape(1, -1) for name, g in zip(leaves, grads, strict=True)}, clip_norm)
             for name, g in zip(leaves, grads, strict=True):
-                sums[name].add_(g.square())
+                sums[name].add_(g.square() if scale is None else g.square() * scale[0].square())
+
+
+def _clip_scales(rows: dict[str, torch.Tensor], clip_norm: float | None) -> torch.Tensor | None:
+    """Per-example factors ``min(1, clip_norm / ||g_i||)`` of gradients given as ``(examples, -1)`` rows per tensor.
+
+    ``None`` when there is no bound. The norm is over every tensor together, accumulated in float64.
+    """
+    if clip_norm is None:
+        return None
+    norms = torch.stack([r.double().square().sum(1) for r in rows.values()]).sum(0).sqrt()
+    return (clip_norm / norms.clamp_min(1e-300)).clamp(max=1.0).to(next(iter(rows.values())).dtype)

@@ -42,8 +42,10 @@ from common.methods.specs.fisher import (
     FisherRankedSpec,
     MaskGuardOptions,
 )
+from common.methods.specs.privacy import PRIVACY_KEYS, PrivacyOptions
 from common.models.architectures import build_run_model, load_flat, model_layout
 from common.models.layout import ParamLayout
+from common.privacy.mechanism import privatise_fisher
 from common.training.loop import TrainConfig, local_classes, train_masked
 from common.wire import protocol as P
 from common.wire.protocol import decode_submodel, encode_submodel
@@ -200,7 +202,12 @@ class MaskedMethod(Method):
             present = local_classes(torch.from_numpy(train.y), train.num_classes, cfg.label_mask)
             indices = example_indices(len(train), fisher_keys.examples, cfg.seed)
             whole = np.ones(layout.size, dtype=bool)
-            fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device)
+            privacy: PrivacyOptions = self.run.options(PRIVACY_KEYS.name)
+            clip = privacy.fisher_clip if privacy.enabled else None
+            fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device, clip_norm=clip)
+            if privacy.enabled:
+                z = cfg.dp_noise_multiplier
+                fisher = privatise_fisher(fisher, z, privacy.fisher_clip, len(indices), cfg.seed)
             fisher_seconds = time.perf_counter() - t0
         measure_path = encoding != "none" and estimator == "path"
         result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=measure_path)

@@ -9,7 +9,7 @@ objects (:mod:`common.training.accumulators`); a masked submodel is gated with `
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +22,7 @@ from torch.nn.utils import prune
 from common.data.arrays import ArrayDataset
 from common.models.architectures import load_flat
 from common.models.layout import ParamLayout
+from common.privacy.private_sgd import private_gradient
 from common.training.accumulators import EffectiveFisher, effective_tensors
 from common.training.optimizers import make_optimizer
 
@@ -56,6 +57,12 @@ class TrainConfig:
         Largest L2 norm of a step's gradient over all trained parameters; larger gradients are scaled
         down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local training
         does with 1). 0 = no clipping.
+    dp_grad_clip : float
+        Differential privacy (``dp-epsilon``): each example's gradient is clipped to this L2 norm and the step
+        takes the noised mean (:func:`common.privacy.private_sgd.private_gradient`). 0 = off.
+    dp_noise_multiplier : float
+        The noise's standard deviation in units of ``dp_grad_clip`` (with ``dp_grad_clip > 0``); the Fisher
+        measured for the same reply is noised with it too.
     """
 
     epochs: int
@@ -69,6 +76,8 @@ class TrainConfig:
     seed: int = 0
     clip_grad_norm: float = 0.0
     optimizer: str = "sgd"
+    dp_grad_clip: float = 0.0
+    dp_noise_multiplier: float = 0.0
 
 
 def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
@@ -196,35 +205,77 @@ def train_loop(
     counted, steps, loss_sum, stats_seconds = 0, 0, 0.0, 0.0
     loss_fn = nn.CrossEntropyLoss()
     present = local_classes(y, data.num_classes, cfg.label_mask)
+    noise = torch.Generator().manual_seed(cfg.seed + 1) if cfg.dp_grad_clip > 0 else None
     for _ in range(cfg.epochs):
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
             opt.zero_grad(set_to_none=True)
-            out = model(as_input(x[batch]))
-            measure = bool(accumulators) and (cfg.fisher_batches == 0 or counted < cfg.fisher_batches)
-            if measure:
-                for acc in accumulators:
-                    acc.prepare(model)
-            loss = loss_fn(local_logits(out, present), y[batch])
-            loss.backward()
-            if measure:
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    for acc in accumulators:
-                        acc.accumulate(model)
-                counted += 1
-                stats_seconds += time.perf_counter() - t0
+            if noise is not None:
+                # DP-SGD: no accumulator sees these gradients (a Fisher along the path has no per-example bound).
+                step_loss = private_gradient(
+                    params,
+                    _example_loss(model, loss_fn, x[batch], y[batch], present),
+                    len(batch),
+                    cfg.dp_grad_clip,
+                    cfg.dp_noise_multiplier,
+                    noise,
+                )
+            else:
+                step_loss, measured = _backward(model, loss_fn, x[batch], y[batch], present, accumulators, cfg, counted)
+                counted += int(measured >= 0)
+                stats_seconds += max(measured, 0.0)
             if anchor is not None:
                 with torch.no_grad():
                     for p, p0 in zip(params, anchor):
                         if p.grad is not None:
                             p.grad.add_(p - p0, alpha=cfg.proximal_mu)
-            if cfg.clip_grad_norm > 0:
+            if cfg.clip_grad_norm > 0 and noise is None:  # a private step's examples are clipped already
                 nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
             opt.step()
-            loss_sum += float(loss.detach())
+            loss_sum += step_loss
             steps += 1
     return LoopResult(loss_sum / max(steps, 1), len(data), stats_seconds)
+
+
+def _example_loss(
+    model: nn.Module, loss_fn: nn.Module, xb: torch.Tensor, yb: torch.Tensor, present: torch.Tensor | None
+) -> Callable[[int], torch.Tensor]:
+    """The loss of the ``i``-th example of a minibatch alone (a forward pass of one example)."""
+
+    def loss_of(i: int) -> torch.Tensor:
+        return loss_fn(local_logits(model(as_input(xb[i : i + 1])), present), yb[i : i + 1])
+
+    return loss_of
+
+
+def _backward(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    present: torch.Tensor | None,
+    accumulators: Sequence[Accumulator],
+    cfg: TrainConfig,
+    counted: int,
+) -> tuple[float, float]:
+    """The minibatch's mean loss backward, the accumulators fed when the step counts; ``(loss, seconds)``.
+
+    ``seconds`` is the accumulators' time, or -1 when the step was not counted.
+    """
+    out = model(as_input(xb))
+    measure = bool(accumulators) and (cfg.fisher_batches == 0 or counted < cfg.fisher_batches)
+    if measure:
+        for acc in accumulators:
+            acc.prepare(model)
+    loss = loss_fn(local_logits(out, present), yb)
+    loss.backward()
+    if not measure:
+        return float(loss.detach()), -1.0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for acc in accumulators:
+            acc.accumulate(model)
+    return float(loss.detach()), time.perf_counter() - t0
 
 
 def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]) -> list[tuple[nn.Module, str]]:

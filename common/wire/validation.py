@@ -199,8 +199,9 @@ def validate_train_reply(
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
         values[key] = _finite_number(metrics, key)
-    # Optional: a client on a platform without /proc or resource sends no peak; an older client, no CPU seconds.
-    for key in ("peak-rss-mib", "cpu-seconds"):
+    # Optional: a client on a platform without /proc or resource sends no peak; an older client, no CPU seconds;
+    # a run without dp-epsilon, no privacy ledger.
+    for key in ("peak-rss-mib", "cpu-seconds", "dp-epsilon", "dp-noise-multiplier"):
         if key in metrics:
             values[key] = _finite_number(metrics, key)
     update = MaskedUpdate(sent.positions(), read_only(delta), float(n))

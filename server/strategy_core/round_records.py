@@ -43,6 +43,8 @@ class ClientRound:
     peak_rss_mib: float | None = None  # the client process's peak resident memory while it trained
     cpu_seconds: float | None = None  # the client process's CPU seconds of training and Fisher
     num_examples: int | None = None
+    dp_epsilon: float | None = None  # the node's privacy budget spent so far (its ledger, after this reply)
+    dp_noise_multiplier: float | None = None  # the noise multiplier its DP-SGD steps and Fisher used
     capacity_source: str = "node-config"
     client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
     fisher_asked: bool = False  # the message asked for the node's Fisher
@@ -75,6 +77,8 @@ def note_accepted(info: ClientRound | None, bytes_up: int, reply: TrainReply) ->
     info.peak_rss_mib = reply.metrics.get("peak-rss-mib")
     info.cpu_seconds = reply.metrics.get("cpu-seconds")
     info.num_examples = int(reply.metrics["num-examples"])
+    info.dp_epsilon = reply.metrics.get("dp-epsilon")
+    info.dp_noise_multiplier = reply.metrics.get("dp-noise-multiplier")
 
 
 def opening_record(
@@ -252,6 +256,7 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
     local = record.get("local")
     down = sum(c["bytes_down"] for c in record["clients"]) / 1024
     up = sum(c["bytes_up"] for c in record["clients"]) / 1024
+    spent = [c["dp_epsilon"] for c in record["clients"] if c.get("dp_epsilon") is not None]
     seconds = [*earlier_seconds, record["round_seconds"]]
     mean, remaining = sum(seconds) / len(seconds), num_rounds - record["round"]
     return (
@@ -259,7 +264,8 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
         f"global acc {acc:.4f} loss {loss:.4f} | per capacity {levels or '-'}"
         + (f" | local acc {local['accuracy']:.4f}" if local else "")
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
-        f" | {record['round_seconds']:.1f} s"
+        + (f" | epsilon spent up to {max(spent):.2f}" if spent else "")
+        + f" | {record['round_seconds']:.1f} s"
         + (f" | ~{mean * remaining:.0f} s left" if remaining > 0 and mean > 0 else "")
     )
 

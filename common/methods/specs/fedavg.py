@@ -6,6 +6,7 @@ The methods: :mod:`common.methods.fedavg` and :mod:`common.methods.fedavg_drop`.
 from __future__ import annotations
 
 from common.methods.specs.base import MethodSpec
+from common.methods.specs.privacy import PRIVACY_KEYS
 
 
 class FedAvgSpec(MethodSpec):
@@ -13,6 +14,7 @@ class FedAvgSpec(MethodSpec):
 
     name = "fedavg"
     summary = "everyone trains the full model, whatever its capacity (the accuracy ceiling)"
+    shared_key_groups = (PRIVACY_KEYS,)
     implementation = "common.methods.fedavg:FedAvg"
 
 

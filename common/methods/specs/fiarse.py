@@ -8,6 +8,7 @@ from pydantic import Field
 
 from common.config.schema import Schema
 from common.methods.specs.base import MethodSpec
+from common.methods.specs.privacy import PRIVACY_KEYS
 
 
 class FIARSEOptions(Schema):
@@ -35,4 +36,5 @@ class FIARSESpec(MethodSpec):
     )
     options = FIARSEOptions
     options_prefix = "fiarse-"
+    shared_key_groups = (PRIVACY_KEYS,)
     implementation = "common.methods.fiarse:FIARSE"

@@ -14,6 +14,7 @@ from pydantic import Field
 from common.config.schema import KeyGroup, Schema
 from common.fisher.codec import FISHER_ENCODINGS
 from common.methods.specs.base import MethodSpec
+from common.methods.specs.privacy import PRIVACY_KEYS
 
 
 class FisherOptions(Schema):
@@ -106,4 +107,4 @@ MASK_GUARD_KEYS = KeyGroup("mask-guards", "", MaskGuardOptions, "Fisher-ranked m
 class FisherRankedSpec(MethodSpec):
     """A method that keeps per-client Fisher on the server: it owns the ``fisher-*`` keys and the mask guards."""
 
-    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
+    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS, PRIVACY_KEYS)

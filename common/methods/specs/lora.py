@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from common.config.schema import Schema
-from common.methods.specs.fisher import FisherRankedSpec
+from common.methods.specs.fisher import FISHER_KEYS, MASK_GUARD_KEYS, FisherRankedSpec
 from common.submodels.lora_ranks import LORA_AGGREGATIONS, LORA_ALLOCATIONS
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ class LoRASpec(FisherRankedSpec):
     )
     options = LoRAOptions
     options_prefix = "lora-"
+    # Its Fisher is of the adapters' factors, measured along training: no per-example bound, so no `dp-*`.
+    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
     implementation = "common.methods.lora:LoRA"
 
     @classmethod

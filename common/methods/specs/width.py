@@ -12,6 +12,7 @@ from pydantic import Field
 
 from common.config.schema import KeyGroup, Schema
 from common.methods.specs.channels import ChannelSpec
+from common.methods.specs.privacy import PRIVACY_KEYS
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -60,7 +61,7 @@ class HeteroFLSpec(ChannelSpec):
         "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)`, with HeteroFL's scaler, "
         "masked cross-entropy and label-split classifier aggregation"
     )
-    shared_key_groups = (WIDTH_KEYS,)
+    shared_key_groups = (WIDTH_KEYS, PRIVACY_KEYS)
     #: The aggregation weighting ``width-weighting = "auto"`` stands for.
     default_weighting: ClassVar[str] = "uniform"
     implementation = "common.methods.heterofl:HeteroFL"
@@ -78,6 +79,11 @@ class HeteroFLSpec(ChannelSpec):
             raise ValueError(
                 f"width-weighting='avg' is FedRolex's running update counts, which {cls.name} does not keep "
                 "(uniform or examples)"
+            )
+        if run.options(WIDTH_KEYS.name).label_split and run.options(PRIVACY_KEYS.name).enabled:
+            raise ValueError(
+                "width-label-split=true with dp-epsilon > 0: each node would upload which classes it holds, "
+                "outside the privacy budget; set width-label-split = false"
             )
 
 

@@ -1,0 +1,178 @@
+"""A node's privacy ledger: the Gaussian mechanisms it has released, composed with Opacus' RDP accountant.
+
+Under ``dp-epsilon`` a node releases two kinds of Gaussian mechanism of one noise multiplier ``z``: each Fisher
+upload, over its examples (:mod:`common.privacy.mechanism`), and each local DP-SGD step, over a minibatch
+(:mod:`common.privacy.private_sgd`); the update it uploads is a function of those steps. A mechanism over all
+the examples has Rényi divergence ``a / (2 z^2)`` at order ``a``; a step on a sampled share of them less
+(Opacus' bound for the subsampled Gaussian). Releases compose by adding the curves, and a curve converts to
+``(epsilon, delta)`` by Opacus' conversion (:func:`opacus.accountants.analysis.rdp.get_privacy_spent`).
+The ledger keeps the curve, not a count, so releases of different multipliers (a run resumed with other
+settings) compose correctly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+#: Rényi orders the ledger tracks (Opacus' default grid).
+ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+
+#: ``(sample_rate, count)``: ``count`` Gaussian mechanisms, each applied to a ``sample_rate`` share of the node's
+#: examples (1.0: a Fisher over its examples; ``B / n``: a DP-SGD step on a minibatch of ``B``).
+Releases = tuple[tuple[float, int], ...]
+
+
+def gaussian_rdp(noise_multiplier: float, releases: Releases) -> list[float]:
+    """The RDP curve over :data:`ORDERS` of ``releases``, every mechanism of multiplier ``noise_multiplier``.
+
+    A sampled mechanism is credited with Opacus' bound for Poisson subsampling at its rate (the usual account of
+    DP-SGD, whose minibatches here are a shuffled partition of the examples).
+    """
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier={noise_multiplier!r} must be > 0 to spend a finite epsilon")
+    total = [0.0] * len(ORDERS)
+    for rate, count in releases:
+        if not 0 < rate <= 1 or count < 0:
+            raise ValueError(f"release (sample rate {rate}, count {count}) is not a rate in (0, 1] and a count >= 0")
+        if count:
+            curve = compute_rdp(q=rate, noise_multiplier=noise_multiplier, steps=count, orders=list(ORDERS))
+            total = [a + float(b) for a, b in zip(total, curve, strict=True)]
+    return total
+
+
+def epsilon_of(rdp: list[float], delta: float) -> float:
+    """The epsilon an RDP curve over :data:`ORDERS` spends at ``delta`` (0 for a curve of zeros)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta={delta!r} is outside (0, 1)")
+    if not any(rdp):
+        return 0.0
+    eps, _ = get_privacy_spent(orders=list(ORDERS), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def epsilon_spent(noise_multiplier: float, releases: Releases, delta: float) -> float:
+    """Epsilon of ``releases`` of one multiplier, at ``delta``."""
+    return epsilon_of(gaussian_rdp(noise_multiplier, releases), delta)
+
+
+@lru_cache(maxsize=256)  # every round of a node asks for the same multiplier
+def calibrate_multiplier(target_epsilon: float, delta: float, releases: Releases, tolerance: float = 1e-3) -> float:
+    """The smallest noise multiplier (to ``tolerance``) whose ``releases`` spend at most ``target_epsilon``.
+
+    Bisection on :func:`epsilon_spent`, which falls as the multiplier grows.
+    """
+    if not target_epsilon > 0:
+        raise ValueError(f"target_epsilon={target_epsilon!r} must be > 0")
+    if not any(count for _, count in releases):
+        raise ValueError("no releases to calibrate the noise for")
+    lo, hi = 0.0, 1.0
+    while epsilon_spent(hi, releases, delta) > target_epsilon:
+        lo, hi = hi, hi * 2
+    while hi - lo > tolerance:
+        mid = (lo + hi) / 2
+        if epsilon_spent(mid, releases, delta) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def node_releases(num_examples: int, batch_size: int, epochs: int, rounds: int, fisher_uploads: int) -> Releases:
+    """What a node that trains ``rounds`` rounds releases: its DP-SGD steps and its Fisher uploads.
+
+    Parameters
+    ----------
+    num_examples : int
+        The node's training examples ``n``.
+    batch_size : int
+        Minibatch size ``B`` (a step samples ``min(1, B / n)`` of the examples).
+    epochs : int
+        Local epochs a round (``ceil(n / B)`` steps each).
+    rounds : int
+        Rounds it trains.
+    fisher_uploads : int
+        Fisher estimates it uploads (each over its examples: rate 1).
+    """
+    if num_examples < 1 or batch_size < 1:
+        raise ValueError(f"num_examples={num_examples}, batch_size={batch_size} must be >= 1")
+    rate = min(1.0, batch_size / num_examples)
+    steps = rounds * epochs * math.ceil(num_examples / batch_size)
+    return ((rate, steps), (1.0, fisher_uploads))
+
+
+def fisher_uploads(num_rounds: int, every: int, warmup: bool) -> int:
+    """Fisher uploads of a node that trains every round: the warm-up, then one every ``every`` rounds."""
+    return (1 if warmup else 0) + math.ceil(num_rounds / every)
+
+
+class BudgetSpent(RuntimeError):
+    """A release would take a node past its target epsilon: the node stops uploading."""
+
+
+@dataclass
+class PrivacyLedger:
+    """What one node has released in one run, as an RDP curve, against its target ``(epsilon, delta)``.
+
+    Parameters
+    ----------
+    target_epsilon : float
+        The node's budget (> 0).
+    delta : float
+        The run's delta, in (0, 1).
+    rdp : list[float]
+        The composed curve over :data:`ORDERS` (zeros: nothing released).
+    releases : int
+        Mechanisms charged so far (DP-SGD steps and Fisher uploads).
+    """
+
+    target_epsilon: float
+    delta: float
+    rdp: list[float] = field(default_factory=lambda: [0.0] * len(ORDERS))
+    releases: int = 0
+
+    def spent(self) -> float:
+        """Epsilon spent so far."""
+        return epsilon_of(self.rdp, self.delta)
+
+    def charge(self, noise_multiplier: float, releases: Releases) -> float:
+        """Record ``releases`` mechanisms and return the epsilon spent; :class:`BudgetSpent` (nothing recorded)
+        when that would exceed the target."""
+        more = gaussian_rdp(noise_multiplier, releases)
+        rdp = [a + b for a, b in zip(self.rdp, more, strict=True)]
+        eps = epsilon_of(rdp, self.delta)
+        if eps > self.target_epsilon * (1 + 1e-9):
+            raise BudgetSpent(
+                f"this node's privacy budget is spent: its {self.releases} releases so far cost epsilon "
+                f"{self.spent():.3f}, this reply's would take it to {eps:.3f} > dp-epsilon={self.target_epsilon:g} "
+                f"(delta {self.delta:g}); it uploads nothing more in this run"
+            )
+        self.rdp, self.releases = rdp, self.releases + sum(count for _, count in releases)
+        return eps
+
+    def to_json(self) -> str:
+        """The ledger as JSON (for the node's file)."""
+        return json.dumps(
+            {"target_epsilon": self.target_epsilon, "delta": self.delta, "rdp": self.rdp, "releases": self.releases}
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PrivacyLedger:
+        """Read :meth:`to_json`; ``ValueError`` when it is not a ledger over :data:`ORDERS`."""
+        doc = json.loads(text)
+        rdp = [float(v) for v in doc["rdp"]]
+        if len(rdp) != len(ORDERS) or any(not v >= 0 for v in rdp):
+            raise ValueError("not a privacy ledger over this accountant's orders")
+        return cls(float(doc["target_epsilon"]), float(doc["delta"]), rdp, int(doc["releases"]))
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
