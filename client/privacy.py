@@ -27,7 +27,8 @@ from common.config.run import RunConfig
 from common.fisher.codec import expected_names
 from common.methods.base import LocalUpdate, Method
 from common.methods.specs.privacy import PRIVACY_KEYS, PrivacyOptions, node_noise_multiplier
-from common.privacy.accountant import PrivacyLedger, Releases, node_releases
+from common.privacy.accountant import PrivacyLedger
+from common.privacy.releases import Releases, node_releases
 from common.training.loop import TrainConfig
 
 
@@ -65,7 +66,7 @@ def save_ledger(ledger: PrivacyLedger, run: RunConfig, node: NodeConfig, run_id:
 def private_config(cfg: TrainConfig, method: Method, run: RunConfig, num_examples: int) -> TrainConfig:
     """``cfg`` with DP-SGD on: the run's gradient bound and this node's noise multiplier."""
     opts: PrivacyOptions = run.options(PRIVACY_KEYS.name)
-    z = node_noise_multiplier(run, type(method), num_examples)
+    z = node_noise_multiplier(run, method.reads_fisher(run), num_examples)
     return replace(cfg, dp_grad_clip=opts.grad_clip, dp_noise_multiplier=z)
 
 

@@ -117,13 +117,20 @@ def test_the_leak_command_writes_its_table(tmp_path):
             "1",
             "--fisher-examples",
             "8",
+            "--model",
+            "cnn",
+            "--epsilons",
+            "0,8",
+            "--dp-rounds",
+            "5",
             "--out",
             str(tmp_path),
         ]
     )
     assert code == 0
     rows = json.loads((tmp_path / "leak.json").read_text())
-    kinds = {(r["source"], r["attack"], r["capacity"]) for r in rows}
+    assert {r["epsilon"] for r in rows} == {0.0, 8.0}
+    kinds = {(r["source"], r["attack"], r["capacity"]) for r in rows if r["epsilon"] == 8.0}
     for source in ("fedfibos Fisher", "fedfibos update", "fedavg update"):
         for attack in ("classifier", "signature"):
             assert {(source, attack, "all"), (source, attack, "1"), (source, attack, "0.25")} <= kinds
@@ -132,3 +139,7 @@ def test_the_leak_command_writes_its_table(tmp_path):
         main(["--partitions", "dirichlet:0.1,shards", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["--min-share", "1.5", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):  # batch statistics: no per-example bound
+        main(["--model", "cnn-bn", "--epsilons", "4", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["--epsilons", "-1", "--out", str(tmp_path)])

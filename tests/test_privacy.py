@@ -20,17 +20,10 @@ from common.fisher.estimation import per_example_fisher
 from common.methods import create_method
 from common.methods.base import LocalUpdate
 from common.models.architectures import build_model, model_layout, trainable_arrays
-from common.privacy.accountant import (
-    ORDERS,
-    BudgetSpent,
-    PrivacyLedger,
-    calibrate_multiplier,
-    epsilon_spent,
-    fisher_uploads,
-    node_releases,
-)
+from common.privacy.accountant import ORDERS, BudgetSpent, PrivacyLedger, calibrate_multiplier, epsilon_spent
 from common.privacy.mechanism import fisher_noise_std, privatise_fisher
 from common.privacy.private_sgd import private_gradient
+from common.privacy.releases import fisher_uploads, node_releases
 from common.training.loop import TrainConfig, round_train_config, train_loop
 from common.wire import protocol as P
 

@@ -17,9 +17,15 @@ own test set (per-class Fisher, per-class mean gradient). Each is scored against
 upload (:class:`~benchmarks.privacy.label_inference.LeakScore`); a node holds a class when the class is more than
 ``--min-share`` of its examples.
 
+With ``--epsilons`` each upload is also made as a node under ``dp-epsilon`` makes it: its local steps run DP-SGD
+and its Fisher's per-example gradients are clipped and the sum noised, with the noise multiplier the node's
+accountant would choose for a run of ``--dp-rounds`` rounds (:mod:`common.privacy`); ``0`` is the run without.
+Differential privacy needs a model without batch statistics (``--model cnn``).
+
 Usage::
 
     fibos bench-leak --partitions dirichlet:0.1,dirichlet:0.5,pathological:2 --seeds 0,1,2 --out results/leak
+    fibos bench-leak --model cnn --epsilons 0,1,4,8 --out results/leak-dp
 
 Writes ``leak.json`` and ``leak.csv`` to ``--out`` and prints the table (means over seeds).
 """
@@ -29,7 +35,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +64,13 @@ from common.fisher.codec import decode_fisher, encode_fisher
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.selection import select_mask
 from common.fisher.state import FisherState
+from common.methods.specs.privacy import PrivacyOptions
 from common.models.architectures import build_model, load_flat
+from common.models.catalog import BATCH_STATISTICS_MODELS
 from common.models.layout import ParamLayout
+from common.privacy.accountant import calibrate_multiplier
+from common.privacy.mechanism import privatise_fisher
+from common.privacy.releases import fisher_uploads, node_releases
 from common.training.loop import TrainConfig, train_masked
 
 SOURCES = ("fedfibos Fisher", "fedfibos update", "fedavg update")
@@ -72,6 +83,7 @@ class Row(LeakScore):
     """One attack on one partition, over the nodes of one capacity (or all): its score, mean over seeds."""
 
     partition: str
+    epsilon: float
     source: str
     attack: str
     capacity: str
@@ -105,8 +117,14 @@ def measure(
     seed: int,
     examples: int,
     min_share: float,
+    epsilon: float = 0.0,
+    dp_rounds: int = 20,
 ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per (source, attack, capacity label): inferred held classes, inferred shares and true counts, per node."""
+    """Per (source, attack, capacity label): inferred held classes, inferred shares and true counts, per node.
+
+    ``epsilon`` > 0: each node's uploads under that budget for a run of ``dp_rounds`` rounds (the product's
+    default clipping bounds, delta ``1e-5``, the noise multiplier its accountant would choose).
+    """
     spec = Partition.parse(partition)
     kind, options = spec.kind, partition_options(spec)
     torch.manual_seed(seed)
@@ -122,10 +140,22 @@ def measure(
         for i in range(len(capacities))
     ]
     counts = np.stack([np.bincount(d.y, minlength=classes) for d in data])
+    dp = PrivacyOptions()
+    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=seed, clip_grad_norm=1.0)
+    noise = [0.0] * len(data)
+    if epsilon > 0:
+        uploads = fisher_uploads(dp_rounds, 5, True)  # the definition's: warm-up, then every 5 rounds
+        noise = [
+            calibrate_multiplier(epsilon, dp.delta, node_releases(len(d), cfg.batch_size, 1, dp_rounds, uploads))
+            for d in data
+        ]
 
     def fisher(i: int) -> np.ndarray:
         idx = example_indices(len(data[i]), examples, seed + i)
-        return per_example_fisher(model, layout, x, whole, data[i], idx, None, device)
+        if epsilon <= 0:
+            return per_example_fisher(model, layout, x, whole, data[i], idx, None, device)
+        clipped = per_example_fisher(model, layout, x, whole, data[i], idx, None, device, clip_norm=dp.fisher_clip)
+        return privatise_fisher(clipped, noise[i], dp.fisher_clip, len(idx), seed + i)
 
     def uploaded(f: np.ndarray, mask: np.ndarray) -> np.ndarray:
         decoded = decode_fisher(encode_fisher(f, mask, layout, "ranked"), mask, layout, "ranked")
@@ -149,10 +179,10 @@ def measure(
         whole if g >= 1 else select_mask(layout, x, g, "fisher", np.sqrt(prior).astype(np.float32), 0, False)
         for g in capacities
     ]
-    cfg = TrainConfig(epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=seed, clip_grad_norm=1.0)
 
     def update(i: int, mask: np.ndarray) -> np.ndarray:
-        trained = train_masked(model, layout, x, mask, data[i], cfg, device, measure_fisher=False).params
+        private = replace(cfg, dp_grad_clip=dp.grad_clip, dp_noise_multiplier=noise[i]) if epsilon > 0 else cfg
+        trained = train_masked(model, layout, x, mask, data[i], private, device, measure_fisher=False).params
         return np.where(mask, trained - x, 0.0)
 
     found: dict[tuple[str, str, str], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
@@ -180,7 +210,11 @@ def measure(
             note(source, "classifier", label, held, shares(scores, held), i)
             q = mixture_shares(-delta, -gradient_signatures, mask)
             note(source, "signature", label, held_from_shares(q, min_share), q, i)
-        print(f"  {partition} seed {seed}: node {i} (capacity {label}, {len(data[i])} examples) read", flush=True)
+        dp_note = f", epsilon {epsilon:g}, noise multiplier {noise[i]:.2f}" if epsilon > 0 else ""
+        print(
+            f"  {partition} seed {seed}: node {i} (capacity {label}, {len(data[i])} examples{dp_note}) read",
+            flush=True,
+        )
     out = {key: tuple(np.stack(column) for column in zip(*per_node)) for key, per_node in found.items()}
     for source in SOURCES:
         for attack in ATTACKS:
@@ -202,8 +236,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--min-share", type=float, default=0.05, help="a node holds a class above this share of its examples"
     )
+    ap.add_argument(
+        "--epsilons", default="0", help="comma-separated dp-epsilon budgets to make the uploads under (0 = no DP)"
+    )
+    ap.add_argument("--dp-rounds", type=int, default=20, help="the run each budget is spread over (rounds)")
     ap.add_argument("--out", default="results/leak")
     args = ap.parse_args(argv)
+    try:
+        epsilons = [float(e) for e in args.epsilons.split(",") if e.strip()]
+    except ValueError:
+        ap.error(f"--epsilons {args.epsilons!r}: give numbers, e.g. 0,1,4,8")
+    if not epsilons or any(e < 0 for e in epsilons):
+        ap.error(f"--epsilons {args.epsilons!r}: give budgets >= 0 (0 = no DP)")
+    if any(e > 0 for e in epsilons) and args.model in BATCH_STATISTICS_MODELS:
+        ap.error(f"--model {args.model}: normalises by batch statistics; differential privacy needs --model cnn")
+    if args.dp_rounds < 1:
+        ap.error(f"--dp-rounds {args.dp_rounds}: give 1 or more")
     if not 0 <= args.min_share < 1:
         ap.error(f"--min-share {args.min_share}: give a share in [0, 1)")
     partitions = [p.strip() for p in args.partitions.split(",") if p.strip()]
@@ -216,12 +264,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacities = parse_capacities(args.capacities) * args.clients_per_capacity
 
     rows = []
-    for partition in partitions:
+    for partition, epsilon in ((p, e) for p in partitions for e in epsilons):
         per_seed: dict[tuple[str, str, str], list[LeakScore]] = {}
         nodes: dict[tuple[str, str, str], int] = {}
         for seed in seeds:
             for key, (held, inferred, counts) in measure(
-                args.dataset, args.model, partition, capacities, seed, args.fisher_examples, args.min_share
+                args.dataset,
+                args.model,
+                partition,
+                capacities,
+                seed,
+                args.fisher_examples,
+                args.min_share,
+                epsilon,
+                args.dp_rounds,
             ).items():
                 per_seed.setdefault(key, []).append(score_attack(held, inferred, counts, args.min_share))
                 nodes[key] = len(counts)
@@ -234,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Row(
                     **mean,
                     partition=partition,
+                    epsilon=epsilon,
                     source=source,
                     attack=attack,
                     capacity=capacity,
@@ -252,13 +309,14 @@ def _level(label: str) -> float:
 def table(rows: Sequence[Row]) -> str:
     """The Markdown table: each attack against its no-upload guess."""
     lines = [
-        "| partition | upload | attack | nodes (capacity) | classes right (chance) | whole set right (chance) "
-        "| share error, TV (chance) |",
-        "|---|---|---|---|---|---|---|",
+        "| partition | epsilon | upload | attack | nodes (capacity) | classes right (chance) "
+        "| whole set right (chance) | share error, TV (chance) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.partition} | {r.source} | {r.attack} | {r.nodes} ({r.capacity})"
+            f"| {r.partition} | {f'{r.epsilon:g}' if r.epsilon else 'no DP'} | {r.source} | {r.attack}"
+            f" | {r.nodes} ({r.capacity})"
             f" | {r.membership:.3f} ({r.membership_chance:.3f}) | {r.exact:.3f} ({r.exact_chance:.3f})"
             f" | {r.share_error:.3f} ({r.share_error_chance:.3f}) |"
         )

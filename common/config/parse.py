@@ -14,7 +14,6 @@ from pydantic import ValidationError
 from common.config.run import RunConfig, common_keys, describe_error
 from common.config.schema import ConfigError, KeyGroup, kebab
 from common.methods import method_spec, registry
-from common.methods.specs.privacy import check_privacy
 
 #: Keys that were merged into or renamed to another: refused with the new name, so that an old setting is
 #: never silently ignored.
@@ -92,7 +91,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     run = run.model_copy(update=auto)
     try:
         cls.check_run(run)
-        check_privacy(run, cls)
+        cls.check_privacy(run)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return run

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.config.schema import KeyGroup, Schema
+from common.methods.specs.privacy import PRIVACY_KEYS, check_privacy
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -55,6 +56,12 @@ class MethodSpec:
         """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
 
     @classmethod
+    def check_privacy(cls, run: RunConfig) -> None:
+        """Refuse ``dp-*`` settings this method cannot honour (:func:`common.methods.specs.privacy.check_privacy`)."""
+        covered = {s.name for s in _subclasses(MethodSpec) if s.name and PRIVACY_KEYS in s.key_groups()}
+        check_privacy(run, PRIVACY_KEYS in cls.key_groups(), cls.reads_fisher(run), sorted(covered))
+
+    @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
         """Whether the server reads clients' Fisher (so clients measure and upload it)."""
         return False
@@ -63,3 +70,11 @@ class MethodSpec:
     def upload_encoding(cls, run: RunConfig) -> str:
         """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
         return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
+
+
+def _subclasses(cls: type) -> set[type]:
+    """Every class below ``cls`` (every spec and implementation loaded so far; the registry loads every spec)."""
+    found = set(cls.__subclasses__())
+    for sub in list(found):
+        found |= _subclasses(sub)
+    return found

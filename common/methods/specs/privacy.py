@@ -13,11 +13,10 @@ from pydantic import Field
 
 from common.config.schema import KeyGroup, Schema
 from common.models.catalog import BATCH_STATISTICS_MODELS, MODELS
-from common.privacy.accountant import calibrate_multiplier, fisher_uploads, node_releases
+from common.privacy.releases import fisher_uploads, node_releases
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
-    from common.methods.specs.base import MethodSpec
 
 
 class PrivacyOptions(Schema):
@@ -55,18 +54,29 @@ class PrivacyOptions(Schema):
 PRIVACY_KEYS = KeyGroup("privacy", "dp-", PrivacyOptions, "Differential privacy of the nodes' uploads")
 
 
-def check_privacy(run: RunConfig, spec: type[MethodSpec]) -> None:
-    """Refuse ``dp-epsilon`` with a method or Fisher estimator it does not cover, naming the keys."""
+def check_privacy(run: RunConfig, owns_keys: bool, reads_fisher: bool, covered: list[str]) -> None:
+    """Refuse ``dp-epsilon`` with a method or Fisher estimator it does not cover, naming the keys.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The run's configuration.
+    owns_keys : bool
+        Whether the run's method owns the ``dp-*`` keys (it is covered).
+    reads_fisher : bool
+        Whether the run's server reads the nodes' Fisher.
+    covered : list[str]
+        The methods that own them (for the message).
+    """
     opts: PrivacyOptions = run.options(PRIVACY_KEYS.name)
     if not opts.enabled:
         return
-    if PRIVACY_KEYS not in spec.key_groups():
-        covered = ", ".join(sorted(_covered_methods()))
+    if not owns_keys:
         raise ValueError(
             f"dp-epsilon={opts.epsilon:g} is set, but method={run.method!r} uploads what the Gaussian mechanism "
-            f"here does not cover (covered: {covered}); set dp-epsilon = 0 or another method"
+            f"here does not cover (covered: {', '.join(covered)}); set dp-epsilon = 0 or another method"
         )
-    if spec.reads_fisher(run) and run.options("fisher").estimator == "path":
+    if reads_fisher and run.options("fisher").estimator == "path":
         raise ValueError(
             f'dp-epsilon={opts.epsilon:g} is set with fisher-estimator="path": a Fisher squared from minibatch '
             'gradients has no per-example bound; use fisher-estimator="global" or "received"'
@@ -81,13 +91,7 @@ def check_privacy(run: RunConfig, spec: type[MethodSpec]) -> None:
         raise ValueError("dp-noise-multiplier=0 with dp-epsilon > 0: noise of 0 spends an infinite epsilon")
 
 
-def _covered_methods() -> list[str]:
-    from common.methods import registry  # here: the registry imports every spec, this one included
-
-    return [name for name, cls in registry().items() if PRIVACY_KEYS in cls.key_groups()]
-
-
-def node_noise_multiplier(run: RunConfig, spec: type[MethodSpec], num_examples: int) -> float:
+def node_noise_multiplier(run: RunConfig, reads_fisher: bool, num_examples: int) -> float:
     """A node's noise multiplier: ``dp-noise-multiplier``, or for ``auto`` the one calibrated to its budget.
 
     ``auto`` plans for a node of ``num_examples`` training examples that trains every round and uploads its
@@ -98,9 +102,11 @@ def node_noise_multiplier(run: RunConfig, spec: type[MethodSpec], num_examples: 
     if opts.noise_multiplier != "auto":
         return float(opts.noise_multiplier)
     uploads = 0
-    if spec.reads_fisher(run):
+    if reads_fisher:
         fisher = run.options("fisher")
         every = fisher.every if fisher.estimator == "global" else 1
         uploads = fisher_uploads(run.num_rounds, every, fisher.warmup)
     releases = node_releases(num_examples, run.batch_size, run.local_epochs, run.num_rounds, uploads)
+    from common.privacy.accountant import calibrate_multiplier  # Opacus loads torch: only where a node trains
+
     return calibrate_multiplier(opts.epsilon, opts.delta, releases)
