@@ -66,6 +66,7 @@ PACKAGES = (
     "common/submodels",
     "common/aggregation",
     "common/wire",
+    "common/privacy",
     "cli",
     "benchmarks",
     "benchmarks/privacy",

@@ -114,6 +114,22 @@ def test_one_example_adds_at_most_clip_squared_to_the_fisher(clip, seed):
         assert np.allclose(f, raw * min(1.0, clip**2 / float(raw.sum())), rtol=1e-4, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["cnn", "cnn-bn"])
+def test_the_vectorised_fisher_clips_as_the_loop_does(name):
+    model = build_model(name, 10, 1, seed=1)
+    layout = model_layout(model)
+    params = layout.flatten(trainable_arrays(model))
+    data, idx, whole = _data(12, 3), np.arange(12), np.ones(layout.size, dtype=bool)
+    cpu = torch.device("cpu")
+    out = [
+        per_example_fisher(model, layout, params, whole, data, idx, None, cpu, chunk=5, vectorise=v, clip_norm=0.05)
+        for v in (False, True)
+    ]
+    assert np.allclose(out[0], out[1], rtol=1e-4, atol=1e-10)
+    raw = per_example_fisher(model, layout, params, whole, data, idx, None, cpu)
+    assert out[0].sum() < raw.sum() and out[0].sum() <= 0.05**2 * (1 + 1e-4)
+
+
 @settings(max_examples=20, deadline=None)
 @given(clip=st.floats(1e-3, 5.0), scale=st.floats(0.1, 100.0), seed=st.integers(0, 2**16))
 def test_a_private_step_bounds_each_example_by_the_clip(clip, scale, seed):

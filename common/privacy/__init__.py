@@ -1,1 +1,1 @@
-"""Differential privacy of what a node uploads: clipping, Gaussian noise and the node's privacy ledger."""
+"""Differential privacy of what a node uploads: DP-SGD steps, the noised Fisher, and the node's accountant."""
