@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
-from client.privacy import charge_reply, private_config
+from client.privacy import charge_reply, check_budget, private_config
 from client.replies import train_records, train_reply
 from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
@@ -98,6 +98,7 @@ def measured_train(
     private = run.options(PRIVACY_KEYS.name).enabled
     if private:
         cfg = private_config(cfg, method, run, len(data.train))
+        check_budget(run, node, cfg, len(data.train), run_id)
     with PeakRSS() as peak:
         update = method.client_train(got, data.train, cfg, pick_device(node.device))
     extra = charge_reply(update, method, run, node, cfg, len(data.train), run_id) if private else {}

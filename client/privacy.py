@@ -70,6 +70,13 @@ def private_config(cfg: TrainConfig, method: Method, run: RunConfig, num_example
     return replace(cfg, dp_grad_clip=opts.grad_clip, dp_noise_multiplier=z)
 
 
+def check_budget(run: RunConfig, node: NodeConfig, cfg: TrainConfig, num_examples: int, run_id: int) -> None:
+    """Raise :class:`~common.privacy.accountant.BudgetSpent` before training when the round's steps alone would
+    take the node past its budget: a node whose budget is spent does not train for nothing."""
+    ledger = open_ledger(run, node, run_id)
+    ledger.charge(cfg.dp_noise_multiplier, node_releases(num_examples, cfg.batch_size, cfg.epochs, 1, 0))
+
+
 def reply_releases(
     update: LocalUpdate, method: Method, run: RunConfig, cfg: TrainConfig, num_examples: int
 ) -> Releases:

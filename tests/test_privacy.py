@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from client.privacy import charge_reply, ledger_path, open_ledger, private_config, save_ledger
+from client.privacy import charge_reply, check_budget, ledger_path, open_ledger, private_config, save_ledger
 from common.config.node import parse_node_config
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
@@ -232,6 +233,9 @@ def test_a_node_refuses_a_reply_past_its_budget_and_keeps_its_ledger_across_a_re
     assert first == pytest.approx(epsilon_spent(1.0, node_releases(480, 32, 1, 1, 0), DELTA))
     with pytest.raises(BudgetSpent, match="privacy budget is spent"):
         charge_reply(_update(), method, run, node, cfg, 480, run_id=7)
+    with pytest.raises(BudgetSpent):  # and the next round is refused before it trains
+        check_budget(run, node, cfg, 480, run_id=7)
+    check_budget(run, node, replace(cfg, epochs=0), 480, run_id=7)  # no step: nothing to refuse
     # a resumed run (a new Flower run id) goes on from the ledger; a new run starts a new one
     resumed = run.model_copy(update={"resume": True})
     assert open_ledger(resumed, node, run_id=8).spent() == pytest.approx(first)
