@@ -91,7 +91,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     run = run.model_copy(update=auto)
     try:
         cls.check_run(run)
-        cls.check_privacy(run)
+        cls.check_safeguards(run)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return run

@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
+from common.aggregation.robust import robust_mean_step
 from common.aggregation.running_sums import HolderSum, RunningSum
 from common.data.arrays import ArrayDataset
 from common.fisher.codec import decode_fisher, encode_fisher, expected_names
@@ -43,6 +44,7 @@ from common.methods.specs.fisher import (
     MaskGuardOptions,
 )
 from common.methods.specs.privacy import PRIVACY_KEYS, PrivacyOptions
+from common.methods.specs.robust import ROBUST_KEYS, RobustOptions
 from common.models.architectures import build_run_model, load_flat, model_layout
 from common.models.layout import ParamLayout
 from common.privacy.mechanism import privatise_fisher
@@ -128,8 +130,14 @@ class MaskedMethod(Method):
         return replace(checked, fisher=fisher, fisher_bytes=sum(int(np.asarray(a).nbytes) for a in payload.values()))
 
     def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """Apply :meth:`mean_step` to the accepted updates, then fold each reply into the method's state."""
-        new = self.mean_step(x, [a.reply.update for a in accepted])
+        """Apply :meth:`mean_step` (or the run's robust rule) to the accepted updates, then fold each reply into the
+        method's state."""
+        updates = [a.reply.update for a in accepted]
+        robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
+        if robust is not None and robust.aggregation != "mean":
+            new = robust_mean_step(x, updates, robust.aggregation, robust.trim, robust.clip_factor, self.run.server_lr)
+        else:
+            new = self.mean_step(x, updates)
         for a in accepted:
             self.observe(a, server_round)
         return new
@@ -153,8 +161,10 @@ class MaskedMethod(Method):
         """A round folded into ``sums`` was committed: take what the method keeps of it (default: nothing)."""
 
     def round_fold(self, x: NDArray[np.float32], server_round: int, min_replies: int) -> RoundFold:
-        """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the round counts."""
-        sums = self.running_sum()
+        """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the round counts;
+        under a robust rule every update is kept until the round is committed (a median needs them all)."""
+        robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
+        sums = self.running_sum() if robust is None or robust.aggregation == "mean" else None
         if sums is None:
             return super().round_fold(x, server_round, min_replies)
         return IncrementalFold(x, sums, lambda a: self.observe(a, server_round), min_replies, self.sums_committed)

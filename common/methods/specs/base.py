@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.config.schema import KeyGroup, Schema
 from common.methods.specs.privacy import PRIVACY_KEYS, check_privacy
+from common.methods.specs.robust import ROBUST_KEYS, check_robust
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -56,10 +57,14 @@ class MethodSpec:
         """Cross-field rules of this method; raise ``ValueError`` naming the keys that conflict."""
 
     @classmethod
-    def check_privacy(cls, run: RunConfig) -> None:
-        """Refuse ``dp-*`` settings this method cannot honour (:func:`common.methods.specs.privacy.check_privacy`)."""
-        covered = {s.name for s in _subclasses(MethodSpec) if s.name and PRIVACY_KEYS in s.key_groups()}
-        check_privacy(run, PRIVACY_KEYS in cls.key_groups(), cls.reads_fisher(run), sorted(covered))
+    def check_safeguards(cls, run: RunConfig) -> None:
+        """Refuse ``dp-*`` and ``robust-*`` settings this method cannot honour
+        (:func:`common.methods.specs.privacy.check_privacy`, :func:`common.methods.specs.robust.check_robust`)."""
+        specs = [s for s in _subclasses(MethodSpec) if s.name]
+        groups = cls.key_groups()
+        covered = sorted({s.name for s in specs if PRIVACY_KEYS in s.key_groups()})
+        check_privacy(run, PRIVACY_KEYS in groups, cls.reads_fisher(run), covered)
+        check_robust(run, ROBUST_KEYS in groups, sorted({s.name for s in specs if ROBUST_KEYS in s.key_groups()}))
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from common.methods.specs.base import MethodSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
+from common.methods.specs.robust import ROBUST_KEYS
 
 
 class FedAvgSpec(MethodSpec):
@@ -14,7 +15,7 @@ class FedAvgSpec(MethodSpec):
 
     name = "fedavg"
     summary = "everyone trains the full model, whatever its capacity (the accuracy ceiling)"
-    shared_key_groups = (PRIVACY_KEYS,)
+    shared_key_groups = (PRIVACY_KEYS, ROBUST_KEYS)
     implementation = "common.methods.fedavg:FedAvg"
 
 

@@ -9,6 +9,7 @@ from pydantic import Field
 from common.config.schema import Schema
 from common.methods.specs.base import MethodSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
+from common.methods.specs.robust import ROBUST_KEYS
 
 
 class FIARSEOptions(Schema):
@@ -36,5 +37,5 @@ class FIARSESpec(MethodSpec):
     )
     options = FIARSEOptions
     options_prefix = "fiarse-"
-    shared_key_groups = (PRIVACY_KEYS,)
+    shared_key_groups = (PRIVACY_KEYS, ROBUST_KEYS)
     implementation = "common.methods.fiarse:FIARSE"

@@ -15,6 +15,7 @@ from common.config.schema import KeyGroup, Schema
 from common.fisher.codec import FISHER_ENCODINGS
 from common.methods.specs.base import MethodSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
+from common.methods.specs.robust import ROBUST_KEYS
 
 
 class FisherOptions(Schema):
@@ -107,4 +108,4 @@ MASK_GUARD_KEYS = KeyGroup("mask-guards", "", MaskGuardOptions, "Fisher-ranked m
 class FisherRankedSpec(MethodSpec):
     """A method that keeps per-client Fisher on the server: it owns the ``fisher-*`` keys and the mask guards."""
 
-    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS, PRIVACY_KEYS)
+    shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS, PRIVACY_KEYS, ROBUST_KEYS)

@@ -13,6 +13,7 @@ from pydantic import Field
 from common.config.schema import KeyGroup, Schema
 from common.methods.specs.channels import ChannelSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
+from common.methods.specs.robust import ROBUST_KEYS
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -61,7 +62,7 @@ class HeteroFLSpec(ChannelSpec):
         "the first `ceil(r c)` channels of every hidden layer, `r = sqrt(gamma)`, with HeteroFL's scaler, "
         "masked cross-entropy and label-split classifier aggregation"
     )
-    shared_key_groups = (WIDTH_KEYS, PRIVACY_KEYS)
+    shared_key_groups = (WIDTH_KEYS, PRIVACY_KEYS, ROBUST_KEYS)
     #: The aggregation weighting ``width-weighting = "auto"`` stands for.
     default_weighting: ClassVar[str] = "uniform"
     implementation = "common.methods.heterofl:HeteroFL"
