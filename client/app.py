@@ -11,6 +11,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
+from client.bench_attack import attacks, poisoned_data, poisoned_update
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
 from client.privacy import charge_reply, check_budget, private_config
@@ -99,8 +100,12 @@ def measured_train(
     if private:
         cfg = private_config(cfg, method, run, len(data.train))
         check_budget(run, node, cfg, len(data.train), run_id)
+    attacker = attacks(run, node)
+    train = poisoned_data(run, data.train) if attacker else data.train
     with PeakRSS() as peak:
-        update = method.client_train(got, data.train, cfg, pick_device(node.device))
+        update = method.client_train(got, train, cfg, pick_device(node.device))
+    if attacker:
+        update = poisoned_update(run, update)
     extra = charge_reply(update, method, run, node, cfg, len(data.train), run_id) if private else {}
     return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0, extra
 

@@ -109,3 +109,27 @@ def test_a_robust_rule_buffers_the_round_and_replaces_the_methods_mean(method):
     plain = create_method(parse_run_config({"method": method}))
     plain.start_server(layout)
     assert isinstance(plain.round_fold(x, 1, 1), IncrementalFold)
+
+
+def test_the_attack_knob_picks_every_nth_partition_and_poisons_what_it_says():
+    from client.bench_attack import attacks, poisoned_data, poisoned_update
+    from common.config.node import parse_node_config
+    from common.data.arrays import ArrayDataset
+    from common.methods.base import LocalUpdate
+    from common.wire import protocol as P
+
+    run = parse_run_config({"bench-attack": "scale:-10", "bench-attack-every": 4})
+    nodes = [parse_node_config({"partition-id": i, "num-partitions": 9, "capacity": 1.0}) for i in range(9)]
+    assert [i for i, n in enumerate(nodes) if attacks(run, n)] == [0, 4, 8]
+    assert not any(attacks(parse_run_config({}), n) for n in nodes)
+    update = LocalUpdate({P.DELTA: np.array([1.0, -2.0], dtype=np.float32)}, 5, 0.1, 0.1, 0.0)
+    assert np.array_equal(poisoned_update(run, update).arrays[P.DELTA], [-10.0, 20.0])
+    data = ArrayDataset(np.zeros((3, 1, 2, 2), dtype=np.uint8), np.array([0, 1, 2]), 4)
+    assert poisoned_data(run, data) is data
+    targeted = parse_run_config({"bench-attack": "labels:3"})
+    assert np.array_equal(poisoned_data(targeted, data).y, [3, 3, 3])
+    assert poisoned_update(targeted, update) is update
+    with pytest.raises(ValueError, match="outside"):
+        poisoned_data(parse_run_config({"bench-attack": "labels:7"}), data)
+    with pytest.raises(ConfigError, match="bench-attack"):
+        parse_run_config({"bench-attack": "krum"})

@@ -129,6 +129,16 @@ class RunConfig(Schema):
         0.0, ge=0, le=1, description="client weight decay (SGD's L2 term; AdamW's decoupled decay)"
     )
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
+    bench_attack: str = Field(
+        "",
+        pattern=r"^(|scale:-?[0-9]+(\.[0-9]+)?|labels:[0-9]+)$",
+        description="TEST/BENCHMARK KNOB: the nodes of every `bench-attack-every`-th partition attack: "
+        "`scale:F` sends F times their update (`scale:-1` flips its sign), `labels:C` trains on every example "
+        "labelled C (a targeted attack); empty = none (docs/design/privacy.md)",
+    )
+    bench_attack_every: int = Field(
+        10, ge=1, le=1_000_000, description="TEST/BENCHMARK KNOB: partitions 0, N, 2N, ... attack (`bench-attack`)"
+    )
     # The three keys below default to `auto`: the method's own value (MethodSpec.auto_settings), resolved by
     # common.config.parse, so that one key serves every method and the published defaults differ where they do.
     clip_grad_norm: Annotated[float, Field(ge=0, le=1000)] | Literal["auto"] = Field(
