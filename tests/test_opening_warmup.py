@@ -108,8 +108,8 @@ def test_a_tampered_round_one_reply_is_refused_and_leaves_the_round_as_without_i
 
     real = client_app.opening_round_one
 
-    def tampered(method, x0, capacity, opening, warm_up, run, node, data):
-        records = real(method, x0, capacity, opening, warm_up, run, node, data)
+    def tampered(method, x0, capacity, opening, warm_up, run, node, data, run_id):
+        records = real(method, x0, capacity, opening, warm_up, run, node, data, run_id)
         if capacity == 0.0625:
             delta = records["round-one-update"]["delta"].numpy()
             records["round-one-update"]["delta"] = type(records["round-one-update"]["delta"])(delta[:-1].copy())
