@@ -122,8 +122,8 @@ def test_a_tampered_round_one_reply_is_refused_and_leaves_the_round_as_without_i
     assert first[0.0625]["status"].startswith("rejected")
     assert fed.records[1]["replies"] == 2
 
-    def dropped(method, x0, capacity, opening, warm_up, run, node, data):
-        records = real(method, x0, capacity, opening, warm_up, run, node, data)
+    def dropped(method, x0, capacity, opening, warm_up, run, node, data, run_id):
+        records = real(method, x0, capacity, opening, warm_up, run, node, data, run_id)
         if capacity == 0.0625:  # the same round without that node's update: it never arrives
             return {"round-one-error": client_app.ConfigRecord({"round-one-error": "dropped"})}
         return records
