@@ -203,6 +203,8 @@ def test_privacy_settings_parse():
         ({"dp-epsilon": 4.0, "model": "cnn", "method": "cahfp"}, "method"),
         ({"dp-epsilon": 4.0, "model": "cnn", "fisher-estimator": "path"}, "fisher-estimator"),
         ({"dp-epsilon": 4.0, "model": "cnn", "method": "heterofl"}, "width-label-split"),
+        ({"dp-epsilon": 4.0, "model": "cnn", "label-mask": True}, "label-mask"),
+        ({"dp-epsilon": 4.0, "model": "cnn", "method": "heterofl", "width-label-split": False}, "label-mask"),
     ],
 )
 def test_bad_privacy_settings_are_refused_naming_the_key(raw, key):

@@ -81,6 +81,11 @@ def check_privacy(run: RunConfig, owns_keys: bool, reads_fisher: bool, covered: 
             f'dp-epsilon={opts.epsilon:g} is set with fisher-estimator="path": a Fisher squared from minibatch '
             'gradients has no per-example bound; use fisher-estimator="global" or "received"'
         )
+    if run.label_mask is True:
+        raise ValueError(
+            f"dp-epsilon={opts.epsilon:g} is set with label-mask=true: the set of classes a node holds then shapes "
+            "every example's gradient, so one example of a new class changes them all; set label-mask = false"
+        )
     if run.model in BATCH_STATISTICS_MODELS:
         raise ValueError(
             f"dp-epsilon={opts.epsilon:g} is set with model={run.model!r}, whose norms use the statistics of the "
