@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from client.bench_attack import attacks, poisoned_data, poisoned_update
 from client.capacity_probe import cached_probe
 from client.local_data import LocalData, cache_dir, load_local_data
-from client.privacy import charge_reply, check_budget, private_config
+from client.privacy import charge_reply, check_budget, open_ledger, private_config
 from client.replies import train_records, train_reply
 from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
@@ -96,17 +96,17 @@ def measured_train(
     """
     cpu0 = time.process_time()
     cfg = round_train_config(run, node, got.round)
-    private = run.options(PRIVACY_KEYS.name).enabled
-    if private:
+    ledger = open_ledger(run, node, run_id) if run.options(PRIVACY_KEYS.name).enabled else None
+    if ledger is not None:
         cfg = private_config(cfg, method, run, len(data.train))
-        check_budget(run, node, cfg, len(data.train), run_id)
+        check_budget(ledger, cfg, len(data.train))
     attacker = attacks(run, node)
     train = poisoned_data(run, data.train) if attacker else data.train
     with PeakRSS() as peak:
         update = method.client_train(got, train, cfg, pick_device(node.device))
     if attacker:
         update = poisoned_update(run, update)
-    extra = charge_reply(update, method, run, node, cfg, len(data.train), run_id) if private else {}
+    extra = {} if ledger is None else charge_reply(ledger, update, method, run, node, cfg, len(data.train), run_id)
     return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0, extra
 
 

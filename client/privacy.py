@@ -46,7 +46,7 @@ def open_ledger(run: RunConfig, node: NodeConfig, run_id: int) -> PrivacyLedger:
         try:
             doc = json.loads(path.read_text())
             if doc.get("run_id") == run_id or run.resume:
-                ledger = PrivacyLedger.from_json(json.dumps(doc["ledger"]))
+                ledger = PrivacyLedger.from_dict(doc["ledger"])
                 return replace(ledger, target_epsilon=opts.epsilon, delta=opts.delta)
         except (OSError, ValueError, KeyError, TypeError) as err:
             # A damaged ledger cannot be trusted to be low: refuse rather than start again at zero.
@@ -59,7 +59,7 @@ def save_ledger(ledger: PrivacyLedger, run: RunConfig, node: NodeConfig, run_id:
     path = ledger_path(run, node)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": run_id, "ledger": json.loads(ledger.to_json())}))
+    tmp.write_text(json.dumps({"run_id": run_id, "ledger": ledger.as_dict()}))
     tmp.replace(path)
 
 
@@ -70,11 +70,10 @@ def private_config(cfg: TrainConfig, method: Method, run: RunConfig, num_example
     return replace(cfg, dp_grad_clip=opts.grad_clip, dp_noise_multiplier=z)
 
 
-def check_budget(run: RunConfig, node: NodeConfig, cfg: TrainConfig, num_examples: int, run_id: int) -> None:
+def check_budget(ledger: PrivacyLedger, cfg: TrainConfig, num_examples: int) -> None:
     """Raise :class:`~common.privacy.accountant.BudgetSpent` before training when the round's steps alone would
     take the node past its budget: a node whose budget is spent does not train for nothing."""
-    ledger = open_ledger(run, node, run_id)
-    ledger.charge(cfg.dp_noise_multiplier, node_releases(num_examples, cfg.batch_size, cfg.epochs, 1, 0))
+    ledger.check(cfg.dp_noise_multiplier, node_releases(num_examples, cfg.batch_size, cfg.epochs, 1, 0))
 
 
 def reply_releases(
@@ -87,6 +86,7 @@ def reply_releases(
 
 
 def charge_reply(
+    ledger: PrivacyLedger,
     update: LocalUpdate,
     method: Method,
     run: RunConfig,
@@ -99,6 +99,8 @@ def charge_reply(
 
     Parameters
     ----------
+    ledger : PrivacyLedger
+        The node's ledger for this run (:func:`open_ledger`), charged and written back.
     update : LocalUpdate
         What the method trained under ``cfg`` (DP-SGD steps, a noised Fisher).
     method : Method
@@ -116,7 +118,6 @@ def charge_reply(
     ledger is then unchanged and the reply must not be sent.
     """
     opts: PrivacyOptions = run.options(PRIVACY_KEYS.name)
-    ledger = open_ledger(run, node, run_id)
     releases = reply_releases(update, method, run, cfg, num_examples)
     epsilon = ledger.charge(cfg.dp_noise_multiplier, releases)
     save_ledger(ledger, run, node, run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -71,12 +72,14 @@ def test_the_ledger_refuses_a_release_past_its_target_and_keeps_what_it_had():
     spent = ledger.charge(2.0, ((1.0, 1),))
     assert spent == pytest.approx(ledger.spent())
     before = (list(ledger.rdp), ledger.releases)
+    assert ledger.check(2.0, ((0.1, 1),)) > spent  # a check records nothing
+    assert (ledger.rdp, ledger.releases) == before
     with pytest.raises(BudgetSpent, match="dp-epsilon=3"):
         ledger.charge(2.0, ((1.0, 5),))
     assert (ledger.rdp, ledger.releases) == before
-    assert PrivacyLedger.from_json(ledger.to_json()) == ledger
+    assert PrivacyLedger.from_dict(json.loads(json.dumps(ledger.as_dict()))) == ledger
     with pytest.raises(ValueError):
-        PrivacyLedger.from_json('{"target_epsilon": 1, "delta": 1e-5, "rdp": [0.1], "releases": 1}')
+        PrivacyLedger.from_dict({"target_epsilon": 1, "delta": 1e-5, "rdp": [0.1], "releases": 1})
 
 
 # ----------------------------------------------------------------- the mechanisms
@@ -231,13 +234,13 @@ def test_a_node_refuses_a_reply_past_its_budget_and_keeps_its_ledger_across_a_re
     cfg = private_config(round_train_config(run, node, 1), method, run, 480)
     assert cfg.dp_noise_multiplier == 1.0 and cfg.dp_grad_clip == 1.0
     # 15 steps on 32 of 480 examples at z = 1 spend 2.85; a second round's would take the node to 3.45
-    first = charge_reply(_update(), method, run, node, cfg, 480, run_id=7)["dp-epsilon"]
+    first = charge_reply(open_ledger(run, node, 7), _update(), method, run, node, cfg, 480, run_id=7)["dp-epsilon"]
     assert first == pytest.approx(epsilon_spent(1.0, node_releases(480, 32, 1, 1, 0), DELTA))
     with pytest.raises(BudgetSpent, match="privacy budget is spent"):
-        charge_reply(_update(), method, run, node, cfg, 480, run_id=7)
+        charge_reply(open_ledger(run, node, 7), _update(), method, run, node, cfg, 480, run_id=7)
     with pytest.raises(BudgetSpent):  # and the next round is refused before it trains
-        check_budget(run, node, cfg, 480, run_id=7)
-    check_budget(run, node, replace(cfg, epochs=0), 480, run_id=7)  # no step: nothing to refuse
+        check_budget(open_ledger(run, node, 7), cfg, 480)
+    check_budget(open_ledger(run, node, 7), replace(cfg, epochs=0), 480)  # no step: nothing to refuse
     # a resumed run (a new Flower run id) goes on from the ledger; a new run starts a new one
     resumed = run.model_copy(update={"resume": True})
     assert open_ledger(resumed, node, run_id=8).spent() == pytest.approx(first)
@@ -256,7 +259,7 @@ def test_the_auto_multiplier_lets_a_node_train_every_round_within_its_budget(tmp
     run, node, method = _node_setup(tmp_path, monkeypatch, **{"num-rounds": 4, "local-epochs": 1})
     for rnd in range(1, 5):
         cfg = private_config(round_train_config(run, node, rnd), method, run, 300)
-        out = charge_reply(_update(), method, run, node, cfg, 300, run_id=3)
+        out = charge_reply(open_ledger(run, node, 3), _update(), method, run, node, cfg, 300, run_id=3)
     assert 2.9 < out["dp-epsilon"] <= 3.0
 
 

@@ -64,6 +64,7 @@ from common.fisher.codec import decode_fisher, encode_fisher
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.selection import select_mask
 from common.fisher.state import FisherState
+from common.methods.specs.fisher import FisherOptions
 from common.methods.specs.privacy import PrivacyOptions
 from common.models.architectures import build_model, load_flat
 from common.models.catalog import BATCH_STATISTICS_MODELS
@@ -144,7 +145,8 @@ def measure(
     cfg = TrainConfig(epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=seed, clip_grad_norm=1.0)
     noise = [0.0] * len(data)
     if epsilon > 0:
-        uploads = fisher_uploads(dp_rounds, 5, True)  # the definition's: warm-up, then every 5 rounds
+        fisher = FisherOptions()  # the definition's refreshes: the warm-up, then every `fisher-every` rounds
+        uploads = fisher_uploads(dp_rounds, fisher.every, fisher.warmup)
         noise = [
             calibrate_multiplier(epsilon, dp.delta, node_releases(len(d), cfg.batch_size, 1, dp_rounds, uploads))
             for d in data

@@ -23,8 +23,8 @@ from numpy.typing import NDArray
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked, check_updates
 
-#: The rules ``robust-aggregation`` accepts (``mean``: the default holder mean).
-ROBUST_RULES: tuple[str, ...] = ("mean", "trimmed", "norm-clip")
+#: The rules ``robust-aggregation`` accepts beside ``mean`` (the method's own mean, which is not computed here).
+ROBUST_RULES: tuple[str, ...] = ("trimmed", "norm-clip")
 
 #: Positions per block: a block holds one float32 value per update and position.
 ROBUST_BLOCK = 1 << 16
@@ -111,8 +111,6 @@ def robust_mean_step(
     server_lr: float = 1.0,
 ) -> NDArray[np.float32]:
     """The round's step under ``rule`` (one of :data:`ROBUST_RULES`)."""
-    if rule == "mean":
-        return aggregate_masked(x, updates, server_lr)
     if rule == "trimmed":
         return trimmed_holder_mean_step(x, updates, trim, server_lr)
     if rule == "norm-clip":

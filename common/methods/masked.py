@@ -133,14 +133,19 @@ class MaskedMethod(Method):
         """Apply :meth:`mean_step` (or the run's robust rule) to the accepted updates, then fold each reply into the
         method's state."""
         updates = [a.reply.update for a in accepted]
-        robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
-        if robust is not None and robust.aggregation != "mean":
+        robust = self.robust_rule()
+        if robust is not None:
             new = robust_mean_step(x, updates, robust.aggregation, robust.trim, robust.clip_factor, self.run.server_lr)
         else:
             new = self.mean_step(x, updates)
         for a in accepted:
             self.observe(a, server_round)
         return new
+
+    def robust_rule(self) -> RobustOptions | None:
+        """The run's ``robust-*`` options when a robust rule replaces :meth:`mean_step` (``None``: it does not)."""
+        robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
+        return robust if robust is not None and robust.active else None
 
     def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
         """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
@@ -163,8 +168,7 @@ class MaskedMethod(Method):
     def round_fold(self, x: NDArray[np.float32], server_round: int, min_replies: int) -> RoundFold:
         """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the round counts;
         under a robust rule every update is kept until the round is committed (a median needs them all)."""
-        robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
-        sums = self.running_sum() if robust is None or robust.aggregation == "mean" else None
+        sums = self.running_sum() if self.robust_rule() is None else None
         if sums is None:
             return super().round_fold(x, server_round, min_replies)
         return IncrementalFold(x, sums, lambda a: self.observe(a, server_round), min_replies, self.sums_committed)

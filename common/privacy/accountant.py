@@ -12,10 +12,10 @@ settings) compose correctly.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
+from typing import Any
 
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 
@@ -109,9 +109,8 @@ class PrivacyLedger:
         """Epsilon spent so far."""
         return epsilon_of(self.rdp, self.delta)
 
-    def charge(self, noise_multiplier: float, releases: Releases) -> float:
-        """Record ``releases`` mechanisms and return the epsilon spent; :class:`BudgetSpent` (nothing recorded)
-        when that would exceed the target."""
+    def _after(self, noise_multiplier: float, releases: Releases) -> tuple[list[float], float]:
+        """The curve and the epsilon once ``releases`` are added; :class:`BudgetSpent` past the target."""
         more = gaussian_rdp(noise_multiplier, releases)
         rdp = [a + b for a, b in zip(self.rdp, more, strict=True)]
         eps = epsilon_of(rdp, self.delta)
@@ -121,27 +120,28 @@ class PrivacyLedger:
                 f"{self.spent():.3f}, this reply's would take it to {eps:.3f} > dp-epsilon={self.target_epsilon:g} "
                 f"(delta {self.delta:g}); it uploads nothing more in this run"
             )
-        self.rdp, self.releases = rdp, self.releases + sum(count for _, count in releases)
+        return rdp, eps
+
+    def check(self, noise_multiplier: float, releases: Releases) -> float:
+        """The epsilon ``releases`` would bring the node to, recording nothing; :class:`BudgetSpent` past the
+        target."""
+        return self._after(noise_multiplier, releases)[1]
+
+    def charge(self, noise_multiplier: float, releases: Releases) -> float:
+        """Record ``releases`` mechanisms and return the epsilon spent; :class:`BudgetSpent` (nothing recorded)
+        when that would exceed the target."""
+        self.rdp, eps = self._after(noise_multiplier, releases)
+        self.releases += sum(count for _, count in releases)
         return eps
 
-    def to_json(self) -> str:
-        """The ledger as JSON (for the node's file)."""
-        return json.dumps(
-            {"target_epsilon": self.target_epsilon, "delta": self.delta, "rdp": self.rdp, "releases": self.releases}
-        )
+    def as_dict(self) -> dict[str, Any]:
+        """The ledger as a JSON-ready dict (for the node's file)."""
+        return {"target_epsilon": self.target_epsilon, "delta": self.delta, "rdp": self.rdp, "releases": self.releases}
 
     @classmethod
-    def from_json(cls, text: str) -> PrivacyLedger:
-        """Read :meth:`to_json`; ``ValueError`` when it is not a ledger over :data:`ORDERS`."""
-        doc = json.loads(text)
+    def from_dict(cls, doc: Mapping[str, Any]) -> PrivacyLedger:
+        """Read :meth:`as_dict`; ``ValueError`` when it is not a ledger over :data:`ORDERS`."""
         rdp = [float(v) for v in doc["rdp"]]
         if len(rdp) != len(ORDERS) or any(not v >= 0 for v in rdp):
             raise ValueError("not a privacy ledger over this accountant's orders")
         return cls(float(doc["target_epsilon"]), float(doc["delta"]), rdp, int(doc["releases"]))
-
-    def save(self, path: Path) -> None:
-        """Write atomically (a crash leaves the old file or the new one, never half of one)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)

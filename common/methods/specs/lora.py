@@ -55,7 +55,8 @@ class LoRASpec(FisherRankedSpec):
     )
     options = LoRAOptions
     options_prefix = "lora-"
-    # Its Fisher is of the adapters' factors, measured along training: no per-example bound, so no `dp-*`.
+    # Its Fisher is of the adapters' factors, measured along training: no per-example bound, so no `dp-*`; its
+    # SVD redistribution is not a per-position mean, so no `robust-*`.
     shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
     implementation = "common.methods.lora:LoRA"
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
+from common.aggregation.robust import ROBUST_RULES
 from common.config.schema import KeyGroup, Schema
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 class RobustOptions(Schema):
     """Keys ``robust-*``: how the server bounds what one node's update can do."""
 
-    aggregation: Literal["mean", "trimmed", "norm-clip"] = Field(
+    aggregation: Literal[("mean", *ROBUST_RULES)] = Field(  # type: ignore[valid-type]
         "mean",
         description="`mean`: the method's own mean; `trimmed`: per position, a trimmed mean of the deltas of the "
         "nodes that hold it (`robust-trim` cut at each end; 0.5 = the median); `norm-clip`: every update scaled "
@@ -40,6 +41,11 @@ class RobustOptions(Schema):
         description='`robust-aggregation = "norm-clip"`: the largest update norm, in multiples of the round\'s median',
     )
 
+    @property
+    def active(self) -> bool:
+        """Whether a robust rule replaces the method's own mean."""
+        return self.aggregation != "mean"
+
 
 ROBUST_KEYS = KeyGroup("robust", "robust-", RobustOptions, "Robust aggregation against malicious updates")
 
@@ -47,7 +53,7 @@ ROBUST_KEYS = KeyGroup("robust", "robust-", RobustOptions, "Robust aggregation a
 def check_robust(run: RunConfig, owns_keys: bool, covered: list[str]) -> None:
     """Refuse a robust rule with a method whose updates it cannot aggregate, naming the key."""
     opts: RobustOptions = run.options(ROBUST_KEYS.name)
-    if opts.aggregation != "mean" and not owns_keys:
+    if opts.active and not owns_keys:
         raise ValueError(
             f"robust-aggregation={opts.aggregation!r} is set, but method={run.method!r} does not aggregate masked "
             f'deltas (robust rules cover: {", ".join(covered)}); set robust-aggregation = "mean"'
