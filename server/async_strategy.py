@@ -49,7 +49,6 @@ from common.methods.base import Accepted, AsynchronousMethod, Method
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel
-from server.grid_io import exchange
 from server.replies import ReplyParts, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
 from server.strategy_core.round_records import ClientRound, async_record, note_accepted, progress_line, update_line
@@ -136,6 +135,8 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         if not isinstance(self.method, AsynchronousMethod):
             raise TypeError(f"method {self.method.name!r} cannot apply replies asynchronously")
         self.async_method: AsynchronousMethod = self.method
+        self.sent: dict[int, SentSubmodel] = {}  # each node's last dispatch, what its update must match
+        self.federated: dict[str, Any] | None = None  # the nodes' evaluation figures, for the next record
         self.version = 0
         self.last_changed = np.zeros(layout.size, dtype=np.int64)
         self.in_flight: dict[str, Dispatch] = {}
@@ -155,10 +156,12 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         """Round equivalents since the start: applied updates per node found at discovery."""
         return self.version / max(1, self.nodes_at_start)
 
-    def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
+    def node_mask(
+        self, node_id: int, server_round: int, x: NDArray[np.float32] | None = None
+    ) -> tuple[NDArray[np.bool_], str]:
         """The node's mask at the current :meth:`clock` (``server_round`` is only a dispatch number here)."""
         prof = self.registry.nodes[node_id]
-        return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x)
+        return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x if x is None else x)
 
     def level_mask(
         self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
@@ -302,13 +305,14 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         central = self.central_evaluation(self.version)
         self.server_seconds += time.perf_counter() - t0
         now = time.perf_counter() if now is None else now
+        federated, self.federated = self.federated, None  # each evaluation in one record only
         record = async_record(
             self.evals,
             updates=self.version,
             wall_seconds=now - self.t_start if self.evals else 0.0,
             central=central,
             local=local,
-            federated=self.take_federated(),
+            federated=federated,
             window=self.window,
             nodes_in=self.registry.take_nodes_in(),
             nodes_out=self.registry.take_nodes_out(),
@@ -415,8 +419,8 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
 
     def local_evaluation(self, timeout: float) -> dict[str, float] | None:
         """Each node evaluates its current submodel on its local test split (after training ends)."""
-        msgs = list(self.configure_evaluate(self.evals, self.to_arrays(self.x), self.evaluate_config, self.grid))
-        metrics = self.aggregate_evaluate(self.evals, exchange(self.grid, msgs, timeout, self.cfg.poll_interval))
+        arrays = self.to_arrays(self.x)
+        metrics, self.federated = self.nodes_evaluate(self.evals, arrays, self.grid, timeout, self.evaluate_config)
         if metrics is None:
             return None
         local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -140,12 +140,58 @@ def ordered_replies(
         return
     clock = spent if spent is not None else GridTime()
     clock.start()
-    ids = list(grid.push_messages(messages))
-    # What a reply is matched against is the request's metadata: the pushed content (every node's submodel) can
-    # go now, if the caller keeps no other reference to the list.
-    order = [(mid, request_stub(msg)) for mid, msg in zip(ids, messages, strict=False) if mid]
+    order = _push(grid, messages)
     total = len(messages)
+    # The pushed content (every node's submodel) can go now, if the caller keeps no other reference
+    # to the list: replies are matched against the stubs in ``order``.
     del messages
+    yield from _pull_in_order(grid, order, total, timeout, poll_interval, window, clock, on_pushed)
+
+
+def _push(grid: Grid, messages: list[Message]) -> list[tuple[str, Message]]:
+    """Push ``messages``; ``(message id, request stub)`` of each one the grid accepted, in order.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    messages : list[Message]
+        What to send.
+    """
+    ids = list(grid.push_messages(messages))
+    # A reply is matched against its request's metadata (:func:`request_stub`), not its content.
+    return [(mid, request_stub(msg)) for mid, msg in zip(ids, messages, strict=False) if mid]
+
+
+def _pull_in_order(
+    grid: Grid,
+    order: list[tuple[str, Message]],
+    total: int,
+    timeout: float,
+    poll_interval: float,
+    window: int,
+    clock: GridTime,
+    on_pushed: Callable[[], None] | None,
+) -> Iterator[Message]:
+    """:func:`ordered_replies` once pushed: the replies to ``order``, in order, timed by ``clock``.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    order : list[tuple[str, Message]]
+        ``(message id, request stub)`` of every pushed message, in the order the replies are wanted.
+    total : int
+        Messages the caller asked to send (for the warning about missing replies).
+    timeout, poll_interval : float
+        Seconds after the push after which a missing reply is not waited for, and between two pulls.
+    window : int
+        Replies pulled at most ahead of the next one wanted.
+    clock : GridTime
+        Running (started) on entry; stopped while a reply is with the caller, and at the end.
+    on_pushed : Callable, optional
+        Called first, before any reply is pulled.
+    """
     if on_pushed is not None:
         on_pushed()
     deadline = time.monotonic() + timeout
@@ -154,21 +200,9 @@ def ordered_replies(
     while head < len(order):
         late = time.monotonic() >= deadline
         ahead = order[head : head + window]
-        wanted = [mid for mid, _ in ahead if mid not in arrived]
-        if wanted:
-            requests = dict(ahead)
-            for m in grid.pull_messages(wanted):
-                mid = m.metadata.reply_to_message_id
-                arrived[mid] = attributed(m, requests.get(mid))
+        _pull_window(grid, ahead, arrived)
         if late:  # each message of this window has now been asked for once since the deadline
-            for mid, _ in ahead:
-                reply = arrived.pop(mid, None)
-                if reply is None:
-                    missing += 1
-                else:
-                    clock.stop()
-                    yield reply
-                    clock.start()
+            missing += yield from _last_call(ahead, arrived, clock)
             head += len(ahead)
             continue
         before = head
@@ -182,6 +216,55 @@ def ordered_replies(
     clock.stop()
     if missing:
         log(WARNING, "%d of %d replies did not arrive within %.0f s", missing, total, timeout)
+
+
+def _pull_window(grid: Grid, ahead: list[tuple[str, Message]], arrived: dict[str, Message]) -> None:
+    """Pull the replies of ``ahead`` not yet in ``arrived`` into it, each attributed to its request.
+
+    Parameters
+    ----------
+    grid : Grid
+        The ServerApp's grid.
+    ahead : list[tuple[str, Message]]
+        ``(message id, request stub)`` of the window's messages.
+    arrived : dict[str, Message]
+        Replies pulled and not yet yielded, by the id of the message they answer; filled in place.
+    """
+    wanted = [mid for mid, _ in ahead if mid not in arrived]
+    if wanted:
+        requests = dict(ahead)
+        for m in grid.pull_messages(wanted):
+            mid = m.metadata.reply_to_message_id
+            arrived[mid] = attributed(m, requests.get(mid))
+
+
+def _last_call(
+    ahead: list[tuple[str, Message]],
+    arrived: dict[str, Message],
+    clock: GridTime,
+) -> Generator[Message, None, int]:
+    """After the deadline: yield what of ``ahead`` has arrived, in order; return how many had not.
+
+    Parameters
+    ----------
+    ahead : list[tuple[str, Message]]
+        ``(message id, request stub)`` of the window's messages, each asked for once since the
+        deadline.
+    arrived : dict[str, Message]
+        Replies pulled and not yet yielded; those of ``ahead`` are taken out.
+    clock : GridTime
+        Stopped while a reply is with the caller.
+    """
+    missing = 0
+    for mid, _ in ahead:
+        reply = arrived.pop(mid, None)
+        if reply is None:
+            missing += 1
+        else:
+            clock.stop()
+            yield reply
+            clock.start()
+    return missing
 
 
 def request_stub(request: Message) -> Message:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Container
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ from flwr.app import Array, ArrayRecord, Message
 from flwr.common.constant import SType
 from numpy.typing import NDArray
 
+from common.wire import protocol as P
 from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel
 
 
@@ -109,6 +110,14 @@ def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key
     except Exception as err:  # undecodable payloads are a reason to drop the reply, never to crash
         parts.error = f"undecodable reply: {type(err).__name__}: {err}"
     return parts
+
+
+def train_parts(replies: Iterable[Message]) -> Iterator[ReplyParts]:
+    """Each TRAIN reply taken apart (:func:`reply_parts`); the Message is let go before the next is pulled."""
+    for msg in replies:
+        parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
+        del msg  # its serialised arrays go before the next reply is pulled
+        yield parts
 
 
 def expected_sent(parts: ReplyParts, sent: dict[int, SentSubmodel], answered: Container[int]) -> SentSubmodel:

@@ -1,5 +1,5 @@
 """The package structure: neither side imports the other, common imports neither, the apps import no operator
-tool or benchmark, and no import cycle."""
+tool or benchmark, no import cycle, and no function on the app path over sixty lines."""
 
 from __future__ import annotations
 
@@ -142,6 +142,39 @@ def test_no_folder_holds_more_than_fifteen_modules():
             if len(modules) > 15:
                 crowded[str(folder.relative_to(ROOT))] = len(modules)
     assert crowded == {}
+
+
+#: The longest a function on the app path may be, in lines (docstring included).
+MAX_FUNCTION_LINES = 60
+#: The longest the synchronous strategy's class may be, in lines.
+MAX_STRATEGY_LINES = 300
+
+
+def _functions_over(limit: int) -> dict[str, int]:
+    """``module:function`` -> lines, for every function of the app packages longer than ``limit`` lines."""
+    long = {}
+    for pkg in APP_PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > limit:
+                        long[f"{_module_name(path)}:{node.name}"] = lines
+    return long
+
+
+def test_no_function_on_the_app_path_is_over_sixty_lines():
+    assert _functions_over(MAX_FUNCTION_LINES) == {}
+
+
+def test_the_function_length_rule_sees_a_long_function():
+    assert all(lines > 10 for lines in _functions_over(10).values()) and _functions_over(10)
+
+
+def test_the_synchronous_strategy_is_at_most_three_hundred_lines():
+    tree = ast.parse((ROOT / "server" / "strategy.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SubmodelStrategy"]
+    assert cls.end_lineno - cls.lineno + 1 <= MAX_STRATEGY_LINES
 
 
 def test_the_shared_layers_hold_nothing_method_specific():

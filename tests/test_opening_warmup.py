@@ -2,7 +2,7 @@
 
 With ``fisher-warmup`` and the ``global`` estimator, FedFIbOS's round-0 mask is magnitude top-k of the initial
 model, which a node can compute itself: the QUERY then carries the initial model and each node replies with its
-profile and its Fisher (``SubmodelStrategy.opening_discovery``). Checked here in process against the separate
+profile and its Fisher (``server.opening.Opening.discovery``). Checked here in process against the separate
 warm-up exchange it replaces.
 """
 

@@ -27,10 +27,10 @@ def _run(monkeypatch, tmp_path, run_config=RUN):
     pushed_before_record: dict[int, int] = {}  # TRAIN messages pushed when each record was made
     real_fold = SubmodelStrategy.fold_train_replies
 
-    def fold(self, server_round, parts, warm_up=False):
-        out = real_fold(self, server_round, parts, warm_up)
+    def fold(self, plan, parts, warm_up=False):
+        out = real_fold(self, plan, parts, warm_up)
         if not warm_up:
-            models[server_round] = self.x.copy()
+            models[plan.server_round] = self.x.copy()
         return out
 
     monkeypatch.setattr(SubmodelStrategy, "fold_train_replies", fold)

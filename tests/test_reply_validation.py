@@ -22,6 +22,7 @@ from common.wire.validation import SentSubmodel, validate_evaluate_reply, valida
 from server.replies import ReplyParts
 from server.strategy import SubmodelStrategy
 from server.strategy_core.node_registry import NodeProfile
+from server.strategy_core.round_plan import TrainPlan
 from server.strategy_core.round_records import ClientRound
 
 ROUND = 3
@@ -35,6 +36,7 @@ def _setup():
     layout = model_layout(model)
     strategy = SubmodelStrategy(cfg, layout)
     strategy.x = layout.flatten(trainable_arrays(model))
+    plan = TrainPlan(ROUND, strategy.x)
     replies = {}
     for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
@@ -43,8 +45,8 @@ def _setup():
         from common.wire.protocol import encode_submodel
 
         payload = encode_submodel(strategy.x, mask)
-        strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
-        strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", "magnitude", int(mask.sum()), 0.0, 0, 0, 0, "")
+        plan.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
+        plan.clients[node_id] = ClientRound(node_id, gamma, "cpu", "magnitude", int(mask.sum()), 0.0, 0, 0, 0, "")
         res = train_masked(
             build_model("cnn", 10, 1, 0),
             layout,
@@ -62,7 +64,7 @@ def _setup():
             metrics={"num-examples": len(data), "train-loss": 1.0, "train-seconds": 0.5, "fisher-seconds": 0.01},
             meta={"round": ROUND, "mask-digest": payload.digest},
         )
-    return strategy, replies
+    return strategy, plan, replies
 
 
 @pytest.fixture(scope="module")
@@ -144,50 +146,50 @@ def _state(strategy):
 
 
 def _run(base, replies):
-    strategy, _ = base
-    s = copy.deepcopy(strategy)
-    accepted = s.apply_train_replies(ROUND, replies)
-    return s, accepted
+    strategy, plan, _ = base
+    s, p = copy.deepcopy((strategy, plan))
+    accepted = s.apply_train_replies(p, replies)
+    return s, p, accepted
 
 
 @pytest.mark.parametrize("kind", sorted(CATALOGUE))
 def test_malformed_reply_is_rejected_and_changes_nothing(base, kind):
-    strategy, replies = base
+    strategy, plan, replies = base
     good = replies[OTHER]
     bad = CATALOGUE[kind](copy.deepcopy(replies[GOOD]))
-    clean, accepted_clean = _run(base, [good])
-    dirty, accepted_dirty = _run(base, [good, bad])
+    clean, _, accepted_clean = _run(base, [good])
+    dirty, dirty_plan, accepted_dirty = _run(base, [good, bad])
     assert len(accepted_clean) == len(accepted_dirty) == 1
     x_clean, f_clean = _state(clean)
     x_dirty, f_dirty = _state(dirty)
     assert x_clean.tobytes() == x_dirty.tobytes()
     assert f_clean == f_dirty
     if bad.node_id == GOOD:
-        assert dirty.clients[GOOD].status.startswith("rejected")
+        assert dirty_plan.clients[GOOD].status.startswith("rejected")
 
 
 def test_bad_reply_alone_leaves_model_untouched(base):
-    strategy, replies = base
+    strategy, plan, replies = base
     bad = CATALOGUE["delta NaN"](copy.deepcopy(replies[GOOD]))
-    s, accepted = _run(base, [bad])
+    s, _, accepted = _run(base, [bad])
     assert accepted == []
     assert s.x.tobytes() == strategy.x.tobytes()
     assert s.method.fisher.clients == {}
 
 
 def test_duplicate_reply_counts_once(base):
-    _, replies = base
-    once, _ = _run(base, [replies[GOOD], replies[OTHER]])
-    twice, accepted = _run(base, [replies[GOOD], replies[OTHER], copy.deepcopy(replies[GOOD])])
+    _, _, replies = base
+    once, _, _ = _run(base, [replies[GOOD], replies[OTHER]])
+    twice, _, accepted = _run(base, [replies[GOOD], replies[OTHER], copy.deepcopy(replies[GOOD])])
     assert len(accepted) == 2
     assert once.x.tobytes() == twice.x.tobytes()
 
 
 def test_valid_replies_change_only_held_positions(base):
-    strategy, replies = base
-    s, accepted = _run(base, list(replies.values()))
+    strategy, plan, replies = base
+    s, _, accepted = _run(base, list(replies.values()))
     assert len(accepted) == 2
-    held = strategy.sent[GOOD].mask | strategy.sent[OTHER].mask
+    held = plan.sent[GOOD].mask | plan.sent[OTHER].mask
     assert np.array_equal(s.x[~held], strategy.x[~held])
     assert not np.array_equal(s.x[held], strategy.x[held])
     assert set(s.method.fisher.clients) == {"partition-0", "partition-1"}  # keyed by the stable client key
@@ -231,8 +233,8 @@ def test_node_config_shape_mismatch_is_reported():
 
 
 def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
-    strategy, replies = base
-    s = copy.deepcopy(strategy)
+    strategy, plan, replies = base
+    s, p = copy.deepcopy((strategy, plan))
     s.cfg = parse_run_config({"method": "fiarse"})
     s.method = create_method(s.cfg)
     s.method.start_server(s.layout)
@@ -240,34 +242,34 @@ def test_methods_without_fisher_upload_none_and_reject_a_fisher_payload(base):
     lean = copy.deepcopy(replies[GOOD])
     lean.arrays = {P.DELTA: lean.arrays[P.DELTA]}
     heavy = copy.deepcopy(replies[OTHER])  # still carries fisher.* arrays: rejected
-    accepted = s.apply_train_replies(ROUND, [lean, heavy])
-    assert len(accepted) == 1 and s.clients[GOOD].status != "rejected"
+    accepted = s.apply_train_replies(p, [lean, heavy])
+    assert len(accepted) == 1 and p.clients[GOOD].status != "rejected"
     assert s.method.state_bytes() == b""  # magnitude ranking keeps no Fisher
-    assert s.clients[OTHER].status.startswith("rejected")
+    assert p.clients[OTHER].status.startswith("rejected")
 
 
 def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
-    strategy, replies = base
-    s = copy.deepcopy(strategy)
+    strategy, plan, replies = base
+    s, p = copy.deepcopy((strategy, plan))
     s.cfg = parse_run_config({"min-replies": 3})
-    accepted = s.apply_train_replies(ROUND, list(copy.deepcopy(replies).values()))
+    accepted = s.apply_train_replies(p, list(copy.deepcopy(replies).values()))
     assert accepted == []
     assert s.x.tobytes() == strategy.x.tobytes() and s.method.fisher.clients == {}
-    assert all(s.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))
+    assert all(p.clients[n].status.startswith("skipped") for n in (GOOD, OTHER))
 
 
 def test_replies_fold_in_client_key_order_whatever_the_node_ids(base):
     """Node ids are drawn anew each run; the clients' keys are stable, so the fold order (and FedRolex's
     order-dependent count weights) repeats from run to run."""
-    strategy, replies = base
-    assert strategy.in_key_order([OTHER, GOOD]) == [GOOD, OTHER]  # partition-0, partition-1
-    s = copy.deepcopy(strategy)
+    strategy, plan, replies = base
+    assert strategy.registry.in_key_order([OTHER, GOOD]) == [GOOD, OTHER]  # partition-0, partition-1
+    s, p = copy.deepcopy((strategy, plan))
     s.registry.nodes[GOOD] = dataclasses.replace(s.registry.nodes[GOOD], key="partition-9")
-    assert s.in_key_order([GOOD, OTHER]) == [OTHER, GOOD]
-    assert s.in_key_order([999, GOOD, OTHER]) == [OTHER, GOOD, 999]  # a node never discovered comes last
+    assert s.registry.in_key_order([GOOD, OTHER]) == [OTHER, GOOD]
+    assert s.registry.in_key_order([999, GOOD, OTHER]) == [OTHER, GOOD, 999]  # a node never discovered comes last
     folded = []
     s.method.round_fold = lambda x, rnd, least: _Recorder(folded)
-    s.apply_train_replies(ROUND, [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])])
+    s.apply_train_replies(p, [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])])
     assert folded == ["partition-1", "partition-9"]
 
 

@@ -26,6 +26,7 @@ from common.wire.validation import SentSubmodel
 from server.replies import ReplyParts
 from server.strategy import SubmodelStrategy
 from server.strategy_core.node_registry import NodeProfile
+from server.strategy_core.round_plan import TrainPlan
 from server.strategy_core.round_records import ClientRound
 
 ROUND = 2
@@ -41,6 +42,7 @@ def _setup():
     layout = model_layout(model)
     strategy = SubmodelStrategy(cfg, layout)
     strategy.x = layout.flatten(trainable_arrays(model))
+    plan = TrainPlan(ROUND, strategy.x)
     replies = {}
     for part, node_id in enumerate((SMALL, LARGE)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
@@ -49,8 +51,8 @@ def _setup():
         mask, source = strategy.node_mask(node_id, ROUND)
         assert source == "norm"  # nothing measured yet
         payload = strategy.method.encode(strategy.x, mask)
-        strategy.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
-        strategy.clients[node_id] = ClientRound(node_id, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
+        plan.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
+        plan.clients[node_id] = ClientRound(node_id, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
         selection = selection_of_mask(layout, strategy.method.graph, mask)
         small_layout = sliced_layout(layout, strategy.method.graph, selection)
         small = build_structured_model(model, payload.records[P.SUBMODEL])
@@ -61,7 +63,7 @@ def _setup():
             metrics={"num-examples": len(data), "train-loss": result.loss, "train-seconds": 0.5, "fisher-seconds": 0.0},
             meta={"round": ROUND, "mask-digest": payload.digest},
         )
-    return strategy, replies
+    return strategy, replies, plan
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +72,12 @@ def base():
 
 
 def _run(base, replies):
-    s = copy.deepcopy(base[0])
-    return s, s.apply_train_replies(ROUND, replies)
+    s, p = copy.deepcopy((base[0], base[2]))
+    return s, s.apply_train_replies(p, replies), p
 
 
 def test_channel_masks_keep_the_width_rule_count_in_every_group(base):
-    strategy, _ = base
+    strategy, _, _ = base
     sizes = group_sizes(strategy.layout, strategy.method.graph)
     for gamma in (1.0, 0.25, 1 / 16):
         mask, _ = strategy.level_mask(ROUND - 1, gamma)
@@ -85,7 +87,7 @@ def test_channel_masks_keep_the_width_rule_count_in_every_group(base):
 
 
 def test_first_round_keeps_the_channels_of_largest_weight_norm(base):
-    strategy, _ = base
+    strategy, _, _ = base
     mask, _ = strategy.level_mask(ROUND - 1, 0.25)
     conv1 = strategy.layout.unflatten(strategy.x)["conv1.weight"]
     norms = np.square(conv1.astype(np.float64)).reshape(32, -1).sum(1)
@@ -96,14 +98,14 @@ def test_first_round_keeps_the_channels_of_largest_weight_norm(base):
 
 
 def test_valid_replies_are_reconstructed_and_aggregated_mask_aware(base):
-    strategy, replies = base
-    s, accepted = _run(base, list(replies.values()))
+    strategy, replies, plan = base
+    s, accepted, _ = _run(base, list(replies.values()))
     assert len(accepted) == 2
     weights = {n: replies[n].metrics["num-examples"] for n in replies}
     num = np.zeros(strategy.layout.size)
     den = np.zeros(strategy.layout.size)
     for node_id, r in replies.items():
-        mask = strategy.sent[node_id].mask
+        mask = plan.sent[node_id].mask
         small = {n: a for n, a in r.arrays.items() if not n.startswith(SCORE_PREFIX)}
         trained = np.concatenate([small[n].reshape(-1) for n in strategy.layout.names])
         num[mask] += weights[node_id] * (trained - strategy.x[mask])
@@ -116,9 +118,9 @@ def test_valid_replies_are_reconstructed_and_aggregated_mask_aware(base):
 
 
 def test_channels_held_by_nobody_keep_global_values_and_scores(base):
-    strategy, replies = base
-    s, accepted = _run(base, [replies[SMALL]])
-    mask = strategy.sent[SMALL].mask
+    strategy, replies, plan = base
+    s, accepted, _ = _run(base, [replies[SMALL]])
+    mask = plan.sent[SMALL].mask
     assert len(accepted) == 1
     assert np.array_equal(s.x[~mask], strategy.x[~mask]) and not np.array_equal(s.x[mask], strategy.x[mask])
     selection = selection_of_mask(strategy.layout, strategy.method.graph, mask)
@@ -142,32 +144,32 @@ def _trained_flat(strategy, reply):
 
 def test_fedavg_over_reconstructed_models_against_brute_force(base):
     """``x + sum_k p_k M_k delta_k``, ``p_k = n_k / sum n``: reconstruct each model, then plain FedAvg."""
-    strategy, replies = base
+    strategy, replies, plan = base
     s = _with_options(strategy, aggregation="fedavg")
-    accepted = s.apply_train_replies(ROUND, list(replies.values()))
+    accepted = s.apply_train_replies(copy.deepcopy(plan), list(replies.values()))
     assert len(accepted) == 2
     total = sum(r.metrics["num-examples"] for r in replies.values())
     expected = np.zeros(strategy.layout.size)
     for node_id, r in replies.items():
-        mask = strategy.sent[node_id].mask
+        mask = plan.sent[node_id].mask
         rebuilt = strategy.x.astype(np.float64).copy()  # missing channels from the global model
         rebuilt[mask] = _trained_flat(strategy, r)  # the small tensors, in mask order
         expected += r.metrics["num-examples"] / total * rebuilt
     np.testing.assert_allclose(s.x, expected, rtol=1e-5, atol=1e-6)
-    holders, _ = _run(base, list(replies.values()))
-    small_only = strategy.sent[SMALL].mask & ~strategy.sent[LARGE].mask
+    holders, _, _ = _run(base, list(replies.values()))
+    small_only = plan.sent[SMALL].mask & ~plan.sent[LARGE].mask
     assert not small_only.any()  # the capacity-1 client held everything: the rules differ by weights only
     assert not np.allclose(s.x, holders.x)
 
 
 def test_per_client_scores_give_equal_capacity_clients_their_own_channels(base):
-    strategy, replies = base
+    strategy, replies, plan = base
     s = _with_options(strategy, scores="client")
-    s.apply_train_replies(ROUND, list(replies.values()))
+    s.apply_train_replies(copy.deepcopy(plan), list(replies.values()))
     key = {n: s.registry.nodes[n].key for n in (SMALL, LARGE)}
     assert set(s.method.client_scores.clients) == set(key.values())
     sizes = group_sizes(strategy.layout, strategy.method.graph)
-    small_held = selection_of_mask(strategy.layout, strategy.method.graph, strategy.sent[SMALL].mask)
+    small_held = selection_of_mask(strategy.layout, strategy.method.graph, plan.sent[SMALL].mask)
     picks = {}
     for node_id in (SMALL, LARGE):
         mask, source = s.method.mask_for(key[node_id], ROUND + 1, 0.25, s.x)
@@ -227,14 +229,14 @@ BAD = {
 
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_bad_replies_are_rejected_and_change_nothing(base, kind):
-    strategy, replies = base
-    clean, _ = _run(base, [replies[LARGE]])
-    dirty, accepted = _run(base, [replies[LARGE], BAD[kind](copy.deepcopy(replies[SMALL]))])
+    strategy, replies, plan = base
+    clean, _, _ = _run(base, [replies[LARGE]])
+    dirty, accepted, dirty_plan = _run(base, [replies[LARGE], BAD[kind](copy.deepcopy(replies[SMALL]))])
     assert len(accepted) == 1
     assert dirty.x.tobytes() == clean.x.tobytes()
     for g in clean.method.state.score:
         assert np.array_equal(dirty.method.state.score[g], clean.method.state.score[g])
-    assert dirty.clients[SMALL].status.startswith("rejected")
+    assert dirty_plan.clients[SMALL].status.startswith("rejected")
 
 
 def test_cahfp_needs_a_channel_graph(monkeypatch):
@@ -263,12 +265,12 @@ def test_curvature_selected_small_submodels_learn_in_process():
     for i, gamma in enumerate(capacities):
         s.registry.nodes[i] = NodeProfile(gamma, "cpu", len(datas[i]), 1, f"p{i}")
     for rnd in (1, 2):
-        s.sent, s.clients, replies = {}, {}, []
+        plan, replies = TrainPlan(rnd, s.x), []
         for i, gamma in enumerate(capacities):
             mask, source = s.node_mask(i, rnd)
             payload = s.method.encode(s.x, mask)
-            s.sent[i] = SentSubmodel(i, rnd, mask, payload.digest, len(datas[i]))
-            s.clients[i] = ClientRound(i, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
+            plan.sent[i] = SentSubmodel(i, rnd, mask, payload.digest, len(datas[i]))
+            plan.clients[i] = ClientRound(i, gamma, "cpu", source, int(mask.sum()), 0.0, 0, 0, 0, "")
             small_layout = sliced_layout(layout, s.method.graph, selection_of_mask(layout, s.method.graph, mask))
             result = train_small(
                 build_structured_model(model, payload.records[P.SUBMODEL]),
@@ -285,7 +287,7 @@ def test_curvature_selected_small_submodels_learn_in_process():
                     {"round": rnd, "mask-digest": payload.digest},
                 )
             )
-        assert len(s.apply_train_replies(rnd, replies)) == 3
+        assert len(s.apply_train_replies(plan, replies)) == 3
     mask, source = s.level_mask(3 - 1, 1 / 16)
     assert source == "curvature"
     evaluator = CentralEvaluator(build_model("cnn", 10, 1, 42), layout, split.test, torch.device("cpu"))

@@ -126,35 +126,9 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
         raise ConfigError(f"data-path={data_path!r}: expected the path of this node's data folder or file")
     # A node with its own data may also hold a partition (for runs on a shared dataset); without data-path it must.
     partitioned = not data_path or "partition-id" in raw or "num-partitions" in raw
-    if data_path:
-        example = "--node-config 'data-path=\"/data\" capacity=0.25'"
-    else:
-        example = "--node-config 'partition-id=0 num-partitions=6 capacity=0.25'"
-    required = (("partition-id", "num-partitions") if partitioned else ()) + (
-        () if mix and partitioned else ("capacity",)
-    )
-    for key in required:
-        if key not in raw:
-            raise ConfigError(f"node-config is missing {key!r} (e.g. {example})")
-    for key in ("label-column", "input-column"):
-        if key in raw and (not data_path or not isinstance(raw[key], str) or not raw[key]):
-            raise ConfigError(f"{key}={raw[key]!r}: expected a column name, with data-path set")
-    partition_id: int | None = None
-    num_partitions: int | None = None
-    if partitioned:
-        num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
-        partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
-    capacity: float | None
-    if raw.get("capacity") == "auto":
-        capacity = None
-    elif "capacity" in raw:
-        try:
-            capacity = float(_num("capacity", raw["capacity"], 0, 1, lo_open=True))
-        except ConfigError as err:
-            raise ConfigError(f"{err} (or capacity=auto to measure the device)") from None
-    else:
-        assert partition_id is not None  # a node with data-path must set capacity (checked above)
-        capacity = mix[partition_id % len(mix)]
+    _check_keys(raw, data_path, partitioned, bool(mix))
+    partition_id, num_partitions = _partition(raw, partitioned)
+    capacity = _capacity(raw, partition_id, mix)
     device = raw.get("device", "auto")
     if device not in DEVICES:
         raise ConfigError(f"device={device!r}: allowed values are {', '.join(DEVICES)}")
@@ -177,3 +151,81 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
         label_column=str(raw.get("label-column", "label")),
         input_column=str(raw.get("input-column", "")),
     )
+
+
+def _check_keys(raw: Mapping[str, Any], data_path: Any, partitioned: bool, mixed: bool) -> None:
+    """Refuse a node configuration that lacks a required key or sets a column without data.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The node configuration, as :func:`parse_node_config` received it.
+    data_path : Any
+        Its ``data-path`` (``""`` when not set).
+    partitioned : bool
+        Whether the node holds a partition of the run's shared dataset.
+    mixed : bool
+        Whether the run sets a ``capacity-mix`` (a partitioned node may then leave out
+        ``capacity``).
+    """
+    if data_path:
+        example = "--node-config 'data-path=\"/data\" capacity=0.25'"
+    else:
+        example = "--node-config 'partition-id=0 num-partitions=6 capacity=0.25'"
+    required = (("partition-id", "num-partitions") if partitioned else ()) + (
+        () if mixed and partitioned else ("capacity",)
+    )
+    for key in required:
+        if key not in raw:
+            raise ConfigError(f"node-config is missing {key!r} (e.g. {example})")
+    for key in ("label-column", "input-column"):
+        if key in raw and (not data_path or not isinstance(raw[key], str) or not raw[key]):
+            raise ConfigError(f"{key}={raw[key]!r}: expected a column name, with data-path set")
+
+
+def _partition(raw: Mapping[str, Any], partitioned: bool) -> tuple[int | None, int | None]:
+    """``(partition_id, num_partitions)`` of a partitioned node, ``(None, None)`` otherwise.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The node configuration (holding both keys when ``partitioned``).
+    partitioned : bool
+        Whether the node holds a partition of the run's shared dataset.
+    """
+    partition_id: int | None = None
+    num_partitions: int | None = None
+    if partitioned:
+        num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
+        partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
+    return partition_id, num_partitions
+
+
+def _capacity(
+    raw: Mapping[str, Any],
+    partition_id: int | None,
+    mix: tuple[float, ...],
+) -> float | None:
+    """The node's capacity: its ``capacity`` key, ``None`` for ``auto``, else its share of ``mix``.
+
+    Parameters
+    ----------
+    raw : Mapping[str, Any]
+        The node configuration.
+    partition_id : int or None
+        The node's partition (set whenever ``capacity`` is missing, checked by :func:`_check_keys`).
+    mix : tuple[float, ...]
+        The run's ``capacity-mix``, parsed.
+    """
+    capacity: float | None
+    if raw.get("capacity") == "auto":
+        capacity = None
+    elif "capacity" in raw:
+        try:
+            capacity = float(_num("capacity", raw["capacity"], 0, 1, lo_open=True))
+        except ConfigError as err:
+            raise ConfigError(f"{err} (or capacity=auto to measure the device)") from None
+    else:
+        assert partition_id is not None  # a node with data-path must set capacity (_check_keys)
+        capacity = mix[partition_id % len(mix)]
+    return capacity

@@ -253,40 +253,79 @@ def read_node_data(
     if not os.access(root, os.R_OK):
         raise NodeDataError(f"data-path {str(root)!r}: not readable by this process (uid {os.getuid()})")
     space = LabelSpace(classes)
-    if root.is_dir() and ((root / "dataset_dict.json").exists() or (root / "state.json").exists()):
-        layout, splits = "hf-saved", _read_saved(root, space, spec, label_column, input_column)
-    elif (root.is_file() and root.suffix in TABLE_SUFFIXES) or (root.is_dir() and _files(root, TABLE_SUFFIXES)):
-        layout, splits = "table", _read_tables(root, space, spec, label_column, input_column)
-    elif spec.kind == "image" and root.is_dir() and any(p.is_dir() for p in root.iterdir()):
-        # Class folders first: a README.txt beside them is not a text dataset.
-        layout, splits = "image-folder", _read_image_folder(root, space, spec)
-    elif (root.is_file() and root.suffix in TEXT_SUFFIXES) or (root.is_dir() and _files(root, TEXT_SUFFIXES)):
-        layout, splits = "text-lines", _read_text_lines(root, space, spec)
-    elif root.is_dir() and any(p.is_dir() for p in root.iterdir()):
-        raise NodeDataError(f"data-path {str(root)!r} is an image folder, but the run's model takes text")
-    else:
-        raise NodeDataError(
-            f"data-path {str(root)!r} holds no supported layout: an image folder (one sub-folder per class), a "
-            f"save_to_disk folder, Parquet/CSV files, or .txt/.tsv lines of label<TAB>text"
-        )
-    collected, notes = splits
+    layout, (collected, notes) = _read_layout(root, space, spec, label_column, input_column)
     train, test = collected.get("train"), collected.get("test")
     if train is None or not train.labels:
         raise NodeDataError(f"data-path {str(root)!r}: no readable example with a label" + _skips(collected))
+    report = _report(layout, collected, notes, space)
+    n = len(classes)
+    return NodeData(
+        _to_dataset(train, spec, n), _to_dataset(test, spec, n) if test is not None and test.labels else None, report
+    )
+
+
+def _read_layout(
+    root: Path, space: LabelSpace, spec: InputSpec, label_column: str, input_column: str
+) -> tuple[str, tuple[dict[str, _Collector], list[str]]]:
+    """Recognise the layout of ``root`` and read it: ``(layout, (examples by split, notes))``.
+
+    Parameters
+    ----------
+    root : Path
+        The node's data file or folder (it exists and is readable).
+    space : LabelSpace
+        The run's classes.
+    spec : InputSpec
+        How examples become model input.
+    label_column, input_column : str
+        Tables only: the label column and the image or text column (``""``: the default names).
+    """
+    if root.is_dir() and ((root / "dataset_dict.json").exists() or (root / "state.json").exists()):
+        return "hf-saved", _read_saved(root, space, spec, label_column, input_column)
+    if (root.is_file() and root.suffix in TABLE_SUFFIXES) or (root.is_dir() and _files(root, TABLE_SUFFIXES)):
+        return "table", _read_tables(root, space, spec, label_column, input_column)
+    if spec.kind == "image" and root.is_dir() and any(p.is_dir() for p in root.iterdir()):
+        # Class folders first: a README.txt beside them is not a text dataset.
+        return "image-folder", _read_image_folder(root, space, spec)
+    if (root.is_file() and root.suffix in TEXT_SUFFIXES) or (root.is_dir() and _files(root, TEXT_SUFFIXES)):
+        return "text-lines", _read_text_lines(root, space, spec)
+    if root.is_dir() and any(p.is_dir() for p in root.iterdir()):
+        raise NodeDataError(f"data-path {str(root)!r} is an image folder, but the run's model takes text")
+    raise NodeDataError(
+        f"data-path {str(root)!r} holds no supported layout: an image folder (one sub-folder per class), a "
+        f"save_to_disk folder, Parquet/CSV files, or .txt/.tsv lines of label<TAB>text"
+    )
+
+
+def _report(
+    layout: str,
+    collected: dict[str, _Collector],
+    notes: list[str],
+    space: LabelSpace,
+) -> NodeDataReport:
+    """The :class:`NodeDataReport` of what was read.
+
+    Parameters
+    ----------
+    layout : str
+        The layout recognised (``image-folder``, ``hf-saved``, ``table``, ``text-lines``).
+    collected : dict[str, _Collector]
+        The examples read, by split.
+    notes : list[str]
+        The readers' findings.
+    space : LabelSpace
+        The run's classes.
+    """
     skipped: Counter[str] = Counter()
     for c in collected.values():
         skipped.update(c.skipped)
     held = sorted({k for c in collected.values() for k in c.labels})
-    report = NodeDataReport(
+    return NodeDataReport(
         layout,
         sum(len(c.labels) for c in collected.values()),
         dict(skipped),
         tuple(space.classes[k] for k in held),
         tuple(notes),
-    )
-    n = len(classes)
-    return NodeData(
-        _to_dataset(train, spec, n), _to_dataset(test, spec, n) if test is not None and test.labels else None, report
     )
 
 

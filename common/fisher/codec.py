@@ -167,23 +167,9 @@ def encode_fisher(
     if mode == "dense":
         return {"fisher.dense": f.astype(np.float32)}
     if mode == "masked":
-        out_rows = layout.row_ids[~mask]
-        means = _row_means(f[~mask], out_rows, layout.num_rows)
-        return {
-            "fisher.inside": f[mask].astype(np.float32),
-            "fisher.rowmean": means.astype(np.float32),
-        }
+        return _encode_masked(f, mask, layout)
     if mode == "topm":
-        m = int(mask.sum())
-        top = np.sort(np.argpartition(-f, m - 1)[:m]) if 0 < m < f.size else np.arange(min(m, f.size))
-        rest = np.ones(f.size, dtype=bool)
-        rest[top] = False
-        rest_mean = float(f[rest].mean()) if rest.any() else 0.0
-        return {
-            "fisher.topidx": top.astype(index_dtype(f.size)),
-            "fisher.topval": f[top].astype(np.float32),
-            "fisher.rest": np.array([rest_mean], dtype=np.float32),
-        }
+        return _encode_topm(f, mask)
     if mode == "log8":
         codes, lo, hi = _log8(f)
         return {
@@ -191,24 +177,91 @@ def encode_fisher(
             "fisher.log8range": np.array([lo, hi], dtype=np.float32),
         }
     if mode == "ranked":
-        k = int(np.count_nonzero(mask))
-        room = 4 * k - _RANKED_FIXED  # the row means cost what masked's row means cost
-        if max_bytes is not None:
-            floor = ranked_floor(layout.size, layout.num_rows)
-            if max_bytes < floor:
-                raise ValueError(f"a ranked Fisher payload needs {floor} bytes, {max_bytes} allowed")
-            room = min(room, max_bytes - _RANKED_FIXED - 4 * layout.num_rows)
-        top = topk_mask(f, max(1, ranked_count(f.size, room)))  # ties to the lower index
-        kind, data = encode_mask(top)
-        codes, lo, hi = _log8(f[top])
-        return {
-            "fisher.setkind": np.array([MASK_KINDS.index(kind)], dtype=np.uint8),
-            "fisher.set": data,
-            "fisher.setlog8": codes,
-            "fisher.log8range": np.array([lo, hi], dtype=np.float32),
-            "fisher.rowmean": _row_means(f[~top], layout.row_ids[~top], layout.num_rows).astype(np.float32),
-        }
+        return _encode_ranked(f, mask, layout, max_bytes)
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {FISHER_ENCODINGS}")
+
+
+def _encode_masked(
+    f: NDArray[np.float64],
+    mask: NDArray[np.bool_],
+    layout: ParamLayout,
+) -> dict[str, NDArray]:
+    """The ``masked`` payload: ``f`` inside the mask, exactly, and each row's mean outside it.
+
+    Parameters
+    ----------
+    f : NDArray[float64]
+        Flat, finite, non-negative diagonal Fisher, length ``d``.
+    mask : NDArray[bool]
+        The client's submodel mask.
+    layout : ParamLayout
+        The model layout (its rows).
+    """
+    out_rows = layout.row_ids[~mask]
+    means = _row_means(f[~mask], out_rows, layout.num_rows)
+    return {
+        "fisher.inside": f[mask].astype(np.float32),
+        "fisher.rowmean": means.astype(np.float32),
+    }
+
+
+def _encode_topm(f: NDArray[np.float64], mask: NDArray[np.bool_]) -> dict[str, NDArray]:
+    """The ``topm`` payload: the ``m`` largest entries (``m``: the mask's size), the rest's mean.
+
+    Parameters
+    ----------
+    f : NDArray[float64]
+        Flat, finite, non-negative diagonal Fisher, length ``d``.
+    mask : NDArray[bool]
+        The client's submodel mask (only its number of positions is read).
+    """
+    m = int(mask.sum())
+    top = np.sort(np.argpartition(-f, m - 1)[:m]) if 0 < m < f.size else np.arange(min(m, f.size))
+    rest = np.ones(f.size, dtype=bool)
+    rest[top] = False
+    rest_mean = float(f[rest].mean()) if rest.any() else 0.0
+    return {
+        "fisher.topidx": top.astype(index_dtype(f.size)),
+        "fisher.topval": f[top].astype(np.float32),
+        "fisher.rest": np.array([rest_mean], dtype=np.float32),
+    }
+
+
+def _encode_ranked(
+    f: NDArray[np.float64], mask: NDArray[np.bool_], layout: ParamLayout, max_bytes: int | None
+) -> dict[str, NDArray]:
+    """The ``ranked`` payload: the largest entries of the whole model, each row's mean of the rest.
+
+    Parameters
+    ----------
+    f : NDArray[float64]
+        Flat, finite, non-negative diagonal Fisher, length ``d``.
+    mask : NDArray[bool]
+        The client's submodel mask (its number of positions sets the default byte budget).
+    layout : ParamLayout
+        The model layout (its rows).
+    max_bytes : int, optional
+        The payload takes at most this many bytes in all, at least :func:`ranked_floor`; ``None``:
+        the bytes of ``masked``.
+    """
+    k = int(np.count_nonzero(mask))
+    room = 4 * k - _RANKED_FIXED  # the row means cost what masked's row means cost
+    if max_bytes is not None:
+        floor = ranked_floor(layout.size, layout.num_rows)
+        if max_bytes < floor:
+            raise ValueError(f"a ranked Fisher payload needs {floor} bytes, {max_bytes} allowed")
+        room = min(room, max_bytes - _RANKED_FIXED - 4 * layout.num_rows)
+    top = topk_mask(f, max(1, ranked_count(f.size, room)))  # ties to the lower index
+    kind, data = encode_mask(top)
+    codes, lo, hi = _log8(f[top])
+    rowmean = _row_means(f[~top], layout.row_ids[~top], layout.num_rows)
+    return {
+        "fisher.setkind": np.array([MASK_KINDS.index(kind)], dtype=np.uint8),
+        "fisher.set": data,
+        "fisher.setlog8": codes,
+        "fisher.log8range": np.array([lo, hi], dtype=np.float32),
+        "fisher.rowmean": rowmean.astype(np.float32),
+    }
 
 
 def ranked_floor(d: int, num_rows: int) -> int:
@@ -302,46 +355,105 @@ def decode_fisher(
     if mode == "dense":
         return _expect(payload, "fisher.dense", np.float32, d).copy()
     if mode == "masked":
-        if positions is None:
-            if mask is None:
-                raise ValueError("the masked encoding needs the mask or its positions")
-            k = int(np.count_nonzero(mask))
-        else:
-            k = int(positions.size)
-        inside = _expect(payload, "fisher.inside", np.float32, k)
-        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
-        if k == d:  # every position sent: the row means (of no position) are not used
-            return inside.copy()
-        out = _per_position(rowmean, layout)
-        # Positions: faster than a boolean scatter below capacity 1 (cast once: int32 ones are cast per use).
-        at = np.flatnonzero(mask) if positions is None else positions.astype(np.intp, copy=False)
-        out[at] = inside
-        return out
+        return _decode_masked(payload, mask, layout, positions)
     if mode == "topm":
-        idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)
-        if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
-            raise ValueError("fisher.topidx must be strictly increasing and below d")
-        val = _expect(payload, "fisher.topval", np.float32, idx.size)
-        rest = _expect(payload, "fisher.rest", np.float32, 1)
-        out = np.full(d, rest[0], dtype=np.float32)
-        out[idx] = val
-        return out
+        return _decode_topm(payload, d)
     lo, hi = (float(v) for v in _expect(payload, "fisher.log8range", np.float32, 2, nonneg=False))
     if hi < lo:
         raise ValueError("fisher.log8range must be (low, high) with low <= high")
     if mode == "ranked":
-        kind_code = _expect(payload, "fisher.setkind", np.uint8, 1)[0]
-        if kind_code >= len(MASK_KINDS):
-            raise ValueError(f"fisher.setkind {kind_code} is not a mask kind")
-        if "fisher.set" not in payload:
-            raise ValueError("missing fisher array 'fisher.set'")
-        top = decode_mask(MASK_KINDS[kind_code], np.asarray(payload["fisher.set"]), d)
-        m = int(np.count_nonzero(top))
-        sent = _unlog8(_expect(payload, "fisher.setlog8", np.uint8, m), lo, hi)
-        rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
-        out = _per_position(rowmean, layout)
-        if m:
-            np.minimum(out, sent.min(), out=out)  # the sent values are the largest ones
-        out[top] = sent
-        return out
+        return _decode_ranked(payload, layout, lo, hi)
     return _unlog8(_expect(payload, "fisher.log8", np.uint8, d), lo, hi)
+
+
+def _decode_masked(
+    payload: Mapping[str, NDArray],
+    mask: NDArray[np.bool_] | None,
+    layout: ParamLayout,
+    positions: NDArray[np.signedinteger] | None,
+) -> NDArray[np.float32]:
+    """Decode a ``masked`` payload: the sent values inside the mask, each row's mean outside it.
+
+    Parameters
+    ----------
+    payload : Mapping[str, NDArray]
+        The payload's arrays by name.
+    mask : NDArray[bool] or None
+        The client's submodel mask; ``None`` when ``positions`` is given.
+    layout : ParamLayout
+        The model layout.
+    positions : NDArray[int] or None
+        The mask's set positions, strictly increasing and below ``d``, read instead of the mask.
+    """
+    if positions is None:
+        if mask is None:
+            raise ValueError("the masked encoding needs the mask or its positions")
+        k = int(np.count_nonzero(mask))
+    else:
+        k = int(positions.size)
+    inside = _expect(payload, "fisher.inside", np.float32, k)
+    rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+    if k == layout.size:  # every position sent: the row means (of no position) are not used
+        return inside.copy()
+    out = _per_position(rowmean, layout)
+    # Positions: faster than a boolean scatter below capacity 1 (cast once: int32 ones are cast per
+    # use).
+    at = np.flatnonzero(mask) if positions is None else positions.astype(np.intp, copy=False)
+    out[at] = inside
+    return out
+
+
+def _decode_topm(payload: Mapping[str, NDArray], d: int) -> NDArray[np.float32]:
+    """Decode a ``topm`` payload: the sent entries at their positions, the rest's mean elsewhere.
+
+    Parameters
+    ----------
+    payload : Mapping[str, NDArray]
+        The payload's arrays by name.
+    d : int
+        Model size (positions).
+    """
+    idx = _expect(payload, "fisher.topidx", index_dtype(d), None).astype(np.int64)
+    if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
+        raise ValueError("fisher.topidx must be strictly increasing and below d")
+    val = _expect(payload, "fisher.topval", np.float32, idx.size)
+    rest = _expect(payload, "fisher.rest", np.float32, 1)
+    out = np.full(d, rest[0], dtype=np.float32)
+    out[idx] = val
+    return out
+
+
+def _decode_ranked(
+    payload: Mapping[str, NDArray],
+    layout: ParamLayout,
+    lo: float,
+    hi: float,
+) -> NDArray[np.float32]:
+    """Decode a ``ranked`` payload: the sent values at their positions, each row's mean elsewhere.
+
+    A row's mean is capped at the smallest sent value, since every unsent entry is at most that.
+
+    Parameters
+    ----------
+    payload : Mapping[str, NDArray]
+        The payload's arrays by name.
+    layout : ParamLayout
+        The model layout.
+    lo, hi : float
+        The log range of the 8-bit values (``fisher.log8range``, checked ``lo <= hi``).
+    """
+    d = layout.size
+    kind_code = _expect(payload, "fisher.setkind", np.uint8, 1)[0]
+    if kind_code >= len(MASK_KINDS):
+        raise ValueError(f"fisher.setkind {kind_code} is not a mask kind")
+    if "fisher.set" not in payload:
+        raise ValueError("missing fisher array 'fisher.set'")
+    top = decode_mask(MASK_KINDS[kind_code], np.asarray(payload["fisher.set"]), d)
+    m = int(np.count_nonzero(top))
+    sent = _unlog8(_expect(payload, "fisher.setlog8", np.uint8, m), lo, hi)
+    rowmean = _expect(payload, "fisher.rowmean", np.float32, layout.num_rows)
+    out = _per_position(rowmean, layout)
+    if m:
+        np.minimum(out, sent.min(), out=out)  # the sent values are the largest ones
+    out[top] = sent
+    return out

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -170,16 +171,120 @@ def per_example_fisher(
     NDArray[float32]
         Flat diagonal Fisher in layout order, length ``layout.size``.
     """
+    _check_arguments(indices, clip_norm)
+    run = _to_device(model, layout, params, mask, data, indices, device)
+    return _estimate(run, layout, present, chunk, max_chunk_mib, vectorise, clip_norm)
+
+
+def _check_arguments(indices: NDArray[np.int64], clip_norm: float | None) -> None:
+    """Raise ``ValueError`` for arguments :func:`per_example_fisher` cannot estimate with.
+
+    Parameters
+    ----------
+    indices : NDArray[int64]
+        Examples to use; must not be empty.
+    clip_norm : float, optional
+        Bound on each example's gradient norm; must be ``> 0`` when given.
+    """
     if len(indices) == 0:
         raise ValueError("no examples to estimate the Fisher on")
     if clip_norm is not None and not clip_norm > 0:
         raise ValueError(f"clip_norm={clip_norm!r} must be > 0")
+
+
+class _OnDevice(NamedTuple):
+    """What :func:`per_example_fisher` computes with, on its device.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The architecture, moved to ``device``.
+    tensors : dict[str, torch.Tensor]
+        The effective weights ``params * mask`` by tensor name.
+    sums : dict[str, torch.Tensor]
+        The sums of squared gradients by tensor name, zero at first.
+    x, y : torch.Tensor
+        The examples used and their labels.
+    device : torch.device
+        Where to compute.
+    """
+
+    model: nn.Module
+    tensors: dict[str, torch.Tensor]
+    sums: dict[str, torch.Tensor]
+    x: torch.Tensor
+    y: torch.Tensor
+    device: torch.device
+
+
+def _to_device(
+    model: nn.Module,
+    layout: ParamLayout,
+    params: NDArray[np.float32],
+    mask: NDArray[np.bool_],
+    data: ArrayDataset,
+    indices: NDArray[np.int64],
+    device: torch.device,
+) -> _OnDevice:
+    """The model, effective weights, zeroed sums and examples of an estimate, on ``device``.
+
+    Parameters
+    ----------
+    model, layout, params, mask, data, indices, device
+        As for :func:`per_example_fisher`.
+    """
     model = model.to(device)
     effective = layout.unflatten(np.where(mask, params, 0).astype(np.float32))
-    tensors = {name: torch.from_numpy(np.ascontiguousarray(effective[name])).to(device) for name in layout.names}
+    tensors = {}
+    for name in layout.names:
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(effective[name])).to(device)
     sums = {name: torch.zeros_like(t) for name, t in tensors.items()}
     x_all = torch.from_numpy(data.x[indices]).to(device)
     y_all = torch.from_numpy(data.y[indices]).to(device)
+    return _OnDevice(model, tensors, sums, x_all, y_all, device)
+
+
+def _vectorised(model: nn.Module, device: torch.device, vectorise: bool | None) -> bool:
+    """Whether the estimate runs through ``vmap``: ``vectorise``, or its default when ``None``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The architecture (``vmap_safe = False``: its forward pass cannot be vectorised).
+    device : torch.device
+        Where to compute (the default vectorises on an accelerator only).
+    vectorise : bool, optional
+        As for :func:`per_example_fisher`; ``ValueError`` when ``True`` for a model that forbids it.
+    """
+    vmap_safe = getattr(model, "vmap_safe", True)
+    if vectorise is None:
+        vectorise = device.type != "cpu" and vmap_safe
+    elif vectorise and not vmap_safe:
+        raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
+    return vectorise
+
+
+def _estimate(
+    run: _OnDevice,
+    layout: ParamLayout,
+    present: torch.Tensor | None,
+    chunk: int,
+    max_chunk_mib: float,
+    vectorise: bool | None,
+    clip_norm: float | None,
+) -> NDArray[np.float32]:
+    """:func:`per_example_fisher`'s estimate, in ``eval`` mode at the sample's statistics.
+
+    The model's training mode is restored afterwards (not when ``vectorise`` is refused).
+
+    Parameters
+    ----------
+    run : _OnDevice
+        The model, weights, sums and examples, on the device (:func:`_to_device`).
+    layout, present, chunk, max_chunk_mib, vectorise, clip_norm
+        As for :func:`per_example_fisher`.
+    """
+    model, tensors, sums, x_all, y_all, device = run
 
     def loss_one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, p, (xi.unsqueeze(0),))
@@ -187,19 +292,25 @@ def per_example_fisher(
 
     was_training = model.training
     model.eval()
-    vmap_safe = getattr(model, "vmap_safe", True)
-    if vectorise is None:
-        vectorise = device.type != "cpu" and vmap_safe
-    elif vectorise and not vmap_safe:
-        raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
+    vectorise = _vectorised(model, device, vectorise)
     try:
         with sample_statistics(model, tensors, as_input(x_all)):
             _accumulate(
-                model, layout, tensors, sums, x_all, y_all, loss_one, vectorise, chunk, max_chunk_mib, clip_norm
+                model,
+                layout,
+                tensors,
+                sums,
+                x_all,
+                y_all,
+                loss_one,
+                vectorise,
+                chunk,
+                max_chunk_mib,
+                clip_norm,
             )
     finally:
         model.train(was_training)
-    n = float(len(indices))
+    n = float(len(x_all))  # one row per example of indices
     return layout.flatten({name: (s / n).cpu().numpy() for name, s in sums.items()}).astype(np.float32)
 
 

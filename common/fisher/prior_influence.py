@@ -181,15 +181,7 @@ def contested_by_level(
     gammas : Sequence[float]
         Capacities, each in (0, 1].
     """
-    # lo, hi and |x| are float32 in practice: their float64 products are exact, so no bound is lost to rounding.
-    absx = np.abs(np.asarray(x))
-    s_lo = np.multiply(lo, absx, dtype=np.float64)
-    s_hi = np.multiply(hi, absx, dtype=np.float64)
-    del absx
-    if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
-        raise ValueError(f"lo and hi must have shape ({layout.size},)")
-    if np.any(s_lo > s_hi):
-        raise ValueError("lo must not exceed hi")
+    s_lo, s_hi = _score_bounds(layout, x, lo, hi)
     # Inert positions are in no mask below capacity 1 and take no budget (common.fisher.selection.select_mask).
     forced = kept_vectors(layout, keep_vectors)
     eligible = ~forced & ~layout.inert_mask
@@ -205,33 +197,110 @@ def contested_by_level(
         not_guard, in_guard = _row_guard_bounds(layout, s_lo, s_hi, min_per_row)
     else:
         not_guard, in_guard = eligible, np.zeros(layout.size, dtype=bool)
-    # The threshold is the need-th largest score among the eligible positions outside the guard. Those lie
-    # among the positions not surely in the guard, less the (guard - surely guard) others the guard takes:
-    # so the threshold is at most their need-th largest hi and at least their (need + unsure)-th largest lo.
-    # Positions outside that set sink to -inf, below every score, instead of being gathered out.
-    rest = eligible & ~in_guard
     unsure = guard - int(np.count_nonzero(in_guard & eligible))
     ranked = sorted({need for need in open_needs if need > 0})
-    t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), ranked)
-    t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), [need + unsure for need in ranked])
-    del rest
+    thresholds = _threshold_bounds(s_lo, s_hi, eligible & ~in_guard, ranked, unsure)
     candidates = eligible & ~in_guard  # contested positions are eligible and not surely in the guard
     out = []
     for need in needs:
-        contested = np.zeros(layout.size, dtype=bool)
         if need < n_eligible - guard:
-            if need > 0:
-                i = ranked.index(need)
-                low_threshold = t_lo[i]
-                np.greater(s_lo, t_hi[i], out=contested)  # surely above the highest threshold: surely kept
-                np.logical_not(contested, out=contested)
-                contested &= candidates
-            else:
-                low_threshold = np.inf  # only the guard is kept beyond the always-kept positions
-                contested[:] = candidates
-            contested &= ~(not_guard & (s_hi < low_threshold))
-        out.append(contested)
+            out.append(_contested_level(s_lo, s_hi, candidates, not_guard, thresholds.get(need)))
+        else:
+            out.append(np.zeros(layout.size, dtype=bool))  # every position is decided
     return out
+
+
+def _score_bounds(
+    layout: ParamLayout, x: NDArray, lo: NDArray, hi: NDArray
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The score interval ``[lo, hi] * |x|`` of every position, in float64, checked.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's flat layout (defines ``d``).
+    x : NDArray
+        Global parameters, flat, length ``d``.
+    lo, hi : NDArray
+        Per-position bounds of the Fisher estimate, length ``d`` (``lo <= hi``, else ValueError).
+    """
+    # lo, hi and |x| are float32 in practice: their float64 products are exact, so no bound is lost
+    # to rounding.
+    absx = np.abs(np.asarray(x))
+    s_lo = np.multiply(lo, absx, dtype=np.float64)
+    s_hi = np.multiply(hi, absx, dtype=np.float64)
+    del absx
+    if s_lo.shape != (layout.size,) or s_hi.shape != (layout.size,):
+        raise ValueError(f"lo and hi must have shape ({layout.size},)")
+    if np.any(s_lo > s_hi):
+        raise ValueError("lo must not exceed hi")
+    return s_lo, s_hi
+
+
+def _threshold_bounds(
+    s_lo: NDArray[np.float64],
+    s_hi: NDArray[np.float64],
+    rest: NDArray[np.bool_],
+    needs: list[int],
+    unsure: int,
+) -> dict[int, tuple[float, float]]:
+    """The lowest and highest selection threshold each ``need`` can have, by need.
+
+    The threshold is the need-th largest score among the eligible positions outside the guard. Those
+    lie among the positions not surely in the guard (``rest``), less the ``unsure`` others the guard
+    takes: so the threshold is at most their need-th largest ``hi`` and at least their
+    ``(need + unsure)``-th largest ``lo``.
+
+    Parameters
+    ----------
+    s_lo, s_hi : NDArray[float64]
+        Lowest and highest score of every position.
+    rest : NDArray[bool]
+        The eligible positions not surely in the row guard.
+    needs : list[int]
+        Positions chosen by score, ascending, distinct and positive.
+    unsure : int
+        Positions the guard takes that are not surely in it.
+    """
+    # Positions outside rest sink to -inf, below every score, instead of being gathered out.
+    t_hi = _kth_largest(np.where(rest, s_hi, -np.inf), needs)
+    t_lo = _kth_largest(np.where(rest, s_lo, -np.inf), [need + unsure for need in needs])
+    return {need: (t_lo[i], t_hi[i]) for i, need in enumerate(needs)}
+
+
+def _contested_level(
+    s_lo: NDArray[np.float64],
+    s_hi: NDArray[np.float64],
+    candidates: NDArray[np.bool_],
+    not_guard: NDArray[np.bool_],
+    thresholds: tuple[float, float] | None,
+) -> NDArray[np.bool_]:
+    """The contested positions of one capacity that leaves some positions to choose by score.
+
+    Parameters
+    ----------
+    s_lo, s_hi : NDArray[float64]
+        Lowest and highest score of every position.
+    candidates : NDArray[bool]
+        The eligible positions not surely in the row guard.
+    not_guard : NDArray[bool]
+        The positions surely outside the row guard.
+    thresholds : tuple[float, float] or None
+        Lowest and highest selection threshold (:func:`_threshold_bounds`); ``None`` when no
+        position is chosen by score.
+    """
+    contested = np.zeros(s_lo.size, dtype=bool)
+    if thresholds is not None:
+        low_threshold, high_threshold = thresholds
+        # Surely above the highest threshold: surely kept.
+        np.greater(s_lo, high_threshold, out=contested)
+        np.logical_not(contested, out=contested)
+        contested &= candidates
+    else:
+        low_threshold = np.inf  # only the guard is kept beyond the always-kept positions
+        contested[:] = candidates
+    contested &= ~(not_guard & (s_hi < low_threshold))
+    return contested
 
 
 def _kth_largest(values: NDArray[np.float64], ks: Sequence[int]) -> list[float]:

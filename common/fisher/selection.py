@@ -22,14 +22,14 @@ budget: below capacity 1 they are outside every mask.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
 from common.config.capacity import Capacity, capacity_fraction, ceil_times
-from common.models.layout import ParamLayout
+from common.models.layout import ParamLayout, TensorSpec
 
 Rule = Literal["fisher", "magnitude"]
 _SCORE_BLOCK = 1 << 16  # positions per block when scores are cast to float64 (the buffer stays in L2)
@@ -203,12 +203,63 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
         return mask
     threshold = _pruned_threshold(scores, mask, n_forced, need)
     if threshold is None:
-        # Forced positions sink below every finite score, so the need-th largest is a free position's.
-        work = np.where(mask, -np.inf, scores) if n_forced else scores.copy()
-        work.partition(d - need)
-        threshold = work[d - need]
-        del work
-    # Usually no free position ties the threshold but itself: then the free positions at or above it are the mask.
+        threshold = _full_threshold(scores, mask, n_forced, need)
+    return _keep_from_threshold(scores, mask, n_forced, need, threshold)
+
+
+def _full_threshold(
+    scores: NDArray[np.floating],
+    forced: NDArray[np.bool_],
+    n_forced: int,
+    need: int,
+) -> np.floating:
+    """The ``need``-th largest free score, by one partition of every score (:func:`topk_mask`).
+
+    Parameters
+    ----------
+    scores : NDArray[floating]
+        Finite scores, length ``d``.
+    forced : NDArray[bool]
+        The forced positions (not modified).
+    n_forced : int
+        Positions set in ``forced``.
+    need : int
+        Free positions to keep (``0 < need < d - n_forced``).
+    """
+    d = scores.shape[0]
+    # Forced positions sink below every finite score, so the need-th largest is a free position's.
+    work = np.where(forced, -np.inf, scores) if n_forced else scores.copy()
+    work.partition(d - need)
+    return work[d - need]
+
+
+def _keep_from_threshold(
+    scores: NDArray[np.floating],
+    mask: NDArray[np.bool_],
+    n_forced: int,
+    need: int,
+    threshold: np.floating,
+) -> NDArray[np.bool_]:
+    """Add to ``mask`` the ``need`` highest-scoring free positions, given the ``need``-th largest.
+
+    Every free position above ``threshold`` is kept, and the positions tying it fill the remaining
+    room in ascending index order, so the lower index wins (:func:`topk_mask`).
+
+    Parameters
+    ----------
+    scores : NDArray[floating]
+        Finite scores, length ``d``.
+    mask : NDArray[bool]
+        The forced positions; the kept ones are set in place, and it is returned.
+    n_forced : int
+        Positions set in ``mask`` on entry.
+    need : int
+        Free positions to keep (``0 < need < d - n_forced``).
+    threshold : np.floating
+        The ``need``-th largest score among the free positions.
+    """
+    # Usually no free position ties the threshold but itself: then the free positions at or above it
+    # are the mask.
     at_least = scores >= threshold
     free = ~mask if n_forced else None
     if free is not None:
@@ -365,6 +416,205 @@ def _rounded_candidates(
     return local, exact
 
 
+class _BlockGuard(NamedTuple):
+    """How the guards treat every block of one tensor in :func:`_fisher_mask`.
+
+    Parameters
+    ----------
+    per_row : int
+        Positions per row (a 1-D tensor is one row); blocks hold whole rows.
+    keep_all : bool
+        The guards keep every position: a 1-D tensor under ``keep_vectors``, or rows of at most
+        ``min_per_row`` positions.
+    rows_kept : int
+        Positions the row guard keeps in each row; 0 when it reads no scores of the tensor.
+    """
+
+    per_row: int
+    keep_all: bool
+    rows_kept: int
+
+
+def _block_guard(
+    tensor: TensorSpec,
+    size: int,
+    min_per_row: int,
+    keep_vectors: bool,
+) -> _BlockGuard:
+    """The guards of one tensor's blocks.
+
+    Parameters
+    ----------
+    tensor : TensorSpec
+        The tensor.
+    size : int
+        Its number of positions (``tensor.size``, which is a product on every call).
+    min_per_row, keep_vectors
+        The guards, as in :func:`select_mask`.
+    """
+    if len(tensor.shape) < 2:
+        return _BlockGuard(size, keep_vectors, 0)
+    per_row = size // tensor.rows
+    if min_per_row <= 0:
+        return _BlockGuard(per_row, False, 0)
+    return _BlockGuard(per_row, per_row <= min_per_row, min_per_row)
+
+
+class _Scratch:
+    """Buffers :func:`_fisher_mask` scores its blocks in, reused block after block (kept in cache).
+
+    A row longer than a block gets buffers of its own, which later blocks reuse. The float32 pair is
+    empty unless ``rounded``.
+
+    Parameters
+    ----------
+    d : int
+        Positions in the model.
+    rounded : bool
+        Whether candidates may be found on float32 products (:func:`_rounded_candidates`).
+    """
+
+    def __init__(self, d: int, rounded: bool) -> None:
+        self.rounded = rounded
+        n = min(d, _FUSED_BLOCK)
+        self._wide = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64)
+        n = n if rounded else 0
+        self._narrow = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+
+    def float64(self, n: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Two distinct float64 buffers of length ``n``."""
+        if n > self._wide[0].size:
+            self._wide = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64)
+        return self._wide[0][:n], self._wide[1][:n]
+
+    def float32(self, n: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        """Two distinct float32 buffers of length ``n``."""
+        if n > self._narrow[0].size:
+            self._narrow = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32)
+        return self._narrow[0][:n], self._narrow[1][:n]
+
+
+def _exact_scores(
+    fisher: NDArray, x: NDArray, scores: NDArray[np.float64], magnitude: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """A block's scores ``F_j |x_j|`` in float64, written into ``scores``, which is returned.
+
+    Parameters
+    ----------
+    fisher, x : NDArray
+        The block's Fisher values and global values.
+    scores, magnitude : NDArray[float64]
+        Scratch space of the block's length.
+
+    Raises ``ValueError`` when a score is not finite.
+    """
+    scores[...] = fisher
+    magnitude[...] = x
+    np.abs(magnitude, out=magnitude)
+    scores *= magnitude  # exact for float32 operands, as fisher_scores computes it
+    if not np.isfinite(scores.max()):  # non-negative or NaN: the maximum shows both NaN and inf
+        raise ValueError("scores must be finite")
+    return scores
+
+
+def _block_candidates(
+    fisher: NDArray,
+    x: NDArray,
+    kept: NDArray[np.bool_],
+    floor: float,
+    floor32: np.float32,
+    guard: _BlockGuard,
+    scratch: _Scratch,
+) -> tuple[NDArray[np.intp], NDArray[np.float64]] | None:
+    """A block's candidates (positions outside the guards scoring at least ``floor``), and scores.
+
+    The guards' positions of the block are set in ``kept``; ``None`` when the guards keep the whole
+    block.
+
+    Parameters
+    ----------
+    fisher, x : NDArray
+        The block's Fisher values and global values: whole rows of one tensor.
+    kept : NDArray[bool]
+        The block's part of the mask (a view, all ``False`` on entry).
+    floor, floor32 : float, np.float32
+        The candidate floor, and it rounded to float32.
+    guard : _BlockGuard
+        The guards of the block's tensor.
+    scratch : _Scratch
+        The buffers the block is scored in.
+    """
+    n = fisher.size
+    # Float32 products carry half the traffic of float64 ones (_rounded_candidates), but only a
+    # block whose scores no guard reads can use them.
+    if scratch.rounded and not (guard.keep_all or guard.rows_kept):
+        picked = _rounded_candidates(fisher, x, floor, floor32, *scratch.float32(n))
+        if picked is not None:
+            return picked
+    scores = _exact_scores(fisher, x, *scratch.float64(n))
+    if guard.keep_all:
+        kept[:] = True
+        return None
+    if guard.rows_kept:
+        rows = n // guard.per_row
+        block = scores.reshape(rows, guard.per_row)
+        _guard_rows(block, kept.reshape(rows, guard.per_row), guard.rows_kept)
+    local = np.flatnonzero(scores >= floor)
+    # The guard's positions are forced, not candidates (few of them).
+    local = local[~kept.take(local)]
+    return local, scores.take(local)
+
+
+def _fused_blocks(
+    layout: ParamLayout,
+    bounds: list[int],
+    sizes: list[int],
+    fisher: NDArray,
+    x: NDArray,
+    floor: float,
+    mask: NDArray[np.bool_],
+    min_per_row: int,
+    keep_vectors: bool,
+) -> Iterator[tuple[int, NDArray[np.intp], NDArray[np.float64]]]:
+    """The pass of :func:`_fisher_mask`: each block's offset, candidates and their scores, in order.
+
+    Blocks are whole rows of one tensor that can learn, scored one at a time; the guards' positions
+    are set in ``mask`` as their blocks are reached, and blocks without candidates are not yielded.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's layout.
+    bounds, sizes : list[int]
+        The tensors' offsets (``layout.offsets``) and sizes.
+    fisher, x : NDArray
+        The Fisher estimate and global values, flat (``x`` of a float dtype).
+    floor : float
+        The candidate floor (:func:`_fisher_floor`).
+    mask : NDArray[bool]
+        All ``False`` on entry, length ``d``; the guards' positions are set in place.
+    min_per_row, keep_vectors
+        The guards, as in :func:`select_mask`.
+    """
+    rounded = x.dtype == np.float32 and fisher.dtype in (np.float32, np.float16)
+    scratch = _Scratch(layout.size, rounded)
+    # A floor beyond float32's range rounds to inf: no finite product reaches it.
+    with np.errstate(over="ignore"):
+        floor32 = np.float32(floor)
+    for t, start, size in zip(layout.tensors, bounds[:-1], sizes):
+        if size == 0 or t.name in layout.inert:
+            continue
+        guard = _block_guard(t, size, min_per_row, keep_vectors)
+        per_row = guard.per_row
+        step = max(1, _FUSED_BLOCK // per_row) * per_row if per_row <= _FUSED_BLOCK else per_row
+        for lo in range(start, start + size, step):
+            hi = min(lo + step, start + size)
+            kept = mask[lo:hi]
+            block = _block_candidates(fisher[lo:hi], x[lo:hi], kept, floor, floor32, guard, scratch)
+            if block is not None and block[0].size:
+                yield lo, *block
+
+
 def _fisher_mask(
     layout: ParamLayout, x: NDArray, fisher: NDArray, k: int, min_per_row: int, keep_vectors: bool
 ) -> NDArray[np.bool_] | None:
@@ -398,88 +648,89 @@ def _fisher_mask(
     Raises ``ValueError`` as the general path does: a Fisher that is not finite and non-negative, scores that
     are not finite.
     """
-    d = layout.size
     fl, xf = fisher.reshape(-1), x.reshape(-1)
     _check_fisher(fl)  # every position, inert ones too, as fisher_scores checks it
     if xf.dtype.kind != "f":
         return None
-    inert = layout.inert
     bounds = layout.offsets.tolist()
     sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]  # TensorSpec.size is a product on every call
-    live = d - sum(n for t, n in zip(layout.tensors, sizes) if t.name in inert)
+    live = layout.size - sum(n for t, n in zip(layout.tensors, sizes) if t.name in layout.inert)
     if live < PRUNE_MIN_FREE or 2 * k > live:
         return None
     floor = _fisher_floor(fl, xf, k)
     if floor is None:
         return None
-    mask = np.zeros(d, dtype=bool)  # the forced positions first; the kept ones are added at the end
+    # The forced positions first; the kept ones are added at the end.
+    mask = np.zeros(layout.size, dtype=bool)
+    blocks = _fused_blocks(layout, bounds, sizes, fl, xf, floor, mask, min_per_row, keep_vectors)
+    candidates = _gathered(blocks, live // 2)
+    if candidates is None:
+        return None
+    return _finish_fused(layout, mask, *candidates, min(k, live), live)
+
+
+def _gathered(
+    blocks: Iterator[tuple[int, NDArray[np.intp], NDArray[np.float64]]], limit: int
+) -> tuple[list[NDArray[np.intp]], list[NDArray[np.float64]], int] | None:
+    """The blocks' candidates: flat positions and scores (an array of each per block), and count.
+
+    ``None`` as soon as they are more than ``limit`` (the blocks after are then not scored).
+
+    Parameters
+    ----------
+    blocks : Iterator[tuple[int, NDArray[intp], NDArray[float64]]]
+        Each block's offset, its candidates' positions in the block and their scores
+        (:func:`_fused_blocks`).
+    limit : int
+        Most candidates worth keeping.
+    """
     positions: list[NDArray[np.intp]] = []
     values: list[NDArray[np.float64]] = []
-    found, limit = 0, live // 2
-    scores = np.empty(min(d, _FUSED_BLOCK), dtype=np.float64)
-    magnitude = np.empty_like(scores)
-    # Candidates found on float32 products (half the traffic of float64; _rounded_candidates): only where no guard
-    # reads the block's scores, and for float32 values of x.
-    rounded = xf.dtype == np.float32 and fl.dtype in (np.float32, np.float16)
-    with np.errstate(over="ignore"):  # a floor beyond float32's range rounds to inf: no finite product reaches it
-        floor32 = np.float32(floor)
-    small = np.empty(min(d, _FUSED_BLOCK) if rounded else 0, dtype=np.float32)
-    small_magnitude = np.empty_like(small)
-    m = min_per_row
-    for t, start, size in zip(layout.tensors, bounds[:-1], sizes):
-        if size == 0 or t.name in inert:
-            continue
-        matrix = len(t.shape) >= 2
-        per_row = size // t.rows if matrix else size
-        step = max(1, _FUSED_BLOCK // per_row) * per_row if per_row <= _FUSED_BLOCK else per_row
-        forced_vector = not matrix and keep_vectors
-        guarded = forced_vector or (matrix and m > 0)
-        for lo in range(start, start + size, step):
-            hi = min(lo + step, start + size)
-            picked = None
-            if rounded and not guarded:
-                if hi - lo > small.size:
-                    small, small_magnitude = np.empty(hi - lo, dtype=np.float32), np.empty(hi - lo, dtype=np.float32)
-                picked = _rounded_candidates(
-                    fl[lo:hi], xf[lo:hi], floor, floor32, small[: hi - lo], small_magnitude[: hi - lo]
-                )
-            if picked is None:
-                if hi - lo > scores.size:  # a row longer than the block: a buffer of its own
-                    scores, magnitude = np.empty(hi - lo, dtype=np.float64), np.empty(hi - lo, dtype=np.float64)
-                w, a = scores[: hi - lo], magnitude[: hi - lo]
-                w[...] = fl[lo:hi]
-                a[...] = xf[lo:hi]
-                np.abs(a, out=a)
-                w *= a  # F_j |x_j| in float64: exact for float32 operands, as fisher_scores computes it
-                if not np.isfinite(w.max()):  # non-negative or NaN: the maximum shows both NaN and inf
-                    raise ValueError("scores must be finite")
-                kept = mask[lo:hi]
-                if forced_vector:
-                    kept[:] = True
-                    continue
-                if matrix and m > 0:
-                    if per_row <= m:  # the guard keeps whole rows
-                        kept[:] = True
-                        continue
-                    rows = (hi - lo) // per_row
-                    _guard_rows(w.reshape(rows, per_row), kept.reshape(rows, per_row), m)
-                local = np.flatnonzero(w >= floor)
-                local = local[~kept.take(local)]  # the guard's positions are forced, not candidates (few of them)
-                picked = local, w.take(local)
-            local, exact = picked
-            if local.size:
-                found += local.size
-                if found > limit:
-                    return None
-                positions.append(local + lo)
-                values.append(exact)
+    found = 0
+    for lo, local, exact in blocks:
+        found += local.size
+        if found > limit:
+            return None
+        positions.append(local + lo)
+        values.append(exact)
+    return positions, values, found
+
+
+def _finish_fused(
+    layout: ParamLayout,
+    mask: NDArray[np.bool_],
+    positions: list[NDArray[np.intp]],
+    values: list[NDArray[np.float64]],
+    found: int,
+    k: int,
+    live: int,
+) -> NDArray[np.bool_] | None:
+    """:func:`_fisher_mask`'s mask from the guards' positions and the candidates.
+
+    ``None`` when the candidates are fewer than the positions still to keep.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's layout.
+    mask : NDArray[bool]
+        The guards' positions; the kept ones are set in place, and it is returned.
+    positions, values : list[NDArray]
+        The candidates' flat positions, ascending, and their scores, one array of each per block.
+    found : int
+        The number of candidates.
+    k : int
+        Positions to keep, at most ``live``.
+    live : int
+        Positions that can learn.
+    """
     n_forced = int(np.count_nonzero(mask))
-    need = min(k, live) - n_forced
+    need = k - n_forced
     if need <= 0:
         return mask
     if need >= live - n_forced:
         mask[:] = True
-        if inert:
+        if layout.inert:
             mask &= ~layout.inert_mask
         return mask
     if found < need:
@@ -537,6 +788,33 @@ def select_mask(
     NDArray[bool]
         The mask, length ``d``; ``True`` = the client holds and trains this position.
     """
+    x, fisher = _checked_inputs(layout, x, rule, fisher)
+    k = budget(gamma, layout.size)
+    if k >= layout.size:
+        return np.ones(layout.size, dtype=bool)
+    if rule == "fisher":
+        fused = _fisher_mask(layout, x, fisher, k, min_per_row, keep_vectors)
+        if fused is not None:
+            return fused
+    return _ranked_mask(layout, x, rule, fisher, k, min_per_row, keep_vectors)
+
+
+def _checked_inputs(
+    layout: ParamLayout, x: NDArray, rule: Rule, fisher: NDArray | None
+) -> tuple[NDArray, NDArray | None]:
+    """``x`` and ``fisher`` as arrays (``fisher`` as given for ``magnitude``), or ``ValueError``.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's flat layout (defines ``d``).
+    x : NDArray
+        Current global parameters, flat, length ``d``.
+    rule : {"fisher", "magnitude"}
+        The selection rule; ``fisher`` needs ``fisher`` of ``x``'s shape.
+    fisher : NDArray, optional
+        Diagonal Fisher estimate, flat, length ``d``.
+    """
     x = np.asarray(x)
     if x.shape != (layout.size,):
         raise ValueError(f"x has shape {x.shape}, expected ({layout.size},)")
@@ -548,13 +826,33 @@ def select_mask(
             raise ValueError(f"fisher shape {fisher.shape} differs from parameter shape {x.shape}")
     elif rule != "magnitude":
         raise ValueError(f"unknown selection rule {rule!r}; expected one of {RULES}")
-    k = budget(gamma, layout.size)
-    if k >= layout.size:
-        return np.ones(layout.size, dtype=bool)
-    if rule == "fisher":
-        fused = _fisher_mask(layout, x, fisher, k, min_per_row, keep_vectors)
-        if fused is not None:
-            return fused
+    return x, fisher
+
+
+def _ranked_mask(
+    layout: ParamLayout,
+    x: NDArray,
+    rule: Rule,
+    fisher: NDArray | None,
+    k: int,
+    min_per_row: int,
+    keep_vectors: bool,
+) -> NDArray[np.bool_]:
+    """:func:`select_mask`'s mask below capacity 1 on the general path: every position is scored.
+
+    Parameters
+    ----------
+    layout : ParamLayout
+        The model's flat layout.
+    x, fisher : NDArray
+        Global values and (for ``fisher``) the Fisher estimate, flat, length ``d``, checked.
+    rule : {"fisher", "magnitude"}
+        The selection rule.
+    k : int
+        Positions to keep (``k < d``).
+    min_per_row, keep_vectors
+        The guards, as in :func:`select_mask`.
+    """
     # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
     scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
     forced = row_guard(scores, layout, min_per_row) | kept_vectors(layout, keep_vectors)

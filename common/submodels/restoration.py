@@ -135,6 +135,39 @@ def restoration_budget(
     float
         Density in ``(0, g_end]``, non-decreasing in ``t``.
     """
+    _check_budget_args(t, capacity, start, ceiling, restore_rounds, kind)
+    end = end_density(capacity, ceiling, kind)
+    g0 = start_density(capacity, start, ceiling, kind)
+    progress = min(1.0, t / restore_rounds)
+    if schedule == "linear":
+        # Exactly ``end`` once restored: g0 + (end - g0) * 1.0 can round a hair off it.
+        return end if progress >= 1.0 else min(end, g0 + (end - g0) * progress)
+    if schedule == "step":
+        return _step_budget(g0, end, progress, factor)
+    raise ValueError(f"unknown fixed schedule {schedule!r}; expected one of {TIMED_SCHEDULES}")
+
+
+def _check_budget_args(
+    t: float,
+    capacity: float,
+    start: float,
+    ceiling: float,
+    restore_rounds: int,
+    kind: str,
+) -> None:
+    """Refuse arguments of :func:`restoration_budget` outside their ranges (the schedule aside).
+
+    Parameters
+    ----------
+    t : float
+        Rounds elapsed since the start of training; must be ``>= 0``.
+    capacity, start, ceiling : float
+        The client's capacity, its start fraction and the growth ceiling; each must be in (0, 1].
+    restore_rounds : int
+        Rounds ``T`` until the end density; must be >= 1.
+    kind : str
+        What the capacity limits; must be one of :data:`CAPACITY_KINDS`.
+    """
     if not 0 < capacity <= 1 or not 0 < start <= 1 or not 0 < ceiling <= 1:
         raise ValueError(f"capacity, start and ceiling must be in (0, 1], got {capacity}, {start}, {ceiling}")
     if restore_rounds < 1:
@@ -143,22 +176,30 @@ def restoration_budget(
         raise ValueError(f"t must be >= 0, got {t}")
     if kind not in CAPACITY_KINDS:
         raise ValueError(f"unknown capacity kind {kind!r}; expected one of {CAPACITY_KINDS}")
-    end = end_density(capacity, ceiling, kind)
-    g0 = start_density(capacity, start, ceiling, kind)
-    progress = min(1.0, t / restore_rounds)
-    if schedule == "linear":
-        # Exactly ``end`` once restored: g0 + (end - g0) * 1.0 can round a hair off it.
-        return end if progress >= 1.0 else min(end, g0 + (end - g0) * progress)
-    if schedule == "step":
-        if not factor > 1:
-            raise ValueError(f"step factor must be > 1, got {factor}")
-        if g0 >= end:
-            return end
-        steps = math.ceil(math.log(end / g0) / math.log(factor) - 1e-12)
-        # A tiny epsilon keeps t = T (progress 1.0) at the last step despite float error.
-        done = math.floor(steps * progress + 1e-9)
-        return end if done >= steps else min(end, g0 * factor**done)
-    raise ValueError(f"unknown fixed schedule {schedule!r}; expected one of {TIMED_SCHEDULES}")
+
+
+def _step_budget(g0: float, end: float, progress: float, factor: float) -> float:
+    """Density of the ``step`` schedule: ``g0`` times ``factor`` per step done, at most ``end``.
+
+    Parameters
+    ----------
+    g0 : float
+        Start density.
+    end : float
+        End density.
+    progress : float
+        Fraction of the ``restore_rounds`` elapsed, in [0, 1].
+    factor : float
+        Growth factor per step; must be > 1.
+    """
+    if not factor > 1:
+        raise ValueError(f"step factor must be > 1, got {factor}")
+    if g0 >= end:
+        return end
+    steps = math.ceil(math.log(end / g0) / math.log(factor) - 1e-12)
+    # A tiny epsilon keeps t = T (progress 1.0) at the last step despite float error.
+    done = math.floor(steps * progress + 1e-9)
+    return end if done >= steps else min(end, g0 * factor**done)
 
 
 def random_priority(d: int, seed: int, client_key: str) -> NDArray[np.float64]:
@@ -671,28 +712,92 @@ class RestorationMasks:
         if prev is not None and t <= prev.t:
             return prev.mask, "kept"
         if self.shared:
-            source = self.rule
-            if key is None:
-                held = self.held_keys(capacity)
-                if held:
-                    entry = self.clients[held[0]]
-                    density, source = self.client_density(held[0], t, capacity, entry.kind), "held"
-                else:
-                    density = self.client_density(None, t, capacity, kind)
-            else:
-                density = self.client_density(key, t, capacity, kind)
-            scores, core = self.shared_ranking(t, x)
-            new = shared_mask(self.layout, budget(density, self.layout.size), scores, core, self.ranking[3])
+            new, source = self._shared_rule_mask(key, t, capacity, x, kind)
         else:
-            k = budget(self.client_density(key, t, capacity, kind), self.layout.size)
-            scores, source = self._scores(key, x, fisher)
-            if prev is None:
-                forced = self.layout.always_kept | row_guard(scores, self.layout, self.min_per_row)
-                new = restore_mask(None, k, scores, forced)
-            else:
-                # The first mask already holds the biases and a weight per row; re-guarding with
-                # changed (Fisher) scores would add positions beyond the budget.
-                new = restore_mask(prev.mask, k, scores)
+            new, source = self._grown_mask(prev, key, t, capacity, x, fisher, kind)
         if key is not None:
             self.clients[key] = _ClientMask(capacity, kind, t, new)
+        return new, source
+
+    def _shared_rule_mask(
+        self, key: str | None, t: float, capacity: float, x: NDArray, kind: str
+    ) -> tuple[NDArray[np.bool_], str]:
+        """:meth:`mask` under a shared rule: the first positions of round ``int(t)``'s shared order.
+
+        Parameters
+        ----------
+        key : str or None
+            Stable client identity; ``None`` for a capacity level (at the density of its first
+            client, if it has one).
+        t : float
+            Rounds since the start of training.
+        capacity : float
+            The client's (or level's) capacity, in (0, 1].
+        x : NDArray
+            Current global parameters (ranked if round ``int(t)`` has no ranking yet).
+        kind : {"memory", "bandwidth"}
+            What the capacity limits.
+
+        Returns
+        -------
+        tuple
+            The mask and its source: the rule, or ``held`` for a level at a client's density.
+        """
+        source = self.rule
+        if key is None:
+            held = self.held_keys(capacity)
+            if held:
+                entry = self.clients[held[0]]
+                density, source = self.client_density(held[0], t, capacity, entry.kind), "held"
+            else:
+                density = self.client_density(None, t, capacity, kind)
+        else:
+            density = self.client_density(key, t, capacity, kind)
+        scores, core = self.shared_ranking(t, x)
+        new = shared_mask(self.layout, budget(density, self.layout.size), scores, core, self.ranking[3])
+        return new, source
+
+    def _grown_mask(
+        self,
+        prev: _ClientMask | None,
+        key: str | None,
+        t: float,
+        capacity: float,
+        x: NDArray,
+        fisher: NDArray | None,
+        kind: str,
+    ) -> tuple[NDArray[np.bool_], str]:
+        """:meth:`mask` under a per-client rule (``random``, ``fisher``): ``prev`` grown to the budget.
+
+        Parameters
+        ----------
+        prev : _ClientMask or None
+            The client's remembered mask, or ``None`` when it starts (over).
+        key : str or None
+            Stable client identity (``None``: a capacity level).
+        t : float
+            Rounds since the start of training.
+        capacity : float
+            The client's capacity, in (0, 1].
+        x : NDArray
+            Current global parameters.
+        fisher : NDArray or None
+            The client's Fisher estimate, or ``None`` if none exists yet.
+        kind : {"memory", "bandwidth"}
+            What the capacity limits.
+
+        Returns
+        -------
+        tuple
+            The mask and the rule that ranked it.
+        """
+        k = budget(self.client_density(key, t, capacity, kind), self.layout.size)
+        scores, source = self._scores(key, x, fisher)
+        if prev is None:
+            forced = self.layout.always_kept | row_guard(scores, self.layout, self.min_per_row)
+            new = restore_mask(None, k, scores, forced)
+        else:
+            # The first mask already holds the biases and a weight per row; re-guarding with
+            # changed (Fisher) scores would add positions beyond the budget.
+            new = restore_mask(prev.mask, k, scores)
         return new, source

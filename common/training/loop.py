@@ -210,31 +210,86 @@ def train_loop(
         order = torch.randperm(len(data), generator=gen).to(device)
         for batch in order.split(cfg.batch_size):
             opt.zero_grad(set_to_none=True)
+            xb, yb = x[batch], y[batch]
             if noise is not None:
-                # DP-SGD: no accumulator sees these gradients (a Fisher along the path has no per-example bound).
-                step_loss = private_gradient(
-                    params,
-                    _example_loss(model, loss_fn, x[batch], y[batch], present),
-                    len(batch),
-                    cfg.dp_grad_clip,
-                    cfg.dp_noise_multiplier,
-                    noise,
-                )
+                step_loss = _dp_step(model, loss_fn, xb, yb, present, params, cfg, noise)
             else:
-                step_loss, measured = _backward(model, loss_fn, x[batch], y[batch], present, accumulators, cfg, counted)
+                step_loss, measured = _backward(model, loss_fn, xb, yb, present, accumulators, cfg, counted)
                 counted += int(measured >= 0)
                 stats_seconds += max(measured, 0.0)
-            if anchor is not None:
-                with torch.no_grad():
-                    for p, p0 in zip(params, anchor):
-                        if p.grad is not None:
-                            p.grad.add_(p - p0, alpha=cfg.proximal_mu)
-            if cfg.clip_grad_norm > 0 and noise is None:  # a private step's examples are clipped already
-                nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
+            _adjust_gradients(params, anchor, cfg, private=noise is not None)
             opt.step()
             loss_sum += step_loss
             steps += 1
     return LoopResult(loss_sum / max(steps, 1), len(data), stats_seconds)
+
+
+def _dp_step(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    present: torch.Tensor | None,
+    params: list[nn.Parameter],
+    cfg: TrainConfig,
+    noise: torch.Generator,
+) -> float:
+    """Set ``params``' ``.grad`` by DP-SGD (per-example clipping, then noise); returns the loss.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model being trained.
+    loss_fn : nn.Module
+        The loss of logits and labels.
+    xb, yb : torch.Tensor
+        The minibatch's inputs and labels.
+    present : torch.Tensor, optional
+        :func:`local_classes` of the local labels (``None``: no label masking).
+    params : list[nn.Parameter]
+        The trained parameters.
+    cfg : TrainConfig
+        Hyper-parameters (``dp_grad_clip``, ``dp_noise_multiplier``).
+    noise : torch.Generator
+        The generator of the privacy noise.
+    """
+    # No accumulator sees these gradients: a Fisher along the path has no per-example bound.
+    return private_gradient(
+        params,
+        _example_loss(model, loss_fn, xb, yb, present),
+        len(xb),
+        cfg.dp_grad_clip,
+        cfg.dp_noise_multiplier,
+        noise,
+    )
+
+
+def _adjust_gradients(
+    params: list[nn.Parameter],
+    anchor: list[torch.Tensor] | None,
+    cfg: TrainConfig,
+    private: bool,
+) -> None:
+    """Add the FedProx term to the step's gradients, then clip their norm, as ``cfg`` asks.
+
+    Parameters
+    ----------
+    params : list[nn.Parameter]
+        The trained parameters, holding the step's gradients.
+    anchor : list[torch.Tensor] or None
+        The received values of ``params`` (FedProx), or ``None`` without the proximal term.
+    cfg : TrainConfig
+        Hyper-parameters (``proximal_mu``, ``clip_grad_norm``).
+    private : bool
+        Whether the step was a DP-SGD step (its examples' gradients are clipped already).
+    """
+    if anchor is not None:
+        with torch.no_grad():
+            for p, p0 in zip(params, anchor):
+                if p.grad is not None:
+                    p.grad.add_(p - p0, alpha=cfg.proximal_mu)
+    if cfg.clip_grad_norm > 0 and not private:  # a private step's examples are clipped already
+        nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
 
 
 def _example_loss(

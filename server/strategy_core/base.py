@@ -27,9 +27,11 @@ from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel, validate_evaluate_reply
 from server.federated_evaluation import NodeEvaluation, federated_figures
+from server.grid_io import exchange
 from server.mask_stability import MaskHistory, per_capacity_means
 from server.replies import expected_sent, reply_parts
 from server.strategy_core.node_registry import NodeRegistry
+from server.strategy_core.round_plan import EvaluatePlan, TrainPlan
 from server.strategy_core.round_records import ClientRound
 
 #: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``, ``loss``).
@@ -70,10 +72,7 @@ class SubmodelStrategyBase:
         self.on_round = on_round
         self.evaluate_fn: EvaluateFn | None = None
         self.registry = NodeRegistry(cfg, self.method)
-        self.federated: dict[str, Any] | None = None  # the last evaluation round's node-measured figures
-        self.sent: dict[int, SentSubmodel] = {}
-        self.sent_eval: dict[int, SentSubmodel] = {}
-        self.clients: dict[int, ClientRound] = {}
+        # The global model as of the last aggregation: what central evaluation and the level masks read.
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.mask_history = MaskHistory(layout.size)
 
@@ -89,16 +88,20 @@ class SubmodelStrategyBase:
         """The flat vector as an ArrayRecord of named tensors."""
         return array_record(self.layout.unflatten(flat))
 
-    def node_mask(self, node_id: int, server_round: int) -> tuple[NDArray[np.bool_], str]:
-        """The submodel mask of a discovered node for ``server_round``, and the rule that chose it."""
-        raise NotImplementedError
+    def node_mask(
+        self, node_id: int, server_round: int, x: NDArray[np.float32] | None = None
+    ) -> tuple[NDArray[np.bool_], str]:
+        """The submodel mask of a discovered node for ``server_round`` of the global model ``x`` (default: the
+        current one), and the rule that chose it."""
+        prof = self.registry.nodes[node_id]
+        return self.method.mask_for(prof.key, server_round, prof.capacity, self.x if x is None else x)
 
     def level_mask(
         self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
     ) -> tuple[NDArray[np.bool_], str]:
         """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``, for
         the global model ``x`` of that round (default: the current one)."""
-        raise NotImplementedError
+        return self.method.mask_for(None, server_round + 1, gamma, self.x if x is None else x)
 
     # ------------------------------------------------------------- messages
     def submodel_message(
@@ -109,6 +112,7 @@ class SubmodelStrategyBase:
         store: dict[int, SentSubmodel],
         mask_and_source: tuple[NDArray[np.bool_], str] | None = None,
         config: ConfigRecord | None = None,
+        x: NDArray[np.float32] | None = None,
     ) -> tuple[Message, ClientRound]:
         """The Message carrying a node's submodel, and its bookkeeping entry; records what was sent in ``store``.
 
@@ -127,14 +131,17 @@ class SubmodelStrategyBase:
         config : ConfigRecord, optional
             Extra settings for the node (``train_config`` / ``evaluate_config`` of ``start``), sent as
             the ``config`` record when not empty.
+        x : NDArray[float32], optional
+            The global model the submodel is cut from (default: the current one).
         """
-        mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round)
-        download = self.method.encode(self.x, mask)
+        x = self.x if x is None else x
+        mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round, x)
+        download = self.method.encode(x, mask)
         records = {name: array_record(arrays) for name, arrays in download.records.items()}
         request = None
         if message_type == MessageType.TRAIN:
             key = self.registry.nodes[node_id].key
-            request = self.method.fisher_request(key, server_round, self.x, mask, download)
+            request = self.method.fisher_request(key, server_round, x, mask, download)
         if request is not None and request.arrays:
             records[P.FISHER_AT] = array_record(request.arrays)
         round_config = ConfigRecord(
@@ -216,25 +223,28 @@ class SubmodelStrategyBase:
     # ------------------------------------------------- the nodes' evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    ) -> EvaluatePlan:
         """Each node evaluates the submodel it would train next on its local test split."""
-        self.x = self._flat(arrays)
-        self.sent_eval = {}
+        x = self._flat(arrays)
+        plan = EvaluatePlan(server_round)
         nodes = self.registry.nodes
-        return [
-            self.submodel_message(nid, server_round, MessageType.EVALUATE, self.sent_eval, config=config)[0]
+        plan.messages = [
+            self.submodel_message(nid, server_round, MessageType.EVALUATE, plan.sent, config=config, x=x)[0]
             for nid in sorted(nodes)
             if nodes[nid].num_test > 0
         ]
+        return plan
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Example-weighted local loss and accuracy over valid replies."""
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message], plan: EvaluatePlan
+    ) -> MetricRecord | None:
+        """Example-weighted local loss and accuracy over valid replies; the figures per capacity into ``plan``."""
         nodes = self.registry.nodes
         seen: dict[int, dict[str, float]] = {}
         for msg in replies:
             p = reply_parts(msg, None, P.METRICS, P.META)
             try:
-                sent = expected_sent(p, self.sent_eval, seen)
+                sent = expected_sent(p, plan.sent, seen)
                 seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, nodes[p.node_id].num_test)
             except ReplyError as err:
                 log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
@@ -243,11 +253,11 @@ class SubmodelStrategyBase:
         # Summed in the clients' key order, not in arrival order (nor by node id, which a new federation draws
         # afresh): the same replies give the same figures to the last bit.
         seen = {nid: seen[nid] for nid in sorted(seen, key=lambda nid: nodes[nid].key)}
-        self.federated = federated_figures(
+        plan.federated = federated_figures(
             [
                 NodeEvaluation(
                     nodes[nid].capacity,
-                    self.sent_eval[nid].kept == self.sent_eval[nid].d,
+                    plan.sent[nid].kept == plan.sent[nid].d,
                     int(m["num-examples"]),
                     m["eval-loss"],
                     m["eval-acc"],
@@ -261,16 +271,20 @@ class SubmodelStrategyBase:
         metrics["replies"] = len(seen)
         return metrics
 
-    def take_federated(self) -> dict[str, Any] | None:
-        """The node-measured figures of the evaluation since the last call (a round record's ``federated``)."""
-        out, self.federated = self.federated, None
-        return out
+    def nodes_evaluate(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float, config: ConfigRecord
+    ) -> tuple[MetricRecord | None, dict[str, Any] | None]:
+        """The nodes' own evaluation of ``arrays``: their example-weighted metrics (``None`` when no node
+        replied) and the figures per capacity level (a round record's ``federated``)."""
+        plan = self.configure_evaluate(server_round, arrays, config, grid)
+        replies = exchange(grid, list(plan), timeout, self.cfg.poll_interval)
+        return self.aggregate_evaluate(server_round, replies, plan), plan.federated
 
     # ---------------------------------------------------- central evaluation
     def central_evaluation(
         self,
         server_round: int,
-        trained: bool = False,
+        trained: TrainPlan | None = None,
         x: NDArray[np.float32] | None = None,
         capacities: Iterable[float] | None = None,
     ) -> dict[str, Any]:
@@ -280,9 +294,9 @@ class SubmodelStrategyBase:
         ----------
         server_round : int
             The round whose model is evaluated.
-        trained : bool
-            Also evaluate the submodel each client of the round trained (``trained_per_capacity``; one evaluation
-            per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+        trained : TrainPlan, optional
+            The round's plan: also evaluate the submodel each of its clients trained (``trained_per_capacity``;
+            one evaluation per distinct mask, so it runs on the rounds of the clients' own evaluation only).
         x : NDArray[float32], optional
             The round's global model (default: the current one).
         capacities : Iterable[float], optional
@@ -307,28 +321,29 @@ class SubmodelStrategyBase:
                 "source": source,
             }
         out = {"accuracy": full["accuracy"], "loss": full["loss"], "per_capacity": levels}
-        if trained and server_round > 0:
-            out["trained_per_capacity"] = self.evaluate_trained(server_round, full)
+        if trained is not None and server_round > 0:
+            out["trained_per_capacity"] = self.evaluate_trained(server_round, full, trained, x)
         return out
 
-    def evaluate_trained(self, server_round: int, full: Mapping[str, float]) -> dict[str, dict[str, float]]:
-        """The round's model on each trained client's own mask, into its entry; the mean per capacity level.
+    def evaluate_trained(
+        self, server_round: int, full: Mapping[str, float], plan: TrainPlan, x: NDArray[np.float32]
+    ) -> dict[str, dict[str, float]]:
+        """The round's model ``x`` on each trained client's own mask, into its entry of ``plan``; the mean per
+        capacity level.
 
         Clients sent the same mask (a width slice, a held level) are evaluated once; a full mask is the full model.
         """
         assert self.evaluate_fn is not None
         seen: dict[str, tuple[float, float]] = {}
-        for node_id, info in self.clients.items():
-            sent = self.sent.get(node_id)
+        for node_id, info in plan.clients.items():
+            sent = plan.sent.get(node_id)
             if sent is None:
                 continue
             if sent.digest not in seen:
                 if sent.kept == sent.d:
                     seen[sent.digest] = (float(full["accuracy"]), float(full["loss"]))
                 else:
-                    sub = self.evaluate_fn(
-                        server_round, self.to_arrays(np.where(sent.mask, self.x, 0).astype(np.float32))
-                    )
+                    sub = self.evaluate_fn(server_round, self.to_arrays(np.where(sent.mask, x, 0).astype(np.float32)))
                     if sub is None:
                         continue
                     seen[sent.digest] = (float(sub["accuracy"]), float(sub["loss"]))
@@ -336,7 +351,7 @@ class SubmodelStrategyBase:
         return per_capacity_means(
             [
                 (c.capacity, c.submodel_accuracy, c.submodel_loss)
-                for c in self.clients.values()
+                for c in plan.clients.values()
                 if c.submodel_accuracy is not None
             ]
         )

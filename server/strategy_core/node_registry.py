@@ -8,7 +8,7 @@ ones for their profile, forgets departed ones, and answers which nodes train (th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -81,6 +81,15 @@ class NodeRegistry:
         return sorted(by_key[k] for k in keys)
 
     # ------------------------------------------------------------- discovery
+    def in_key_order(self, node_ids: Iterable[int]) -> list[int]:
+        """``node_ids`` sorted by the clients' stable keys (node ids last, for a node not discovered).
+
+        Not arrival order nor node ids (which the Simulation Engine draws anew each run): the float sums of the
+        fold and FedRolex's order-dependent count weights then repeat from run to run.
+        """
+        nodes = self.nodes
+        return sorted(node_ids, key=lambda nid: (nid not in nodes, nodes[nid].key if nid in nodes else "", nid))
+
     def join(self, grid: Grid, timeout: float, discover: Callable[[Grid, float], None] | None = None) -> None:
         """Wait for ``min-nodes`` SuperNodes, discover them, and stop with the reason when none can train.
 
