@@ -153,6 +153,7 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known),
     ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved the masks),
     ``local_cap_*`` (the clients' own submodels on their own test splits, last evaluated round),
+    ``adapted_cap_*`` (the same after ``adapt-steps`` local steps, when the run adapts),
     ``bytes_ratio_cap_*`` (the largest, over the level's clients, of bytes down or up over the run divided by
     the bytes of the submodels it trained: :func:`run_byte_ratios`);
     ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity, and none moved
@@ -206,6 +207,8 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     )
     for level, v in own.items():
         row[f"local_cap_{level}"] = v["accuracy"]
+        if "adapted_accuracy" in v:  # adapt-steps: the same after the client adapted it on its own data
+            row[f"adapted_cap_{level}"] = v["adapted_accuracy"]
     for level in {c["capacity"] for c in clients if c.get("capacity") is not None}:
         per_round = [
             [
@@ -315,11 +318,12 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         groups.setdefault((row["dataset"], row["partition"], row["method"], row["fisher_encoding"]), []).append(row)
 
-    def levels(prefix: str) -> list[str]:
+    def levels(prefix: str, full: bool = False) -> list[str]:
         found = {k[len(prefix) :] for row in rows for k in row if k.startswith(prefix)}
-        return sorted((lv for lv in found if float(lv) < 1), key=float, reverse=True)
+        return sorted((lv for lv in found if full or float(lv) < 1), key=float, reverse=True)
 
     trained, extracted, local = levels("trained_cap_"), levels("acc_cap_"), levels("local_cap_")
+    adapted = levels("adapted_cap_", full=True)  # the full model adapts too
     overlap, lowest = levels("overlap_cap_"), levels("overlap_min_cap_")
 
     def ms(vals: list[float], scale: float = 1.0, digits: int = 3) -> str:
@@ -344,7 +348,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "partition", "method", "Fisher enc.", "≤ capacity", "seeds", "global acc"]
     head += [f"last {LAST_ROUNDS} rounds"]
     head += [f"trained @{lv}" for lv in trained] + [f"extract @{lv}" for lv in extracted]
-    head += [f"local @{lv}" for lv in local]
+    head += [f"local @{lv}" for lv in local] + [f"adapted @{lv}" for lv in adapted]
     head += [f"overlap @{lv}" for lv in overlap] + [f"min overlap @{lv}" for lv in lowest]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
     # runs made before clients reported their peak memory have none; the column appears once one does
@@ -358,6 +362,7 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         cells += [ms([g.get(f"trained_cap_{lv}", float("nan")) for g in group]) for lv in trained]
         cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in extracted]
         cells += [ms([g.get(f"local_cap_{lv}", float("nan")) for g in group]) for lv in local]
+        cells += [ms([g.get(f"adapted_cap_{lv}", float("nan")) for g in group]) for lv in adapted]
         cells += [ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2) for lv in overlap]
         cells += [ms([g.get(f"overlap_min_cap_{lv}", float("nan")) for g in group], digits=2) for lv in lowest]
         cells += [

@@ -26,6 +26,7 @@ from common.training.device import pick_device
 from common.training.evaluation import evaluate
 from common.training.loop import round_train_config
 from common.training.peak_memory import PeakRSS
+from common.training.personalisation import adapt_config
 from common.wire import protocol as P
 
 app = ClientApp()
@@ -176,14 +177,19 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_submodel(msg: Message, context: Context) -> Message:
-    """Evaluate the received submodel on the local test split."""
+    """Evaluate the received submodel on the local test split; with ``adapt-steps``, also after adapting it."""
     run, node, data = _setup(context)
     got = received(msg)
-    model = create_method(run).client_model(got, data.train)
-    loss, acc = evaluate(model, data.test, pick_device(node.device))
+    method, device = create_method(run), pick_device(node.device)
+    loss, acc = evaluate(method.client_model(got, data.train), data.test, device)
+    metrics = {"num-examples": len(data.test), "eval-loss": loss, "eval-acc": acc}
+    if run.adapt_steps > 0:
+        cfg = adapt_config(run, node, got.round)
+        adapted = method.client_adapt(got, data.train, run.adapt_steps, cfg, device)
+        metrics[P.ADAPTED_LOSS], metrics[P.ADAPTED_ACC] = evaluate(adapted, data.test, device)
     content = RecordDict(
         {
-            P.METRICS: MetricRecord({"num-examples": len(data.test), "eval-loss": loss, "eval-acc": acc}),
+            P.METRICS: MetricRecord(metrics),
             P.META: ConfigRecord({"round": got.round, "mask-digest": got.digest}),
         }
     )

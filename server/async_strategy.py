@@ -50,7 +50,7 @@ from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel
 from server.replies import ReplyParts, reply_parts
-from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
+from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, local_figures
 from server.strategy_core.round_records import ClientRound, async_record, note_accepted, progress_line, update_line
 
 # Seconds between checks of the SuperLink's node list (departed / new nodes).
@@ -423,6 +423,6 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         metrics, self.federated = self.nodes_evaluate(self.evals, arrays, self.grid, timeout, self.evaluate_config)
         if metrics is None:
             return None
-        local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
+        local = local_figures(metrics)
         log(INFO, "asynchronous %s: local accuracy %.4f", self.method.name, local["accuracy"])
         return local

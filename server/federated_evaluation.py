@@ -31,6 +31,8 @@ class NodeEvaluation:
         Mean loss over those examples.
     accuracy : float
         Share of those examples classified correctly.
+    adapted_loss, adapted_accuracy : float, optional
+        The same after the node adapted the submodel on its training split (``adapt-steps``; ``None``: off).
     """
 
     capacity: float
@@ -38,19 +40,28 @@ class NodeEvaluation:
     num_examples: int
     loss: float
     accuracy: float
+    adapted_loss: float | None = None
+    adapted_accuracy: float | None = None
 
 
 def pooled(evals: Sequence[NodeEvaluation]) -> dict[str, Any] | None:
-    """Example-weighted accuracy and loss over ``evals``, with their examples and nodes; ``None`` if empty."""
+    """Example-weighted accuracy and loss over ``evals``, with their examples and nodes; ``None`` if empty.
+
+    With every node's adapted figures (``adapt-steps``), also ``adapted_accuracy`` and ``adapted_loss``.
+    """
     n = sum(e.num_examples for e in evals)
     if not evals or n == 0:
         return None
-    return {
+    out = {
         "accuracy": sum(e.accuracy * e.num_examples for e in evals) / n,
         "loss": sum(e.loss * e.num_examples for e in evals) / n,
         "num_examples": n,
         "nodes": len(evals),
     }
+    if all(e.adapted_accuracy is not None and e.adapted_loss is not None for e in evals):
+        out["adapted_accuracy"] = sum(e.adapted_accuracy * e.num_examples for e in evals) / n  # type: ignore[operator]
+        out["adapted_loss"] = sum(e.adapted_loss * e.num_examples for e in evals) / n  # type: ignore[operator]
+    return out
 
 
 def federated_figures(evals: Sequence[NodeEvaluation]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from common.wire.validation import ReplyError
 from server.grid_io import GridTime, ordered_replies
 from server.opening import Opening
 from server.replies import ReplyParts, expected_sent, train_parts
-from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase
+from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, local_figures
 from server.strategy_core.round_plan import TrainPlan
 from server.strategy_core.round_records import RoundProgress, note_accepted, round_record
 from server.strategy_core.server_clock import ServerClock
@@ -354,7 +354,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             metrics, federated = self.nodes_evaluate(done.server_round, result.arrays, grid, timeout, evaluate_config)
             if metrics is not None:
                 result.evaluate_metrics_clientapp[done.server_round] = metrics
-                local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
+                local = local_figures(metrics)
         return done.record(central, local, federated, central_clock, began, overlapped)
 
     # -------------------------------------------------------------------- loop

@@ -169,6 +169,14 @@ class RunConfig(Schema):
     eval_every: int = Field(
         5, ge=0, le=100_000, description="federated evaluation every N rounds (and the last); 0 = never"
     )
+    adapt_steps: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="personalised evaluation: in each evaluation round every node also evaluates the submodel "
+        "it would train next after this many local SGD steps on its own training split (nothing of it is "
+        "uploaded but the accuracy); 0 = off",
+    )
     round_timeout: float = Field(
         300.0,
         gt=0,

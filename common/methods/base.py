@@ -35,6 +35,7 @@ from common.aggregation.masked import MaskedUpdate
 from common.methods.round_fold import Accepted, BufferedFold, RoundFold
 from common.methods.specs.base import MethodSpec
 from common.models.layout import ParamLayout
+from common.training.personalisation import adapt
 from common.wire.validation import ReplyRecords, SentSubmodel, TrainReply
 
 if TYPE_CHECKING:
@@ -301,6 +302,15 @@ class Method(MethodSpec):
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The model a node evaluates: the received submodel (``train`` gives the label space)."""
         raise NotImplementedError
+
+    def client_adapt(
+        self, received: Received, train: ArrayDataset, steps: int, cfg: TrainConfig, device: torch.device
+    ) -> nn.Module:
+        """The received submodel after ``steps`` SGD steps on the local split ``train`` (``adapt-steps``).
+
+        Default: every trainable parameter of :meth:`client_model` adapts (a small model, adapters and head).
+        """
+        return adapt(self.client_model(received, train), train, steps, cfg, device)
 
     # ------------------------------------------------- server-side round hooks
     # What the synchronous strategy asks at fixed points of its rounds, so that it names no method's rule.

@@ -25,7 +25,7 @@ from torch import nn
 from common.aggregation.masked import MaskedUpdate
 from common.config.schema import ConfigError
 from common.fisher.codec import encode_fisher
-from common.methods.base import LocalUpdate, Received
+from common.methods.base import LocalUpdate, Method, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.methods.specs.lora import LoRAOptions, LoRASpec
 from common.models.architectures import build_run_model
@@ -151,6 +151,9 @@ class LoRA(LoRASpec, FisherRankedMethod):
     def client_model(self, received: Received, train: ArrayDataset) -> nn.Module:
         """The pretrained model with the received adapters and head."""
         return self._adapted(received, train)[0]
+
+    # The adapters and the head adapt, as they train; the base stays frozen (not a masked dense model).
+    client_adapt = Method.client_adapt
 
 
 def check_rank_fits(pairs: Sequence[LoraPair], max_rank: int) -> None:

@@ -49,6 +49,7 @@ from common.models.architectures import build_run_model, load_flat, model_layout
 from common.models.layout import ParamLayout
 from common.privacy.mechanism import privatise_fisher
 from common.training.loop import TrainConfig, local_classes, train_masked
+from common.training.personalisation import adapt
 from common.wire import protocol as P
 from common.wire.protocol import decode_submodel, encode_submodel
 from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel, TrainReply, validate_train_reply
@@ -238,6 +239,16 @@ class MaskedMethod(Method):
         params, _ = decode_received(received, layout)
         load_flat(model, layout, params)
         return model
+
+    def client_adapt(
+        self, received: Received, train: ArrayDataset, steps: int, cfg: TrainConfig, device: torch.device
+    ) -> nn.Module:
+        """The received submodel after ``steps`` SGD steps on ``train``, its positions outside the mask kept at 0
+        (the submodel the node holds adapts; the rest of the model it never had)."""
+        model, layout = self._model(train)
+        params, mask = decode_received(received, layout)
+        load_flat(model, layout, np.where(mask, params, 0).astype(np.float32))
+        return adapt(model, train, steps, cfg, device, gate=(layout, mask))
 
 
 class FisherRankedMethod(FisherRankedSpec, MaskedMethod):

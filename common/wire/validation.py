@@ -224,17 +224,24 @@ def validate_evaluate_reply(
     meta: Mapping[str, Any] | None,
     sent: SentSubmodel,
     max_test: int,
+    adapted: bool = False,
 ) -> dict[str, float]:
-    """Check an EVALUATE reply; returns its metrics."""
+    """Check an EVALUATE reply; returns its metrics.
+
+    ``adapted``: the run asks for the personalised figures too (``adapt-steps``), so the reply must carry the
+    loss and accuracy after adapting (:data:`~common.wire.protocol.ADAPTED_LOSS`, ``ADAPTED_ACC``).
+    """
     check_meta(meta, sent)
     if metrics is None:
         raise ReplyError(f"metric record {P.METRICS!r} missing")
     n = check_examples(metrics, max_test)
-    loss = _finite_number(metrics, "eval-loss")
-    acc = _finite_number(metrics, "eval-acc")
-    if acc > 1:
-        raise ReplyError(f"eval-acc={acc} exceeds 1")
-    return {"num-examples": float(n), "eval-loss": loss, "eval-acc": acc}
+    out = {"num-examples": float(n)}
+    for loss_key, acc_key in [("eval-loss", "eval-acc")] + [(P.ADAPTED_LOSS, P.ADAPTED_ACC)] * adapted:
+        out[loss_key] = _finite_number(metrics, loss_key)
+        out[acc_key] = _finite_number(metrics, acc_key)
+        if out[acc_key] > 1:
+            raise ReplyError(f"{acc_key}={out[acc_key]} exceeds 1")
+    return out
 
 
 def validate_profile(metrics: Mapping[str, Any] | None, error: str | None) -> tuple[float, int, int]:

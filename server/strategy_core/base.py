@@ -43,6 +43,16 @@ def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
     return ArrayRecord({n: Array(np.ascontiguousarray(a)) for n, a in arrays.items()})
 
 
+def local_figures(metrics: MetricRecord) -> dict[str, float]:
+    """A round record's ``local``: the nodes' example-weighted accuracy and loss on their own test splits, and,
+    with ``adapt-steps``, after adapting (``adapted_accuracy``, ``adapted_loss``)."""
+    local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
+    if P.ADAPTED_ACC in metrics:
+        local["adapted_accuracy"] = metrics[P.ADAPTED_ACC]
+        local["adapted_loss"] = metrics[P.ADAPTED_LOSS]
+    return local
+
+
 class SubmodelStrategyBase:
     """The global model as a flat vector, the nodes, and per-node submodel Messages (see the module docstring).
 
@@ -245,7 +255,9 @@ class SubmodelStrategyBase:
             p = reply_parts(msg, None, P.METRICS, P.META)
             try:
                 sent = expected_sent(p, plan.sent, seen)
-                seen[p.node_id] = validate_evaluate_reply(p.metrics, p.meta, sent, nodes[p.node_id].num_test)
+                seen[p.node_id] = validate_evaluate_reply(
+                    p.metrics, p.meta, sent, nodes[p.node_id].num_test, adapted=self.cfg.adapt_steps > 0
+                )
             except ReplyError as err:
                 log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
         if not seen:
@@ -261,6 +273,8 @@ class SubmodelStrategyBase:
                     int(m["num-examples"]),
                     m["eval-loss"],
                     m["eval-acc"],
+                    m.get(P.ADAPTED_LOSS),
+                    m.get(P.ADAPTED_ACC),
                 )
                 for nid, m in seen.items()
             ]

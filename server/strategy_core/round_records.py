@@ -254,6 +254,10 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
     acc, loss = (float("nan") if g.get(k) is None else g[k] for k in ("accuracy", "loss"))
     levels = " ".join(f"{k}:{v['accuracy']:.3f}" for k, v in (g.get("per_capacity") or {}).items())
     local = record.get("local")
+    own = ((record.get("federated") or {}).get("per_capacity") or {}).items()
+    adapted = " ".join(
+        f"{k}:{v['accuracy']:.3f}->{v['adapted_accuracy']:.3f}" for k, v in own if v and "adapted_accuracy" in v
+    )
     down = sum(c["bytes_down"] for c in record["clients"]) / 1024
     up = sum(c["bytes_up"] for c in record["clients"]) / 1024
     spent = [c["dp_epsilon"] for c in record["clients"] if c.get("dp_epsilon") is not None]
@@ -263,6 +267,7 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
         f"[round {record['round']}/{num_rounds}] {'on nodes: ' if on_nodes else ''}"
         f"global acc {acc:.4f} loss {loss:.4f} | per capacity {levels or '-'}"
         + (f" | local acc {local['accuracy']:.4f}" if local else "")
+        + (f" | adapted {adapted}" if adapted else "")
         + f" | replies {record['replies']}/{record['sent']} | down {down:.1f} KiB up {up:.1f} KiB"
         + (f" | epsilon spent up to {max(spent):.2f}" if spent else "")
         + f" | {record['round_seconds']:.1f} s"
