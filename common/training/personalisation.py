@@ -56,9 +56,7 @@ def adapt_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainCo
     """The adaptation's optimiser settings: the round's training settings, one pass over the chosen examples,
     no FedProx pull toward the received model (adapting is meant to move away from it), no statistics."""
     cfg = round_train_config(run, node, max(server_round, 1))
-    return dataclasses.replace(
-        cfg, epochs=1, proximal_mu=0.0, fisher_batches=0, seed=cfg.seed + ADAPT_SEED_OFFSET
-    )
+    return dataclasses.replace(cfg, epochs=1, proximal_mu=0.0, fisher_batches=0, seed=cfg.seed + ADAPT_SEED_OFFSET)
 
 
 def adapt(
