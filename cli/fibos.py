@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "benchmarks.privacy.leak_bench",
         "Which classes a node holds, read by a curious server from its Fisher upload or its update",
     ),
+    "bench-secagg": (
+        "benchmarks.privacy.secagg_bytes",
+        "What a node would upload if its masked update went through Flower's SecAgg+",
+    ),
     "bench-fisher-memory": ("benchmarks.fisher_memory_bench", "Server memory of the per-client Fisher state"),
     "bench-server": (
         "benchmarks.server_bench",
