@@ -129,6 +129,20 @@ class RunConfig(Schema):
         0.0, ge=0, le=1, description="client weight decay (SGD's L2 term; AdamW's decoupled decay)"
     )
     proximal_mu: float = Field(0.0, ge=0, le=100, description="FedProx coefficient (0 = off)")
+    meta_learning: Literal["off", "fomaml"] = Field(
+        "off",
+        description="fomaml: every local step is a first-order MAML step (FedMAML / first-order Per-FedAvg): "
+        "`meta-inner-steps` steps of `meta-inner-lr` on half the minibatch, then the gradient of the other half "
+        "at the adapted weights updates the received ones; the run's method still chooses, sends and aggregates "
+        "each node's submodel, so the model becomes a starting point that a few local steps adapt "
+        "(`adapt-steps` measures that)",
+    )
+    meta_inner_lr: float = Field(
+        0.05, gt=0, le=10, description="the inner (adaptation) step size of `meta-learning = fomaml`"
+    )
+    meta_inner_steps: int = Field(
+        1, ge=1, le=100, description="inner SGD steps per meta step of `meta-learning = fomaml`"
+    )
     bench_attack: str = Field(
         "",
         pattern=r"^(|scale:-?[0-9]+(\.[0-9]+)?|labels:[0-9]+)$",

@@ -24,6 +24,7 @@ from common.models.architectures import load_flat
 from common.models.layout import ParamLayout
 from common.privacy.private_sgd import private_gradient
 from common.training.accumulators import EffectiveFisher, effective_tensors
+from common.training.meta_learning import first_order_maml_backward
 from common.training.optimizers import make_optimizer
 
 if TYPE_CHECKING:
@@ -63,6 +64,11 @@ class TrainConfig:
     dp_noise_multiplier : float
         The noise's standard deviation in units of ``dp_grad_clip`` (with ``dp_grad_clip > 0``); the Fisher
         measured for the same reply is noised with it too.
+    meta_inner_lr : float
+        ``meta-learning = "fomaml"``: every step is a first-order MAML step with this inner step size
+        (:func:`common.training.meta_learning.first_order_maml_backward`). 0 = plain steps.
+    meta_inner_steps : int
+        Inner steps of each meta step.
     """
 
     epochs: int
@@ -78,6 +84,8 @@ class TrainConfig:
     optimizer: str = "sgd"
     dp_grad_clip: float = 0.0
     dp_noise_multiplier: float = 0.0
+    meta_inner_lr: float = 0.0
+    meta_inner_steps: int = 1
 
 
 def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
@@ -99,6 +107,8 @@ def round_train_config(run: RunConfig, node: NodeConfig, server_round: int) -> T
         seed=run.seed * 100_003 + server_round * 1009 + node.stream,
         clip_grad_norm=run.clip_grad_norm,
         optimizer=run.optimizer,
+        meta_inner_lr=run.meta_inner_lr if run.meta_learning == "fomaml" else 0.0,
+        meta_inner_steps=run.meta_inner_steps,
     )
 
 
@@ -213,6 +223,8 @@ def train_loop(
             xb, yb = x[batch], y[batch]
             if noise is not None:
                 step_loss = _dp_step(model, loss_fn, xb, yb, present, params, cfg, noise)
+            elif cfg.meta_inner_lr > 0:
+                step_loss = _meta_step(model, loss_fn, xb, yb, present, cfg)
             else:
                 step_loss, measured = _backward(model, loss_fn, xb, yb, present, accumulators, cfg, counted)
                 counted += int(measured >= 0)
@@ -222,6 +234,26 @@ def train_loop(
             loss_sum += step_loss
             steps += 1
     return LoopResult(loss_sum / max(steps, 1), len(data), stats_seconds)
+
+
+def _meta_step(
+    model: nn.Module,
+    loss_fn: nn.Module,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    present: torch.Tensor | None,
+    cfg: TrainConfig,
+) -> float:
+    """A first-order MAML step's gradient into ``.grad`` (``meta-learning``); returns the scoring half's loss."""
+    return first_order_maml_backward(
+        model,
+        loss_fn,
+        as_input(xb),
+        yb,
+        cfg.meta_inner_lr,
+        cfg.meta_inner_steps,
+        lambda out: local_logits(out, present),
+    )
 
 
 def _dp_step(

@@ -54,9 +54,11 @@ def adaptation_examples(num_examples: int, steps: int, batch_size: int, seed: in
 
 def adapt_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
     """The adaptation's optimiser settings: the round's training settings, one pass over the chosen examples,
-    no FedProx pull toward the received model (adapting is meant to move away from it), no statistics."""
+    no FedProx pull toward the received model (adapting is meant to move away from it), no statistics, plain
+    steps (a meta-learned model is adapted by ordinary SGD)."""
     cfg = round_train_config(run, node, max(server_round, 1))
-    return dataclasses.replace(cfg, epochs=1, proximal_mu=0.0, fisher_batches=0, seed=cfg.seed + ADAPT_SEED_OFFSET)
+    steps = {"epochs": 1, "proximal_mu": 0.0, "fisher_batches": 0, "meta_inner_lr": 0.0}
+    return dataclasses.replace(cfg, seed=cfg.seed + ADAPT_SEED_OFFSET, **steps)
 
 
 def adapt(

@@ -36,6 +36,9 @@ class MethodSpec:
     implementation: ClassVar[str] = ""
     #: Whether this class is the implementation itself (true for every :class:`common.methods.base.Method`).
     is_implementation: ClassVar[bool] = False
+    #: Whether the node's local steps can be first-order MAML steps (``meta-learning``): its training is one
+    #: plain loop over the received weights, with no statistics gathered from the gradients it needs.
+    meta_learning_wraps: ClassVar[bool] = True
 
     @classmethod
     def key_groups(cls) -> tuple[KeyGroup, ...]:
@@ -65,6 +68,18 @@ class MethodSpec:
         covered = sorted({s.name for s in specs if PRIVACY_KEYS in s.key_groups()})
         check_privacy(run, PRIVACY_KEYS in groups, cls.reads_fisher(run), covered)
         check_robust(run, ROBUST_KEYS in groups, sorted({s.name for s in specs if ROBUST_KEYS in s.key_groups()}))
+        if run.meta_learning != "off":
+            wraps = sorted(s.name for s in specs if s.meta_learning_wraps)
+            if not cls.meta_learning_wraps:
+                raise ValueError(
+                    f"meta-learning={run.meta_learning!r} cannot wrap method={run.method!r}, whose local training "
+                    f"needs statistics of its gradients; it wraps: {', '.join(wraps)}"
+                )
+            if cls.reads_fisher(run) and run.options("fisher").estimator == "path":
+                raise ValueError(
+                    f'meta-learning={run.meta_learning!r} with fisher-estimator="path": the Fisher would be read '
+                    'from meta-gradients; use fisher-estimator="global" or "received"'
+                )
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:

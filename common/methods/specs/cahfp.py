@@ -36,6 +36,7 @@ class CAHFPSpec(ChannelSpec):
     """Curvature-aware structured pruning with physically smaller client models."""
 
     name = "cahfp"
+    meta_learning_wraps = False  # its local training gathers gradient statistics (its reply's scores / moments)
     summary = (
         "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by the client's "
         "own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the "

@@ -48,6 +48,7 @@ class LoRASpec(FisherRankedSpec):
     """LoRA adapters of capacity-proportional rank on a frozen pretrained model."""
 
     name = "lora"
+    meta_learning_wraps = False  # its local training gathers gradient statistics (its reply's scores / moments)
     summary = (
         "LoRA adapters of rank `ceil(gamma lora-max-rank)` per adapted layer (uniform, or split across layers by "
         "Fisher mass) on the frozen pretrained model of `model-path`, which is never sent; mixed ranks "

@@ -94,6 +94,11 @@ def check_privacy(run: RunConfig, owns_keys: bool, reads_fisher: bool, covered: 
         )
     if opts.noise_multiplier == 0:
         raise ValueError("dp-noise-multiplier=0 with dp-epsilon > 0: noise of 0 spends an infinite epsilon")
+    if run.meta_learning != "off":
+        raise ValueError(
+            f"dp-epsilon={opts.epsilon:g} is set with meta-learning={run.meta_learning!r}: a meta step's per-example "
+            "gradients are not clipped; set meta-learning = off"
+        )
     if run.adapt_steps > 0:
         raise ValueError(
             f"dp-epsilon={opts.epsilon:g} is set with adapt-steps={run.adapt_steps}: the accuracy after adapting "
