@@ -1,43 +1,60 @@
-"""Benchmark: the server's work per FedFIbOS round, step by step, against the plainest numpy code for each step.
+"""Benchmark: the server's work per FedFIbOS round, step by step, against the plainest numpy code.
 
-For every model and number of clients per round, one round of the server's steps
-runs on synthetic data of the model's size (global values from the model's
-initialisation, heavy-tailed Fisher uploads), the way the strategy runs it: each
-client's mask is ranked and its download encoded (the round keeps only what it
-sent, the mask as packed bits); then the replies are taken one at a time, in the
-clients' key order, each validated and decoded (``masked`` Fisher encoding),
-added to the method's running sum (:mod:`common.aggregation.running_sums`), its
-Fisher folded into the state, and dropped; then the running sum gives the new
-model, the trimmed prior and its interval are computed (one sort gives both, as in
-the strategy), the certified prior influence, the central-evaluation masks of every
-capacity level (once per level, cached as the method caches them) and the
-checkpoint. Next to each step the same run times the step's *anchor*, the plainest
-numpy code that does the same arithmetic without the product's checks and
-guarantees (``argpartition`` top-k, a dense float32 sum of the deltas, ...), so the
-ratio column does not depend on the machine. A second table compares each
-capacity's download with its information limit ``4k + d H(k/d) / 8`` bytes (``k``
-values of 4 bytes and the entropy of a mask of ``k`` among ``d``).
+For every model and number of clients per round, the product's strategy
+(:class:`server.strategy.SubmodelStrategy`, FedFIbOS) runs rounds over a grid of synthetic nodes
+(:class:`benchmarks.synthetic_grid.SyntheticGrid`): each node answers its TRAIN message at once with
+a valid reply for the submodel it was sent (the mask's digest, one delta value per position sent,
+its Fisher upload when asked), its values synthetic (global values from the model's initialisation,
+heavy-tailed Fisher uploads), so that no node trains. One round is timed: the strategy's
+:meth:`~server.strategy.SubmodelStrategy.run_round` (each client's mask ranked and its TRAIN message
+built; the replies taken one at a time in the clients' key order, validated, folded into the
+method's running sum and Fisher state, and dropped; the method's round entries, whose sort gives the
+trimmed prior and ``prior_influence``), then the round's central evaluation (the masks it ranks for
+every capacity level; no model is run) and its checkpoint
+(:func:`server.persistence.save_checkpoint` of the method's state, as the ServerApp writes it after
+every round).
 
-Two kinds of round are timed (``--rounds``, :func:`run_round`): a *refresh* round (every stored client
-ranked anew by its own estimate, every reply a Fisher upload) and a *held* round, the steady state
-between refreshes with the ``global`` estimator (each stored client's mask held, replies the update
-only). Each reply is timed from its bytes as they arrive (Flower ``Array`` records, viewed in place by
-:func:`server.replies.record_arrays`). Besides each step's wall-clock seconds the benchmark records the
-project's CPU seconds, and the per-client constant: the seconds of the work done once per client,
-divided by the clients, and the slope of the whole round between client counts
+The benchmark calls none of these steps itself. It replaces a few bound methods of the strategy's
+own objects by wrappers that time each call under its step's name (:mod:`benchmarks.step_clock`):
+the method's ``mask_for`` (select), the strategy's ``submodel_message`` with the method's ``encode``
+and ``fisher_request`` (encode), the method's ``validate``, its round fold's ``add`` and ``finish``
+(aggregate), ``observe`` of a reply carrying a Fisher (Fisher state), the Fisher state's
+``prior_interval`` and ``global_prior`` (prior), ``round_entries`` (``prior_influence``), the
+strategy's ``level_mask`` (central-evaluation masks). A call inside another counts for its own step
+only. What the strategy's own clock measured of the round
+(:class:`~server.strategy_core.server_clock.ServerClock`, the grid's time left out) and no step
+holds is the ``rest`` (the model's arrays, taking the replies apart, the round's records). Next to
+each step the same run times the step's *anchor*, the plainest numpy code that does the same
+arithmetic without the product's checks and guarantees (``argpartition`` top-k, a dense float32 sum
+of the deltas, ...), run beside each of the product's calls so that load from other work falls on
+both alike; the ratio column then does not depend on the machine. A second table compares each
+capacity's download with its information limit ``4k + d H(k/d) / 8`` bytes (``k`` values of 4 bytes
+and the entropy of a mask of ``k`` among ``d``).
+
+Two kinds of round are timed (``--rounds``, :func:`run_round`): a *refresh* round (with
+``fisher-every = 1``: round 1 stores every client's Fisher, untimed; in round 2 every stored client
+is ranked by its own estimate and every reply carries a Fisher upload) and a *held* round, the
+steady state between refreshes (rounds 1 and 2 untimed; in round 3 each stored client's mask is
+held and its reply the update only). The rounds are played as
+:meth:`~server.strategy.SubmodelStrategy.start` plays them: a round's central evaluation and
+checkpoint run once the next round's messages are out, beside the nodes' training (not timed), the
+timed round's at once, as the last round's. Besides each step's wall-clock seconds the benchmark
+records the process's CPU seconds, and the per-client constant: the seconds of the work done once
+per client, divided by the clients, and the slope of the whole round between client counts
 (:func:`per_client_rows`).
 
-Each configuration runs in a process of its own (forked), whose peak resident
-memory is the round's: Python and numpy, the synthetic data, and what the round
-holds. The state holds at most what ``fisher-memory-mb`` allows (the run config's
-default unless ``--fisher-memory-mb``). Before anything runs, each configuration's
-memory is estimated (:func:`round_memory`); if one would not fit in
-``--max-memory-gb`` or in the memory the machine has available, the benchmark is
-refused with the figure it would need.
+Each configuration runs in a process of its own (forked), whose peak resident memory is the round's:
+Python and numpy, the synthetic data, and what the strategy holds (among it every TRAIN message of
+the round, all built before the grid pushes any). The state holds at most what ``fisher-memory-mb``
+allows (the run config's default unless ``--fisher-memory-mb``). Before anything runs, each
+configuration's memory is estimated (:func:`round_memory`); if one would not fit in
+``--max-memory-gb`` or in the memory the machine has available, the benchmark is refused with the
+figure it would need.
 
 Usage::
 
-    fibos bench-server --models cnn,resnet18 --clients 10,50,200 --rounds refresh,held --out results/server-bench
+    fibos bench-server --models cnn,resnet18 --clients 10,50,200 --rounds refresh,held \
+        --out results/server-bench
 
 Writes ``server_bench.json`` (every step's seconds, the peak memory) and ``server_bench.png``
 (server seconds per round against clients, project and anchor) to ``--out``.
@@ -47,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -54,46 +72,51 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp.strategy import Result
 from numpy.typing import NDArray
 
+from benchmarks.step_clock import Patches, StepClock
+from benchmarks.synthetic_grid import EXAMPLES, SyntheticGrid, SyntheticRound, client_key
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
-from common.fisher.codec import encode_fisher
-from common.fisher.held_masks import HeldMasks
-from common.fisher.level_masks import LevelMasks
-from common.fisher.prior_influence import contested_by_level, trim_count
+from common.config.schema import kebab
+from common.fisher.prior_influence import trim_count
 from common.fisher.selection import budget, select_mask
-from common.fisher.state import FisherState, fisher_capacity
-from common.methods import create_method
+from common.fisher.state import fisher_capacity
+from common.methods.fedfibos import FedFIbOS
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.models.layout import ParamLayout
 from common.training.peak_memory import PeakRSS, current_rss_bytes
-from common.wire import protocol as P
-from common.wire.mask_codec import ENCODINGS, encode_mask
+from common.wire.mask_codec import ENCODINGS
 from common.wire.protocol import encode_submodel
-from common.wire.validation import ReplyRecords, SentSubmodel
-from server.persistence import save_checkpoint
-from server.replies import record_arrays
+from server.grid_io import REPLY_WINDOW
+from server.persistence import CHECKPOINT, chunk_store, save_checkpoint
+from server.strategy import SubmodelStrategy, TrainedRound
 
 #: (key, label) of the timed steps, in the order a round runs them.
 STEPS: tuple[tuple[str, str], ...] = (
     ("select", "select client masks"),
-    ("encode", "encode downloads"),
+    ("encode", "encode downloads (TRAIN messages)"),
     ("validate", "validate + decode replies"),
     ("aggregate", "aggregate (running sum)"),
     ("fisher", "Fisher state update"),
     ("prior", "trimmed prior + interval"),
     ("influence", "prior_influence"),
+    ("rest", "rest of the strategy's round"),
     ("eval_masks", "central-evaluation masks"),
     ("checkpoint", "checkpoint (fsync)"),
 )
+#: Steps without an anchor: nothing plainer does their work (checks, a certificate, the rest).
+UNANCHORED = ("validate", "influence", "rest")
 IN_CHANNELS = {"cnn": 1, "resnet18": 3}
 
 
@@ -105,34 +128,6 @@ class StepTimes:
     anchor: dict[str, float | None] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)  # the project's CPU seconds (this process, every thread)
     extra: dict[str, float] = field(default_factory=dict)  # checkpoint sizes and the incremental save
-
-
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds ``fn()`` takes (wall clock)."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-class Laps:
-    """Wall-clock and CPU seconds between successive :meth:`lap` calls (CPU: this process's, every thread)."""
-
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def lap(self) -> tuple[float, float]:
-        """Seconds (wall, CPU) since the previous lap."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = (wall - self.wall, cpu - self.cpu)
-        self.wall, self.cpu = wall, cpu
-        return out
-
-
-def measure(t: StepTimes, key: str, fn: Callable[[], object]) -> None:
-    """``fn()`` timed as the project's step ``key``: wall clock and CPU seconds."""
-    clock = Laps()
-    fn()
-    t.project[key], t.cpu[key] = clock.lap()
 
 
 def mask_entropy_bytes(k: int, d: int) -> float:
@@ -148,33 +143,113 @@ def capacities_for(n: int, levels: Sequence[float]) -> list[float]:
     return [levels[i % len(levels)] for i in range(n)]
 
 
-def round_memory(d: int, levels: Sequence[float], n: int, cfg: RunConfig) -> dict[str, float]:
-    """Bytes a round of ``n`` clients holds at its peak besides the process itself, by part.
+#: What each part of :func:`round_memory` holds.
+MEMORY_PARTS: dict[str, str] = {
+    "sent": (
+        "what the round keeps of each download until its reply is folded (the mask as packed "
+        "bits, d / 8 bytes a client), for this round and the previous one, whose plan waits "
+        "for its central evaluation until this round's messages are out"
+    ),
+    "mask_history": "each client's last mask (packed bits), against which its next is measured",
+    "messages": (
+        "every TRAIN message of the round, all built before the grid pushes any: the values "
+        "kept (4 bytes each), the mask's code (at most its packed bits) and, in a refresh "
+        "round, the values outside the mask (4 bytes each)"
+    ),
+    "grid": (
+        "the synthetic grid's (a SuperLink's, in a federation): each pending message's mask "
+        "code in a refresh round, and the making of one reply (its Fisher in float64, the "
+        "positions outside the mask)"
+    ),
+    "replies": (
+        "the replies pulled ahead of the one folded (server.grid_io.REPLY_WINDOW): the delta "
+        "and, in a refresh round, the Fisher payload (values inside the mask, one mean per "
+        "row)"
+    ),
+    "fold": (
+        "the running sum (16 bytes per position: two float64 sums, the most any method's "
+        "takes) and the reply folded: its mask unpacked (1 byte per position), its decoded "
+        "Fisher (4), its payload as received (4 at most), the update's int32 indices and its "
+        "delta (4 + 4 per kept)"
+    ),
+    "model": (
+        "the global values the strategy holds at once (the round's start and end, the model's"
+        " arrays, their flat copy, the level masks' copy, one serialisation), 4 bytes each, "
+        "and one mask per capacity level (1 byte per position)"
+    ),
+    "fisher_state": (
+        "the stored estimates (min(n, the clients the budget holds)), the state's fixed 12 "
+        "bytes per position (common.fisher.state.fisher_capacity) and each stored client's "
+        "held mask (packed bits)"
+    ),
+    "checkpoint": "the state serialised for the checkpoint (a copy of its estimates and masks)",
+}
+#: Memory parts of :func:`round_memory` that grow with the clients of the round.
+GROWS_WITH_CLIENTS = ("sent", "mask_history", "messages", "grid")
+#: Bytes of a Flower message besides its arrays, at most (metadata, records, ``.npy`` headers).
+MESSAGE_OVERHEAD = 4096
 
-    * ``sent``: what the round keeps of each download until the reply is folded, the mask as packed bits
-      (``d / 8`` bytes a client);
-    * ``fold``: the running sum (16 bytes per position: two float64 sums, the most any method's takes), and the
-      one reply being folded: its mask unpacked (1 byte per position), its decoded Fisher (4), its Fisher
-      payload as received (4 at most), the update's indices (4 per kept position: ``int32``) and its delta as
-      received (4 per kept; validation views it, no copy);
-    * ``fisher_state``: the stored estimates (``min(n, clients the budget holds)``), the state's fixed
-      12 bytes per position (:func:`common.fisher.state.fisher_capacity`) and each stored client's held mask
-      (packed bits, ``d / 8`` bytes);
-    * ``checkpoint``: the state serialised for the checkpoint (a copy of the stored estimates and held masks).
 
-    Only ``sent`` grows with the clients of the round; the rest is bounded by the model and ``fisher-memory-mb``.
+def round_memory(
+    d: int,
+    levels: Sequence[float],
+    n: int,
+    cfg: RunConfig,
+    kind: str = "refresh",
+    rows: int | None = None,
+) -> dict[str, float]:
+    """Bytes a round of ``n`` clients holds at its peak besides the process, by part (at most).
+
+    Parameters
+    ----------
+    d : int
+        The model's parameters.
+    levels : Sequence[float]
+        The capacity levels, cycled through the clients (:func:`capacities_for`).
+    n : int
+        Clients of the round.
+    cfg : RunConfig
+        The run config (``fisher-memory-mb``, ``fisher-precision``).
+    kind : str
+        The round kind (:data:`ROUND_KINDS`): a refresh round's downloads carry the values outside
+        the mask, its replies a Fisher upload.
+    rows : int, optional
+        The layout's rows (a ``masked`` Fisher upload sends one mean per row); default ``d``, the
+        most.
+
+    Returns
+    -------
+    dict
+        Bytes by part (:data:`MEMORY_PARTS` says what each holds).
     """
     fisher = cfg.options("fisher")
-    kept = max(budget(g, d) for g in levels)
+    refresh = kind == "refresh"
+    packed = (d + 7) // 8
+    kept = [budget(g, d) for g in capacities_for(n, levels)]
+    most = max(budget(g, d) for g in levels)
+    outside = sum(d - k for k in kept) if refresh else 0
+    fisher_up = 4 * most + 4 * (d if rows is None else rows) if refresh else 0
+    reply = 4 * most + fisher_up + MESSAGE_OVERHEAD
+    grid = n * (packed + MESSAGE_OVERHEAD) + 40 * d if refresh else n * MESSAGE_OVERHEAD
     stored = min(n, fisher_capacity(fisher.memory_mb, d, fisher.precision))
     estimates = stored * d * np.dtype(fisher.precision.replace("fp", "float")).itemsize
-    estimates += stored * ((d + 7) // 8)  # the held masks, serialised with the estimates
+    estimates += stored * packed  # the held masks, serialised with the estimates
     return {
-        "sent": float(n * ((d + 7) // 8)),
-        "fold": float(16 * d + d * (1 + 4 + 4) + kept * (4 + 4)),
+        "sent": float(2 * n * packed),
+        "mask_history": float(n * packed),
+        "messages": float(4 * sum(kept) + 4 * outside + n * (packed + MESSAGE_OVERHEAD)),
+        "grid": float(grid),
+        "replies": float(REPLY_WINDOW * reply),
+        "fold": float(16 * d + d * (1 + 4 + 4) + most * (4 + 4)),
+        "model": float(7 * 4 * d + len(set(levels)) * d),
         "fisher_state": float(estimates + 12 * d),
         "checkpoint": float(estimates),
     }
+
+
+def grows_with_clients(parts: dict[str, float]) -> float:
+    """The bytes of ``parts`` (:func:`round_memory`'s) that grow with the clients of the round."""
+    return sum(parts.get(name, 0.0) for name in GROWS_WITH_CLIENTS)
 
 
 def resident_bytes() -> int:
@@ -240,246 +315,307 @@ def high_water_mark() -> int:
     return 0
 
 
-class SyntheticRound:
-    """A model's data for the benchmark: global values, a pool of Fisher uploads, reply payloads by size.
+#: The round kinds :func:`run_round` times.
+ROUND_KINDS: tuple[str, ...] = ("refresh", "held")
+#: The round each kind times; the rounds before it are played untimed.
+TIMED_ROUND = {"refresh": 2, "held": 3}
+#: Run-config keys of each kind: a refresh every round, or none before the timed round.
+ROUND_SETTINGS: dict[str, dict[str, object]] = {
+    "refresh": {"fisher-every": 1},
+    "held": {"fisher-every": 5},
+}
+#: Run-config keys every benchmark run sets.
+BENCH_SETTINGS: dict[str, object] = {
+    "method": "fedfibos",
+    "fisher-encoding": "masked",  # the upload this benchmark has timed from the start
+    "fedfibos-byte-budget": 0.0,  # no byte ledger: a refresh round asks every client for its Fisher
+    "fraction-train": 1.0,  # every node trains: the clients of the round are the grid's nodes
+    "eval-every": 0,  # no round of the nodes' own evaluation (the synthetic nodes only train)
+}
+#: ``num_rounds`` given to the strategy: beyond the rounds played, so none is the run's last (whose
+#: evaluation also measures every client's own submodel).
+NUM_ROUNDS = 1000
+#: Seconds the strategy waits for nodes and replies (the synthetic grid answers at once).
+TIMEOUT = 60.0
+
+
+def bench_config(cfg: RunConfig, kind: str) -> RunConfig:
+    """``cfg`` with :data:`BENCH_SETTINGS` and the round kind's :data:`ROUND_SETTINGS`.
 
     Parameters
     ----------
-    layout : ParamLayout
-        The model's layout.
-    x : NDArray[float32]
-        Global values (the model's initialisation).
-    pool : int
-        Distinct synthetic Fisher uploads; client ``i``'s estimate is number ``i % pool``, shifted
-        (:meth:`estimate`), and its replies carry upload number ``i % pool``.
-    seed : int
-        Seed of the synthetic data.
+    cfg : RunConfig
+        The run config (its Fisher budget, precision and mask guards are kept).
+    kind : str
+        The round kind (:data:`ROUND_KINDS`).
+    """
+    raw = {kebab(name): value for name, value in cfg.flat().items()}
+    return parse_run_config({**raw, **BENCH_SETTINGS, **ROUND_SETTINGS[kind]})
+
+
+def no_evaluation(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    """Central evaluation's ``evaluate_fn``, without a model: the server's masks are what is timed.
+
+    Parameters
+    ----------
+    server_round : int
+        The round evaluated.
+    arrays : ArrayRecord
+        The model (or a capacity level's submodel) to evaluate.
+    """
+    return MetricRecord({"accuracy": 0.0, "loss": 0.0})
+
+
+@contextmanager
+def quiet_flower() -> Iterator[None]:
+    """Flower's log at warnings only: the strategy logs one line per node that joins."""
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        flwr_log.setLevel(level)
+
+
+@dataclass
+class BenchFederation:
+    """The product's strategy over a :class:`SyntheticGrid`, its result, checkpoint and clock.
+
+    Parameters
+    ----------
+    strategy : SubmodelStrategy
+        The strategy, its nodes discovered.
+    grid : SyntheticGrid
+        The synthetic nodes.
+    result : Result
+        The run's result so far (the model's arrays each round starts from).
+    checkpoint : Path
+        Where the ServerApp's checkpoint is written.
+    clock : StepClock
+        The seconds of the timed round's steps.
     """
 
-    def __init__(self, layout: ParamLayout, x: NDArray[np.float32], pool: int, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        self.layout = layout
-        self.x = x
-        base = rng.lognormal(0.0, 2.0, layout.size).astype(np.float32)
-        self.uploads = [base * rng.lognormal(0.0, 0.5, layout.size).astype(np.float32) for _ in range(pool)]
-        self.rng = rng
-        self._deltas: dict[int, NDArray[np.float32]] = {}
-
-    def estimate(self, i: int) -> NDArray[np.float32]:
-        """Client ``i``'s Fisher estimate: upload ``i % pool`` shifted by ``i // pool`` positions (``np.roll``).
-
-        Every client's estimate, and so its Fisher-ranked mask, differs from every other's, as on a real fleet
-        (with the pool alone, clients ``pool`` apart would send the same mask, whose code is then looked up).
-        """
-        upload = self.uploads[i % len(self.uploads)]
-        return upload if i < len(self.uploads) else np.roll(upload, i // len(self.uploads))
-
-    def delta(self, k: int) -> NDArray[np.float32]:
-        """A delta of ``k`` values (shared by every reply of that size: the payload's content is not timed)."""
-        if k not in self._deltas:
-            self._deltas[k] = (self.rng.standard_normal(k) * 1e-3).astype(np.float32)
-        return self._deltas[k]
+    strategy: SubmodelStrategy
+    grid: SyntheticGrid
+    result: Result
+    checkpoint: Path
+    clock: StepClock = field(default_factory=StepClock)
 
 
-#: The round kinds :func:`run_round` times.
-ROUND_KINDS: tuple[str, ...] = ("refresh", "held")
+def bench_federation(
+    data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], folder: Path
+) -> BenchFederation:
+    """The strategy of ``cfg`` over ``n`` synthetic nodes of capacities ``levels`` (cycled).
 
+    The nodes are discovered as :meth:`SubmodelStrategy.start` discovers them (each QUERYd).
 
-def run_round(
-    data: SyntheticRound, cfg: RunConfig, n: int, levels: Sequence[float], workdir: Path, kind: str = "refresh"
-) -> StepTimes:
-    """One round for ``n`` clients, every step timed with its anchor, the replies folded one at a time.
-
-    ``kind``:
-
-    * ``refresh``: the Fisher state first receives one upload per client (round 1, not timed), so the timed
-      round 2 ranks every stored client by its own estimate (its mask is then held, as the method holds it), and
-      every reply carries a Fisher upload (``masked``), each download the global values outside its mask
-      (``fisher-at``). A running federation with the ``global`` estimator splits this work over two rounds (the
-      refresh round's downloads still use the held masks; the masks are ranked anew in the round after it), so
-      this is the costliest round there is.
-    * ``held``: the steady state between refreshes (``fisher-every`` rounds). Round 1's uploads and round 2's
-      selection (not timed) leave every stored client a held mask; in the timed round 3 each stored client's
-      mask is its held one (:class:`common.fisher.held_masks.HeldMasks`), every other client is ranked by the
-      prior (one mask per level), and the replies carry the update only.
-
-    The round starts as the strategy leaves the previous one: the prior (and its interval) computed from the
-    state's estimates, so a client beyond the Fisher budget is ranked by a cached prior; the masks' codes
-    (:data:`common.wire.mask_codec.ENCODINGS`) known for the held masks only, which the previous round sent, so
-    a repeated round finds nothing of its predecessor. Every client's estimate is its own
-    (:meth:`SyntheticRound.estimate`), so no two clients are sent the same Fisher-ranked mask.
-
-    The work done once per client (select, encode and what the round keeps of the download, validate, add to
-    the running sum, the Fisher state) is also summed by itself, wall clock and CPU, in ``extra``
-    (``per_client_seconds``, ``per_client_cpu_seconds``): the per-client constant. A capacity level's
-    prior-ranked mask, ranked once per round for all the clients of that level, counts in the round's "select"
-    step but not in the per-client constant.
+    Parameters
+    ----------
+    data : SyntheticRound
+        The model's synthetic data; its global values are the initial model.
+    cfg : RunConfig
+        The run config (:func:`bench_config`).
+    n : int
+        Nodes, all of which train every round.
+    levels : Sequence[float]
+        Capacity levels, cycled through the nodes.
+    folder : Path
+        Where the checkpoint goes.
     """
-    if kind not in ROUND_KINDS:
-        raise ValueError(f"round kind {kind!r}; expected one of {ROUND_KINDS}")
-    layout, x, d = data.layout, data.x, data.layout.size
-    fisher_keys = cfg.options("fisher")
-    guards = mask_guards(cfg)  # read once, as the method keeps them, not inside each timed selection
-    state = FisherState(
-        d,
-        fisher_keys.staleness_decay,
-        fisher_keys.ema,
-        fisher_keys.trim,
-        max_clients=fisher_capacity(fisher_keys.memory_mb, d, fisher_keys.precision),
-        precision=fisher_keys.precision,
+    strategy = SubmodelStrategy(cfg, data.layout)
+    grid = SyntheticGrid(data, capacities_for(n, levels), strategy.method.upload_encoding(cfg))
+    strategy.evaluate_fn = no_evaluation
+    # As ``start`` begins: the initial model, then discovery.
+    result = Result(arrays=strategy.to_arrays(data.x))
+    strategy.x = np.array(data.x, dtype=np.float32, copy=True)
+    strategy.registry.join(grid, TIMEOUT)
+    return BenchFederation(strategy, grid, result, folder / CHECKPOINT)
+
+
+def train_round(
+    fed: BenchFederation,
+    server_round: int,
+    on_pushed: Callable[[], None],
+) -> TrainedRound:
+    """The strategy's ``run_round`` of ``server_round``.
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation.
+    server_round : int
+        The round.
+    on_pushed : Callable
+        Runs once the round's messages are out (the previous round's evaluation).
+    """
+    strategy = fed.strategy
+    config = ConfigRecord()
+    return strategy.run_round(
+        fed.grid,
+        server_round,
+        NUM_ROUNDS,
+        TIMEOUT,
+        config,
+        fed.result,
+        on_pushed,
     )
-    caps = capacities_for(n, levels)
-    keys = [f"client-{i:06d}" for i in range(n)]  # sorted as the strategy folds them: by client key
-    for i, key in enumerate(keys):
-        state.update(key, data.estimate(i), 100.0, 1)
-    # The round starts with the encodings the previous round left: none of this round's new masks (nor a repeat's).
-    ENCODINGS.clear()
-    held = HeldMasks(d)  # as the method holds them (``global`` estimator): stamped with the estimate's round
-    if kind == "held":
-        for key, gamma in zip(keys, caps):  # round 2 (not timed): each stored client's mask ranked, held and sent
-            if key in state.clients:
-                own = state.clients[key]
-                mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, 2), *guards)
-                held.put(key, own.round, gamma, mask)
-                encode_mask(mask)  # so its code is known, as the round that sent it left it
-    rnd = 2 if kind == "refresh" else 3
-    uploads = kind == "refresh"
-    # The previous round ended as the strategy ends one (``round_entries``, before central evaluation): the trimmed
-    # prior and its interval computed from the state's estimates, so the prior is cached when this round's
-    # configure ranks the clients beyond the Fisher budget by it. That sort is this round's "prior" step too,
-    # once the replies have changed the estimates; it is not charged to the first such client's selection.
-    state.prior_interval()
-    state.global_prior()
-    t = StepTimes()
-    for key, _ in STEPS:
-        t.project[key], t.anchor[key], t.cpu[key] = 0.0, 0.0, 0.0
-    t.anchor["validate"] = t.anchor["influence"] = None
-    if not uploads:
-        t.anchor["fisher"] = None
-    absx = np.abs(x)
-    levels_cache = LevelMasks()  # as the method keeps it: one prior-ranked mask per level (the model has changed)
 
-    def select(key: str, gamma: float) -> NDArray[np.bool_]:
-        own = state.clients.get(key)
-        if own is not None:
-            kept = held.get(key, own.round, gamma)
-            if kept is not None:
-                return kept
-            mask = select_mask(layout, x, gamma, "fisher", state.estimate(key, rnd), *guards)
-            held.put(key, own.round, gamma, mask)
-            return mask
 
-        def by_prior() -> NDArray[np.bool_]:
-            return select_mask(layout, x, gamma, "fisher", state.global_prior(), *guards)
+def finish_round(fed: BenchFederation, done: TrainedRound, overlapped: bool) -> int:
+    """The round's central evaluation, then the checkpoint; the state bytes the checkpoint wrote.
 
-        # Evicted beyond fisher-memory-mb: ranked by the prior, one mask per level, as the method does.
-        return levels_cache.get(x, (state, state.version), gamma, by_prior)
+    The checkpoint is the one ``server/app.py`` writes after each round (``checkpoint-every = 1``,
+    the default): :func:`save_checkpoint` of the model and the method's ``state_bytes``.
 
-    def select_anchor(key: str, f: NDArray[np.float32], gamma: float) -> None:
-        if kind == "held" and key in state.clients:  # the plainest mask kept between rounds: its packed bits
-            np.unpackbits(held.packed(key), count=d).view(np.bool_)
-            return
-        k = budget(gamma, d)
-        if k < d:
-            np.argpartition(f * absx, d - k)[d - k :]
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation.
+    done : TrainedRound
+        The round trained and aggregated.
+    overlapped : bool
+        It runs while the next round's nodes train.
+    """
+    strategy = fed.strategy
+    strategy.complete_round(done, fed.grid, TIMEOUT, ConfigRecord(), fed.result, overlapped)
+    with fed.clock.step("checkpoint", per_client=False):
+        state = strategy.method.state_bytes()
+        return save_checkpoint(fed.checkpoint, done.server_round, strategy.x, state)
 
-    def add(key: str, project: tuple[float, float], anchor: float | None = None, per_client: bool = True) -> None:
-        t.project[key] += project[0]
-        t.cpu[key] += project[1]
-        if per_client:
-            t.extra["per_client_seconds"] = t.extra.get("per_client_seconds", 0.0) + project[0]
-            t.extra["per_client_cpu_seconds"] = t.extra.get("per_client_cpu_seconds", 0.0) + project[1]
-        if anchor is not None:
-            t.anchor[key] = (t.anchor[key] or 0.0) + anchor
 
-    # Configure: each client's mask and download; the round keeps what it sent (packed mask) and no download.
-    # Each step is timed client by client, the project's call and then the anchor's, so that a burst of load from
-    # other work on the machine falls on both sides alike instead of on whichever ran during it.
-    sent: list[SentSubmodel] = []
-    for i, (key, gamma) in enumerate(zip(keys, caps)):
-        misses = levels_cache.misses
-        clock = Laps()
-        mask = select(key, gamma)
-        selected = clock.lap()
-        # A level's prior-ranked mask is ranked once per round (a miss), whatever the clients of that level: the
-        # round's work, not a client's; later clients of the level look it up (counted per client).
-        per_level = levels_cache.misses > misses
-        select_anchor(key, data.uploads[i % len(data.uploads)], gamma)
-        select_wall = clock.lap()[0]
-        payload = encode_submodel(x, mask)
-        fisher_at = P.outside_values(x, mask) if uploads else None  # a refresh: the values outside the mask
-        sent.append(SentSubmodel(i, rnd, mask, payload.digest, 1000, uploads))
-        encoded = clock.lap()
+@dataclass
+class TimedRound:
+    """What :func:`play` measured of the timed round besides its steps.
+
+    Parameters
+    ----------
+    done : TrainedRound
+        The round, with the strategy's own clock (``done.clock``).
+    inside : list of float
+        Seconds the steps and the anchors took inside ``run_round``: step wall, step CPU, anchor
+        wall and anchor CPU.
+    code_hits : int
+        Mask codes the round looked up instead of encoding
+        (:data:`common.wire.mask_codec.ENCODINGS`).
+    written : int
+        State bytes its checkpoint wrote.
+    """
+
+    done: TrainedRound
+    inside: list[float]
+    code_hits: int
+    written: int
+
+
+def play(fed: BenchFederation, kind: str, instrument: Callable[[], Patches]) -> TimedRound:
+    """Rounds 1 to the kind's timed round, as :meth:`SubmodelStrategy.start` plays them.
+
+    Each round's central evaluation and checkpoint run once the next round's messages are out
+    (``start``'s ``evaluate_waiting``), beside the nodes' training: the strategy's clock leaves them
+    out, and so does the benchmark's. The last round is timed; its evaluation and checkpoint run at
+    once, as a run's last round's do.
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation, discovered.
+    kind : str
+        The round kind (:data:`TIMED_ROUND`).
+    instrument : Callable
+        Replaces the product's calls by timed ones for the timed round (the patches to undo).
+    """
+    waiting: list[TrainedRound] = []
+
+    def evaluate_waiting() -> None:
+        with fed.clock.paused():
+            while waiting:
+                finish_round(fed, waiting.pop(), overlapped=True)
+
+    last = TIMED_ROUND[kind]
+    for server_round in range(1, last):
+        done = train_round(fed, server_round, evaluate_waiting)
+        evaluate_waiting()
+        waiting.append(done)
+    patches = instrument()
+    try:
+        hits, before = ENCODINGS.hits, fed.clock.totals()
+        done = train_round(fed, last, evaluate_waiting)
+        inside = [after - then for after, then in zip(fed.clock.totals(), before)]
+        hits = ENCODINGS.hits - hits
+        evaluate_waiting()
+        written = finish_round(fed, done, overlapped=False)
+    finally:
+        patches.undo()
+    return TimedRound(done, inside, hits, written)
+
+
+class Anchors:
+    """Each step's anchor: the plainest numpy code for its arithmetic, without the product's checks.
+
+    Parameters
+    ----------
+    data : SyntheticRound
+        The model's synthetic data (the anchors rank by its uploads, at its global values).
+    method : FedFIbOS
+        The round's method (its held masks and Fisher state, read after the product used them).
+    n : int
+        Clients of the round.
+    """
+
+    def __init__(self, data: SyntheticRound, method: FedFIbOS, n: int) -> None:
+        d = data.layout.size
+        self.data, self.method, self.d = data, method, d
+        self.index = {client_key(i): i for i in range(n)}
+        self.absx = np.abs(data.x)
+        # The dense float32 sums (12 bytes per position with ``dense`` and ``buf``).
+        self.acc = np.zeros(d, dtype=np.float32)
+        self.dense = np.zeros(d, dtype=np.float32)
+        self.buf = np.empty(d, dtype=np.float32)
+
+    def select(self, key: str, gamma: float, source: str) -> None:
+        """A client's mask: a held one's bits unpacked, else an ``argpartition`` of ``F|x|``."""
+        if source == "held":
+            packed = self.method.held.packed(key)
+            if packed is not None:
+                np.unpackbits(packed, count=self.d).view(np.bool_)
+                return
+        k = budget(gamma, self.d)
+        if k < self.d:
+            f = self.data.uploads[self.index[key] % len(self.data.uploads)]
+            np.argpartition(f * self.absx, self.d - k)[self.d - k :]
+
+    @staticmethod
+    def download(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> None:
+        """A download: the values kept and the packed mask."""
         x[mask], np.packbits(mask)
-        if uploads:
-            x[~mask]
-        add("select", selected, select_wall, per_client=not per_level)
-        add("encode", encoded, clock.lap()[0])
-        del mask, payload, fisher_at
 
-    # Fold: each reply validated, added to the running sum, its Fisher (if any) into the state, and dropped.
-    method = create_method(parse_run_config({"fisher-encoding": "masked"}))  # decodes the payload encoded below
-    method.start_server(layout)
-    sums = method.running_sum()
-    assert sums is not None
-    metrics = {"num-examples": 100, "train-loss": 1.0, "train-seconds": 1.0, "fisher-seconds": 0.1}
-    fisher_out: dict[tuple[int, int], dict[str, NDArray]] = {}  # payloads shared by replies of one upload and size
-    acc = np.zeros(d, dtype=np.float32)  # the anchors' dense float32 sums (12 bytes per position with `dense`, `buf`)
-    dense = np.zeros(d, dtype=np.float32)
-    buf = np.empty(d, dtype=np.float32)
-    for i, (key, s) in enumerate(zip(keys, sent)):
-        upload = i % len(data.uploads)
-        arrays = {P.DELTA: data.delta(s.kept)}
-        if uploads:
-            if (upload, s.kept) not in fisher_out:
-                fisher_out[(upload, s.kept)] = encode_fisher(data.uploads[upload], s.mask, layout, "masked")
-            arrays.update(fisher_out[(upload, s.kept)])
-        record = ArrayRecord({name: Array(a) for name, a in arrays.items()})  # the reply as it arrives (bytes)
-        del arrays
-        clock = Laps()
-        records = ReplyRecords(record_arrays(record), metrics, {"round": rnd, "mask-digest": s.digest})
-        reply = method.validate(records, s, x)
-        validated = clock.lap()
-        sums.add(reply.update)
-        summed = clock.lap()
-        np.add(acc, dense, out=acc)
-        sum_anchor = clock.lap()[0]
-        add("validate", validated)
-        add("aggregate", summed, sum_anchor)
-        if uploads:
-            assert reply.fisher is not None
-            state.update(key, reply.fisher, reply.update.weight, rnd)
-            folded = clock.lap()
-            np.multiply(reply.fisher, np.float32(1 / reply.fisher.mean()), out=buf)
-            np.add(acc, buf, out=acc)
-            add("fisher", folded, clock.lap()[0])
-        else:
-            assert reply.fisher is None
-        del reply, records, record  # as the strategy drops each reply once folded
-    fisher_out.clear()
-    sent.clear()
-    clock = Laps()
-    sums.apply(x)
-    applied = clock.lap()
-    x + acc
-    add("aggregate", applied, clock.lap()[0], per_client=False)
-    del sums, acc, dense, buf
+    @staticmethod
+    def outside(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> None:
+        """A refresh's ``fisher-at``: the values outside the mask."""
+        x[~mask]
 
-    intervals: list = []
+    def add(self) -> None:
+        """One reply into a dense float32 sum."""
+        np.add(self.acc, self.dense, out=self.acc)
 
-    def prior() -> None:
-        # As in the strategy: the sort behind prior_influence's interval fills the prior too.
-        intervals.append(state.prior_interval())
-        state.global_prior()
+    def apply(self, x: NDArray[np.float32]) -> None:
+        """The sum into the model."""
+        x + self.acc
 
-    measure(t, "prior", prior)
-    stored = [c.fisher for c in state.clients.values()]
-    m = len(stored)
-    cut = trim_count(fisher_keys.trim, m)
+    def fisher(self, f: NDArray[np.float32]) -> None:
+        """One upload normalised to mean 1 and summed."""
+        np.multiply(f, np.float32(1 / f.mean()), out=self.buf)
+        np.add(self.acc, self.buf, out=self.acc)
 
-    def prior_anchor() -> None:
+    def prior(self) -> None:
+        """The stored estimates' trimmed mean: a ``partition`` along the clients, block by block."""
+        state = self.method.fisher
+        stored = [c.fisher for c in state.clients.values()]
+        m = len(stored)
+        cut = trim_count(state.trim, m)
         block = 1 << 20
-        for start in range(0, d, block):
+        for start in range(0, self.d, block):
             s = np.stack([f[start : start + block] for f in stored])
             if cut:
                 s.partition((cut, m - cut - 1), axis=0)
@@ -487,73 +623,319 @@ def run_round(
             else:
                 s.mean(axis=0, dtype=np.float64)
 
-    t.anchor["prior"] = timed(prior_anchor)
-    stored.clear()
+    def eval_masks(self, levels: Sequence[float]) -> None:
+        """Each level's mask below capacity 1: one ``argpartition`` of the prior times ``|x|``."""
+        prior = self.method.fisher.global_prior()
+        if prior is None:
+            return
+        scores = prior * self.absx
+        for gamma in sorted({g for g in levels if g < 1.0}, reverse=True):
+            np.argpartition(scores, self.d - budget(gamma, self.d))
 
-    below = sorted({g for g in caps if g < 1.0}, reverse=True)
-
-    interval = intervals[0]
-
-    def influence() -> None:
-        if interval is not None:
-            contested_by_level(layout, x, below, *interval, *guards)
-
-    measure(t, "influence", influence)
-
-    def eval_masks() -> None:
-        for gamma in sorted(set(caps), reverse=True):
-
-            def by_prior(gamma: float = gamma) -> NDArray[np.bool_]:
-                return select_mask(layout, x, gamma, "fisher", state.global_prior(), *guards)
-
-            levels_cache.get(x, (state, state.version), gamma, by_prior)
-
-    def eval_masks_anchor() -> None:
-        scores = state.global_prior() * absx
-        for gamma in below:
-            np.argpartition(scores, d - budget(gamma, d))
-
-    measure(t, "eval_masks", eval_masks)
-    t.anchor["eval_masks"] = timed(eval_masks_anchor)
-
-    # A folder of its own: a repeated round would otherwise find its state's chunks stored by the one before.
-    folder = Path(tempfile.mkdtemp(dir=workdir))
-    path = folder / "checkpoint.npz"
-    written: list[int] = []  # state bytes written by the first checkpoint (all of it: the chunk folder is new)
-
-    def state_bytes() -> bytes:
-        # As FedFIbOS serialises its state: the Fisher state's npz with the held masks as members after its own.
-        return state.to_bytes(extra=held.arrays())
-
-    measure(t, "checkpoint", lambda: written.append(save_checkpoint(path, rnd, x, state_bytes())))
-    size = path.stat().st_size + written[0]
-
-    def checkpoint_anchor() -> None:
-        raw = folder / "raw.bin"
-        with open(raw, "wb") as f:
+    def checkpoint(self, folder: Path, x: NDArray[np.float32]) -> None:
+        """The model, the stored estimates and their held masks written raw to a file, ``fsync``."""
+        with open(folder / "raw.bin", "wb") as f:
             f.write(x.tobytes())
-            for c in state.clients.values():
+            for c in self.method.fisher.clients.values():
                 f.write(c.fisher.tobytes())
-            for key in state.clients:
-                bits = held.packed(key)
+            for key in self.method.fisher.clients:
+                bits = self.method.held.packed(key)
                 if bits is not None:
                     f.write(bits.tobytes())
             f.flush()
             os.fsync(f.fileno())
 
-    t.anchor["checkpoint"] = timed(checkpoint_anchor)
-    # The next round's checkpoint when one stored client re-uploads: what the incremental layout writes.
-    first = next(iter(state.clients))
-    state.update(first, data.uploads[-1] * 2.0, 100.0, rnd + 1)
-    t0 = time.perf_counter()
-    again = save_checkpoint(path, rnd + 1, x, state_bytes())
+
+def instrument(fed: BenchFederation, anchors: Anchors) -> Patches:
+    """Time the product's calls of a round under their steps, each with its anchor beside it.
+
+    The per-client steps are the calls made once per client: a mask (but not a capacity level's mask
+    ranked by the prior, made once per round for every client of that level), a TRAIN message, a
+    reply's validation, its fold into the running sum and its Fisher into the state.
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation whose strategy and method are timed.
+    anchors : Anchors
+        The anchors.
+    """
+    strategy, clock, patches = fed.strategy, fed.clock, Patches()
+    method = strategy.method
+    assert isinstance(method, FedFIbOS)
+    patches.set(method, "mask_for", timed_mask_for(method, clock, anchors))
+    instrument_downloads(fed, method, anchors, patches)
+    patches.set(method, "validate", clock.wrap(method.validate, "validate"))
+    patches.set(method, "round_fold", timed_round_fold(method, clock, anchors))
+    patches.set(method, "observe", timed_observe(method, clock, anchors))
+    instrument_round_end(fed, method, patches)
+    return patches
+
+
+def instrument_downloads(
+    fed: BenchFederation,
+    method: FedFIbOS,
+    anchors: Anchors,
+    patches: Patches,
+) -> None:
+    """Time each TRAIN message as "encode": the whole message is the download (the submodel's
+    encoding, a refresh's values outside the mask, what the round keeps of it, its records).
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation whose strategy builds the messages.
+    method : FedFIbOS
+        Its method.
+    anchors : Anchors
+        The anchors.
+    patches : Patches
+        Where the timed calls are set.
+    """
+    clock = fed.clock
+
+    def download(out: Any, x: NDArray[np.float32], mask: NDArray[np.bool_]) -> None:
+        anchors.download(x, mask)
+
+    def fisher_at(out: Any, key: str, rnd: int, x: NDArray, mask: NDArray, *_: Any) -> None:
+        if out is not None and out.arrays:
+            anchors.outside(x, mask)
+
+    message = clock.wrap(fed.strategy.submodel_message, "encode")
+    encode = clock.wrap(method.encode, "encode", beside=download)
+    request = clock.wrap(method.fisher_request, "encode", beside=fisher_at)
+    patches.set(fed.strategy, "submodel_message", message)
+    patches.set(method, "encode", encode)
+    patches.set(method, "fisher_request", request)
+
+
+def instrument_round_end(fed: BenchFederation, method: FedFIbOS, patches: Patches) -> None:
+    """Time the prior, ``prior_influence`` and central evaluation's level masks (once per round).
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation whose strategy evaluates the levels.
+    method : FedFIbOS
+        Its method.
+    patches : Patches
+        Where the timed calls are set.
+    """
+    clock = fed.clock
+    for name in ("prior_interval", "global_prior"):
+        call = getattr(method.fisher, name)
+        patches.set(method.fisher, name, clock.wrap(call, "prior", per_client=False))
+    entries = clock.wrap(method.round_entries, "influence", per_client=False)
+    patches.set(method, "round_entries", entries)
+    # Central evaluation's mask of each level: everything it calls counts as that step's.
+    level_mask = fed.strategy.level_mask
+    patches.set(fed.strategy, "level_mask", clock.wrap(level_mask, "eval_masks", False, True))
+
+
+def timed_mask_for(method: FedFIbOS, clock: StepClock, anchors: Anchors) -> Callable[..., Any]:
+    """``method.mask_for`` timed as "select", its anchor beside each client's mask.
+
+    A call that ranks a capacity level's mask (a miss of the method's level cache) is the round's
+    work, not a client's: every later client of that level looks the mask up.
+    """
+    real = method.mask_for
+
+    def mask_for(
+        key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
+    ) -> tuple[NDArray[np.bool_], str]:
+        misses = method.level_masks.misses
+        with clock.step("select") as span:
+            mask, source = real(key, server_round, gamma, x)
+            span.per_client = method.level_masks.misses == misses
+            if span.counted and key is not None:
+                clock.anchor("select", lambda: anchors.select(key, gamma, source))
+        return mask, source
+
+    return mask_for
+
+
+def timed_round_fold(method: FedFIbOS, clock: StepClock, anchors: Anchors) -> Callable[..., Any]:
+    """``method.round_fold`` whose fold's ``add`` (per client) and ``finish`` are timed as the
+    "aggregate" step (the running sum)."""
+    real = method.round_fold
+
+    def round_fold(x: NDArray[np.float32], server_round: int, min_replies: int) -> Any:
+        with clock.step("aggregate", per_client=False):  # the running sum's buffers
+            fold = real(x, server_round, min_replies)
+        # The fold is this round's alone: its calls are replaced on it, not patched back.
+        fold.add = clock.wrap(fold.add, "aggregate", beside=lambda *_: anchors.add())
+        apply = partial(anchors.apply, x)
+        fold.finish = clock.wrap(fold.finish, "aggregate", False, beside=lambda *_: apply())
+        return fold
+
+    return round_fold
+
+
+def timed_observe(method: FedFIbOS, clock: StepClock, anchors: Anchors) -> Callable[..., None]:
+    """``method.observe`` of a reply carrying a Fisher timed as the "Fisher state update" step.
+
+    A reply carrying none only passes through, within the fold's step.
+    """
+    real = method.observe
+
+    def observe(accepted: Any, fisher_round: int) -> None:
+        fisher = accepted.reply.fisher
+        if fisher is None:
+            real(accepted, fisher_round)
+            return
+        with clock.step("fisher") as span:
+            real(accepted, fisher_round)
+            if span.counted:
+                clock.anchor("fisher", lambda: anchors.fisher(fisher))
+
+    return observe
+
+
+def step_times(fed: BenchFederation, timed: TimedRound, anchors: Anchors) -> StepTimes:
+    """The timed round's steps from the clock, its ``rest``, and the anchors run after the round.
+
+    ``rest`` is what the strategy's own clock measured of ``run_round`` (its work, the grid's left
+    out) that neither a step nor an anchor took.
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation after the timed round.
+    timed : TimedRound
+        What :func:`play` measured.
+    anchors : Anchors
+        The anchors (those of the prior, the level masks and the checkpoint run here).
+    """
+    clock, levels = fed.clock, fed.strategy.registry.capacities()
+    clock.anchor("prior", anchors.prior)
+    clock.anchor("eval_masks", lambda: anchors.eval_masks(levels))
+    clock.anchor("checkpoint", lambda: anchors.checkpoint(fed.checkpoint.parent, fed.strategy.x))
+    own = timed.done.clock
+    clock.project["rest"] = max(0.0, own.seconds - timed.inside[0] - timed.inside[2])
+    clock.cpu["rest"] = max(0.0, own.cpu_seconds - timed.inside[1] - timed.inside[3])
+    t = StepTimes()
+    for key, _ in STEPS:
+        t.project[key] = clock.project.get(key, 0.0)
+        t.cpu[key] = clock.cpu.get(key, 0.0)
+        if key in UNANCHORED:
+            t.anchor[key] = None
+        elif key == "fisher":  # ``None``: no reply of the round carried a Fisher
+            t.anchor[key] = clock.anchors.get(key)
+        else:
+            t.anchor[key] = clock.anchors.get(key, 0.0)
     t.extra.update(
-        checkpoint_mb=size / 2**20,
-        incremental_written_mb=again / 2**20,
-        incremental_seconds=time.perf_counter() - t0,
+        per_client_seconds=clock.per_client[0],
+        per_client_cpu_seconds=clock.per_client[1],
+        strategy_seconds=own.seconds,
+        strategy_cpu_seconds=own.cpu_seconds,
+        mask_code_hits=float(timed.code_hits),
     )
-    shutil.rmtree(folder)
     return t
+
+
+def checkpoint_extras(
+    fed: BenchFederation,
+    timed: TimedRound,
+    data: SyntheticRound,
+) -> dict[str, float]:
+    """The timed round's checkpoint, and the next round's when one stored client re-uploads.
+
+    The checkpoint's MiB in all and the MiB the round wrote; the MiB the next round's writes (the
+    incremental layout writes only the chunks that changed) and its seconds.
+
+    Parameters
+    ----------
+    fed : BenchFederation
+        The federation after the timed round (its Fisher state is changed here).
+    timed : TimedRound
+        What :func:`play` measured.
+    data : SyntheticRound
+        The synthetic data (the re-upload).
+    """
+    path, strategy = fed.checkpoint, fed.strategy
+    size = path.stat().st_size + sum(f.stat().st_size for f in chunk_store(path).iterdir())
+    state = strategy.method.fisher
+    server_round = timed.done.server_round + 1
+    state.update(next(iter(state.clients)), data.uploads[-1] * 2.0, EXAMPLES, server_round)
+    t0 = time.perf_counter()
+    again = save_checkpoint(path, server_round, strategy.x, strategy.method.state_bytes())
+    return {
+        "checkpoint_mb": size / 2**20,
+        "checkpoint_written_mb": timed.written / 2**20,
+        "incremental_written_mb": again / 2**20,
+        "incremental_seconds": time.perf_counter() - t0,
+    }
+
+
+def run_round(
+    data: SyntheticRound,
+    cfg: RunConfig,
+    n: int,
+    levels: Sequence[float],
+    workdir: Path,
+    kind: str = "refresh",
+) -> StepTimes:
+    """One round of ``kind`` for ``n`` clients, run by the product's strategy, its steps timed.
+
+    A federation of its own (:func:`bench_federation`, run config :func:`bench_config`) plays the
+    rounds before the timed one untimed and then the timed one (:func:`play`), whose steps are the
+    product's calls (:func:`instrument`):
+
+    * ``refresh``: round 1 stores every client's Fisher (up to ``fisher-memory-mb``); in round 2
+      every stored client is ranked by its own estimate (its mask then held, as FedFIbOS holds it)
+      and asked for a Fisher upload (``masked``; its download carries the values outside its mask,
+      ``fisher-at``). A federation with ``fisher-every`` > 1 splits this work over two rounds (the
+      refresh round's downloads still use the held masks), so this is the costliest round there is.
+    * ``held``: the steady state between refreshes: round 2 ranks and holds every stored client's
+      mask; in round 3 each is held, every other client ranked by the prior (one mask per capacity
+      level), and the stored clients' replies carry the update only. (A client the Fisher state does
+      not hold, beyond ``fisher-memory-mb``, is asked for its Fisher every round, as FedFIbOS asks
+      it: with more clients than the budget holds, those replies carry a Fisher upload.)
+
+    Every client's estimate is its own (:meth:`SyntheticRound.estimate`), so no two clients are sent
+    the same Fisher-ranked mask. The round starts with the mask codes the rounds before it left
+    (:data:`common.wire.mask_codec.ENCODINGS`), and a repeat with none of its predecessor's.
+
+    Parameters
+    ----------
+    data : SyntheticRound
+        The model's synthetic data.
+    cfg : RunConfig
+        The run config (its Fisher budget, precision and mask guards).
+    n : int
+        Clients of the round.
+    levels : Sequence[float]
+        Capacity levels, cycled through the clients.
+    workdir : Path
+        Where the round's checkpoint folder is made (and removed).
+    kind : str
+        The round kind (:data:`ROUND_KINDS`).
+    """
+    if kind not in ROUND_KINDS:
+        raise ValueError(f"round kind {kind!r}; expected one of {ROUND_KINDS}")
+    folder = Path(tempfile.mkdtemp(dir=workdir))  # a repeat finds none of its predecessor's chunks
+    ENCODINGS.clear()  # nor its mask codes
+    try:
+        with quiet_flower():
+            fed = bench_federation(data, bench_config(cfg, kind), n, levels, folder)
+            method = fed.strategy.method
+            assert isinstance(method, FedFIbOS)
+            anchors = Anchors(data, method, n)
+            timed = play(fed, kind, partial(instrument, fed, anchors))
+            t = step_times(fed, timed, anchors)
+            t.extra.update(checkpoint_extras(fed, timed, data))
+    finally:
+        shutil.rmtree(folder)
+    return t
+
+
+#: Figures of :attr:`StepTimes.extra` that :func:`repeated_rounds` keeps the fastest of.
+FASTEST_EXTRAS = (
+    "per_client_seconds",
+    "per_client_cpu_seconds",
+    "strategy_seconds",
+    "strategy_cpu_seconds",
+)
 
 
 def repeated_rounds(
@@ -572,16 +954,19 @@ def repeated_rounds(
         t.project = {k: min(v, again.project[k]) for k, v in t.project.items()}
         t.cpu = {k: min(v, again.cpu[k]) for k, v in t.cpu.items()}
         t.anchor = {k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()}
-        for k in ("per_client_seconds", "per_client_cpu_seconds"):
+        for k in FASTEST_EXTRAS:
             t.extra[k] = min(t.extra[k], again.extra[k])
     return t
 
 
 def synthetic_memory(d: int, levels: Sequence[float], pool: int) -> dict[str, float]:
-    """Bytes of the benchmark's own data: global values, the pool of uploads, a delta and a Fisher payload per size,
-    and the anchors' three float32 vectors (none of which a server holds)."""
+    """Bytes of the benchmark's own data, none of which a server holds.
+
+    The global values, the pool of uploads, a delta per size (as values and serialised), and the
+    anchors' four float32 vectors.
+    """
     kept = sum(budget(g, d) for g in levels)
-    return {"synthetic": float(4 * d * (1 + pool) + 4 * kept * (1 + 2 * pool) + 12 * d)}
+    return {"synthetic": float(4 * d * (1 + pool) + 8 * kept + 16 * d)}
 
 
 def kind_of(row: dict) -> str:
@@ -590,17 +975,18 @@ def kind_of(row: dict) -> str:
 
 
 def memory_table(results: list[dict]) -> str:
-    """Per round: the peak resident memory measured, and the estimate the benchmark checked before it ran."""
+    """Per round: the peak resident memory measured, and the estimate checked before it ran."""
     lines = [
-        "| model | clients | round | peak RSS GiB | estimated GiB | of which grows with the clients (sent masks) GiB |",
+        "| model | clients | round | peak RSS GiB | estimated GiB "
+        "| of which grows with the clients (masks sent and seen, messages) GiB |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
         if "skipped" in r or "peak_rss_gib" not in r:
             continue
         lines.append(
-            f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['peak_rss_gib']:.2f} | {r['estimate_gib']:.2f} | "
-            f"{r['memory_gib']['sent']:.3f} |"
+            f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['peak_rss_gib']:.2f} "
+            f"| {r['estimate_gib']:.2f} | {grows_with_clients(r['memory_gib']):.3f} |"
         )
     return "\n".join(lines)
 
@@ -783,8 +1169,26 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point."""
+#: Each model's layout and initial global values (flat), by name.
+Built = dict[str, tuple[ParamLayout, NDArray[np.float32]]]
+#: Each configuration's memory by part (bytes), by (model, clients, round kind).
+Needs = dict[tuple[str, int, str], dict[str, float]]
+
+
+def progress_line(row: dict) -> str:
+    """The line printed once a configuration has run (a :func:`result_row`)."""
+    n = row["clients"]
+    return (
+        f"{row['model']} x {n}, {row['round']} round: {row['round_project']:.2f} s, "
+        f"CPU {row['round_cpu']:.2f} s (anchor {row['round_anchor']:.2f} s), "
+        f"per client {row['per_client_seconds'] / n:.3f} s, "
+        f"CPU {row['per_client_cpu_seconds'] / n:.3f} s; peak RSS {row['peak_rss_gib']:.2f} GiB "
+        f"(estimated {row['estimate_gib']:.2f})"
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (:func:`main`'s ``argv``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="cnn,resnet18", help="comma-separated: cnn, resnet18")
     ap.add_argument("--clients", default="10,50,200", help="comma-separated clients per round")
@@ -812,95 +1216,213 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--earlier", type=Path, default=None, help="an earlier server_bench.json, shown beside this run's steps"
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
 
-    overrides: dict[str, object] = {}
-    if args.fisher_memory_mb is not None:
-        overrides["fisher-memory-mb"] = args.fisher_memory_mb
-    if args.fisher_precision is not None:
-        overrides["fisher-precision"] = args.fisher_precision
-    cfg = parse_run_config(overrides)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        if m not in IN_CHANNELS:
-            raise SystemExit(f"--models: unknown model {m!r}; expected some of {sorted(IN_CHANNELS)}")
-    clients = [int(c) for c in args.clients.split(",")]
-    kinds = [k.strip() for k in args.rounds.split(",") if k.strip()]
-    for k in kinds:
-        if k not in ROUND_KINDS:
-            raise SystemExit(f"--rounds: unknown round kind {k!r}; expected some of {list(ROUND_KINDS)}")
-    # Read before anything is written: the earlier file may be the one this run replaces.
-    earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
-    levels = [float(g) for g in args.capacities.split(",")]
+
+def listed(text: str, known: Sequence[str], flag: str, what: str) -> list[str]:
+    """The comma-separated names of ``text``; exits naming ``flag`` when one is not in ``known``.
+
+    Parameters
+    ----------
+    text : str
+        The flag's value.
+    known : Sequence[str]
+        The names allowed.
+    flag, what : str
+        The flag and what its names are, for the message.
+    """
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"{flag}: unknown {what} {name!r}; expected some of {sorted(known)}")
+    return names
+
+
+def bench_models(models: Sequence[str], seed: int) -> Built:
+    """Each model's layout and initial global values (flat).
+
+    Parameters
+    ----------
+    models : Sequence[str]
+        Model names (:data:`IN_CHANNELS`).
+    seed : int
+        The initialisation's seed.
+    """
     built = {}
-    for model_name in models:
-        model = build_model(model_name, 10, IN_CHANNELS[model_name], args.seed)
+    for name in models:
+        model = build_model(name, 10, IN_CHANNELS[name], seed)
         layout = model_layout(model)
-        built[model_name] = (layout, layout.flatten(trainable_arrays(model)))
+        built[name] = (layout, layout.flatten(trainable_arrays(model)))
         del model
-    process = resident_bytes()
-    available = available_bytes()
-    limit = args.max_memory_gb * 2**30 if available is None else min(args.max_memory_gb * 2**30, available)
-    needs = {
-        (m, n): {
-            "process": float(process),
+    return built
+
+
+def memory_needs(
+    built: Built,
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    levels: Sequence[float],
+    kinds: Sequence[str],
+) -> Needs:
+    """Each configuration's memory (bytes by part): this process, the synthetic data and
+    :func:`round_memory`.
+
+    Parameters
+    ----------
+    built : dict
+        Each model's layout and global values.
+    args : argparse.Namespace
+        The command line (clients, pool).
+    cfg : RunConfig
+        The run config.
+    levels : Sequence[float]
+        The capacity levels.
+    kinds : Sequence[str]
+        The round kinds.
+    """
+    process = float(resident_bytes())
+    return {
+        (m, n, kind): {
+            "process": process,
             **synthetic_memory(layout.size, levels, args.pool),
-            **round_memory(layout.size, levels, n, cfg),
+            **round_memory(layout.size, levels, n, cfg, kind, layout.num_rows),
         }
         for m, (layout, _) in built.items()
-        for n in clients
+        for kind in kinds
+        for n in args.clients
     }
+
+
+def refuse_beyond(needs: Needs, max_memory_gb: float) -> None:
+    """Exit, naming each configuration's figure and parts, when one needs more than
+    ``max_memory_gb`` GiB or than the machine has available.
+
+    Parameters
+    ----------
+    needs : dict
+        :func:`memory_needs`.
+    max_memory_gb : float
+        ``--max-memory-gb``.
+    """
+    available = available_bytes()
+    limit = max_memory_gb * 2**30 if available is None else min(max_memory_gb * 2**30, available)
     refused = [
-        f"{m} x {n}: needs ~{sum(parts.values()) / 2**30:.1f} GiB ("
+        f"{m} x {n}, {kind} round: needs ~{sum(parts.values()) / 2**30:.1f} GiB ("
         + ", ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}" for k, v in parts.items())
         + ")"
-        for (m, n), parts in needs.items()
+        for (m, n, kind), parts in needs.items()
         if sum(parts.values()) > limit
     ]
     if refused:
-        why = f"--max-memory-gb {args.max_memory_gb:g}"
-        if available is not None and available < args.max_memory_gb * 2**30:
+        why = f"--max-memory-gb {max_memory_gb:g}"
+        if available is not None and available < max_memory_gb * 2**30:
             why = f"the {available / 2**30:.1f} GiB this machine has available"
         raise SystemExit("refused before any round: more memory than " + why + "\n" + "\n".join(refused))
-    args.out.mkdir(parents=True, exist_ok=True)
+
+
+def result_row(
+    model: str, d: int, n: int, kind: str, need: dict[str, float], t: StepTimes, peak: int, low: int
+) -> dict:
+    """One configuration's row of ``server_bench.json``.
+
+    Parameters
+    ----------
+    model : str
+        The model.
+    d : int
+        Its parameters.
+    n : int
+        Clients of the round.
+    kind : str
+        The round kind.
+    need : dict
+        Its estimated memory by part (bytes).
+    t : StepTimes
+        Its steps.
+    peak : int
+        Its process's peak resident memory (bytes).
+    low : int
+        Its clients below capacity 1 (those whose mask is ranked).
+    """
+    return {
+        "model": model,
+        "d": d,
+        "clients": n,
+        "round": kind,
+        "memory_gib": {k: v / 2**30 for k, v in need.items()},
+        "project": t.project,
+        "anchor": t.anchor,
+        "cpu": t.cpu,
+        "round_cpu": sum(t.cpu.values()),
+        **t.extra,
+        "round_project": sum(t.project.values()),
+        "round_anchor": sum(v for v in t.anchor.values() if v is not None),
+        "one_mask_seconds": t.project["select"] / max(1, low),
+        "peak_rss_gib": peak / 2**30,
+        "estimate_gib": sum(need.values()) / 2**30,
+    }
+
+
+def measure_all(
+    built: Built,
+    args: argparse.Namespace,
+    cfg: RunConfig,
+    levels: Sequence[float],
+    kinds: Sequence[str],
+    needs: Needs,
+) -> tuple[list[dict], dict[str, list]]:
+    """Every configuration's round, each in a forked process: the rows, and each model's download
+    rows.
+
+    Parameters
+    ----------
+    built : dict
+        Each model's layout and global values.
+    args : argparse.Namespace
+        The command line (clients, pool, seed, repeat, out).
+    cfg : RunConfig
+        The run config.
+    levels : Sequence[float]
+        The capacity levels.
+    kinds : Sequence[str]
+        The round kinds.
+    needs : dict
+        :func:`memory_needs`.
+    """
     results: list[dict] = []
     downloads: dict[str, list] = {}
     with tempfile.TemporaryDirectory(dir=args.out) as tmp:
-        for model_name, (layout, x) in built.items():
+        for model, (layout, x) in built.items():
             data = SyntheticRound(layout, x, args.pool, args.seed)
-            downloads[model_name] = download_rows(data, cfg, levels)
-            for kind, n in ((kind, n) for kind in kinds for n in clients):
-                need = needs[(model_name, n)]
-                row: dict = {
-                    "model": model_name,
-                    "d": layout.size,
-                    "clients": n,
-                    "round": kind,
-                    "memory_gib": {k: v / 2**30 for k, v in need.items()},
-                }
+            downloads[model] = download_rows(data, cfg, levels)
+            for kind, n in ((kind, n) for kind in kinds for n in args.clients):
                 run = partial(repeated_rounds, data, cfg, n, levels, Path(tmp), args.repeat, kind)
                 t, peak = in_own_process(run)
-                row.update(
-                    project=t.project,
-                    anchor=t.anchor,
-                    cpu=t.cpu,
-                    round_cpu=sum(t.cpu.values()),
-                    **t.extra,
-                    round_project=sum(t.project.values()),
-                    round_anchor=sum(v for v in t.anchor.values() if v is not None),
-                    one_mask_seconds=t.project["select"] / max(1, sum(g < 1 for g in capacities_for(n, levels))),
-                    peak_rss_gib=peak / 2**30,
-                    estimate_gib=sum(need.values()) / 2**30,
-                )
+                low = sum(g < 1 for g in capacities_for(n, levels))
+                row = result_row(model, layout.size, n, kind, needs[(model, n, kind)], t, peak, low)
                 results.append(row)
-                print(
-                    f"{model_name} x {n}, {kind} round: {row['round_project']:.2f} s, CPU {row['round_cpu']:.2f} s "
-                    f"(anchor {row['round_anchor']:.2f} s), per client {row['per_client_seconds'] / n:.3f} s, CPU "
-                    f"{row['per_client_cpu_seconds'] / n:.3f} s; peak RSS {row['peak_rss_gib']:.2f} GiB "
-                    f"(estimated {row['estimate_gib']:.2f})",
-                    flush=True,
-                )
+                print(progress_line(row), flush=True)
             del data
+    return results, downloads
+
+
+def print_report(
+    results: list[dict],
+    downloads: dict[str, list],
+    earlier: list[dict] | None,
+) -> None:
+    """The tables: steps, scaling lines, per client, masks, memory, checkpoint and downloads.
+
+    Parameters
+    ----------
+    results : list[dict]
+        This run's rows.
+    downloads : dict
+        Each model's :func:`download_rows`.
+    earlier : list[dict], optional
+        An earlier run's rows, shown beside this run's steps.
+    """
+    done = [r for r in results if "skipped" not in r]
     print()
     print(table(results, earlier))
     print()
@@ -909,32 +1431,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(per_client_table(results))
     print()
-    for r in results:
-        if "skipped" not in r:
-            print(
-                f"{r['model']} x {r['clients']}, {kind_of(r)} round: {r['one_mask_seconds']:.3f} s per mask below "
-                "capacity 1"
-            )
+    for r in done:
+        print(
+            f"{r['model']} x {r['clients']}, {kind_of(r)} round: "
+            f"{r['one_mask_seconds']:.3f} s per mask below capacity 1"
+        )
     print()
     print(memory_table(results))
     print()
-    print("| model | clients | round | checkpoint MiB | next round, one client re-uploaded: MiB written | seconds |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        if "skipped" not in r:
-            print(
-                f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['checkpoint_mb']:.0f} | "
-                f"{r['incremental_written_mb']:.0f} | {r['incremental_seconds']:.2f} |"
-            )
+    print(checkpoint_table(done))
     print()
-    print("| model | capacity | kept k | mask kind | mask bytes | download bytes | 4k + d H(k/d)/8 | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
-    for model_name, rows in downloads.items():
+    print(download_table(downloads))
+
+
+def checkpoint_table(results: list[dict]) -> str:
+    """Per round: the checkpoint, what the round wrote of it, and the next round's when one client
+    re-uploads."""
+    lines = [
+        "| model | clients | round | checkpoint MiB | written by the round MiB "
+        "| next round, one client re-uploaded: MiB written | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['model']} | {r['clients']} | {kind_of(r)} | {r['checkpoint_mb']:.0f} "
+            f"| {r.get('checkpoint_written_mb', r['checkpoint_mb']):.0f} "
+            f"| {r['incremental_written_mb']:.0f} | {r['incremental_seconds']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def download_table(downloads: dict[str, list]) -> str:
+    """Each model's :func:`download_rows` as a Markdown table."""
+    columns = ("model", "capacity", "kept k", "mask kind", "mask bytes", "download bytes")
+    columns += ("4k + d H(k/d)/8", "ratio")
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for model, rows in downloads.items():
         for r in rows:
-            print(
-                f"| {model_name} | {r['capacity']:g} | {r['kept']:,} | {r['mask_kind']} | {r['mask_bytes']:,} | "
-                f"{r['download_bytes']:,} | {r['limit_bytes']:,.0f} | {r['ratio']:.3f} |"
+            lines.append(
+                f"| {model} | {r['capacity']:g} | {r['kept']:,} | {r['mask_kind']} "
+                f"| {r['mask_bytes']:,} | {r['download_bytes']:,} | {r['limit_bytes']:,.0f} "
+                f"| {r['ratio']:.3f} |"
             )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    args = parse_args(argv)
+    overrides: dict[str, object] = {}
+    if args.fisher_memory_mb is not None:
+        overrides["fisher-memory-mb"] = args.fisher_memory_mb
+    if args.fisher_precision is not None:
+        overrides["fisher-precision"] = args.fisher_precision
+    cfg = parse_run_config(overrides)
+    models = listed(args.models, list(IN_CHANNELS), "--models", "model")
+    args.clients = [int(c) for c in args.clients.split(",")]
+    kinds = listed(args.rounds, ROUND_KINDS, "--rounds", "round kind")
+    # Read before anything is written: the earlier file may be the one this run replaces.
+    earlier = None if args.earlier is None else json.loads(args.earlier.read_text())["rounds"]
+    levels = [float(g) for g in args.capacities.split(",")]
+    built = bench_models(models, args.seed)
+    needs = memory_needs(built, args, cfg, levels, kinds)
+    refuse_beyond(needs, args.max_memory_gb)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results, downloads = measure_all(built, args, cfg, levels, kinds, needs)
+    print_report(results, downloads, earlier)
     doc = {
         "command": "fibos bench-server " + " ".join(argv if argv is not None else sys.argv[1:]),
         "settings": {
@@ -944,6 +1506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "repeat": args.repeat,
             "rounds": kinds,
             **overrides,
+            "bench": BENCH_SETTINGS,
         },
         "rounds": results,
         "downloads": downloads,

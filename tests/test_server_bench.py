@@ -1,16 +1,24 @@
-"""The server benchmark: its helpers, and one small run end to end (the numbers are not checked, only their shape)."""
+"""The server benchmark: its helpers, the rounds it times (the product's strategy's, over a
+synthetic grid), and one small run end to end (the numbers are not checked, only their shape)."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import math
+import time
+import types
+from functools import partial
 
+import numpy as np
 import pytest
 
+from benchmarks import server_bench, step_clock
 from benchmarks.server_bench import (
+    GROWS_WITH_CLIENTS,
     STEPS,
     capacities_for,
+    grows_with_clients,
     main,
     mask_entropy_bytes,
     per_client_rows,
@@ -20,6 +28,27 @@ from benchmarks.server_bench import (
     table,
 )
 from common.config.parse import parse_run_config
+
+#: The steps the strategy's own clock measures of ``run_round`` (the other steps follow it).
+INSIDE_THE_STRATEGY = (
+    "select",
+    "encode",
+    "validate",
+    "aggregate",
+    "fisher",
+    "prior",
+    "influence",
+    "rest",
+)
+
+
+def _cnn_data(pool: int = 2) -> server_bench.SyntheticRound:
+    """The CNN's synthetic data (151,306 values)."""
+    from common.models.architectures import build_model, model_layout, trainable_arrays
+
+    model = build_model("cnn", 10, 1, 0)
+    layout = model_layout(model)
+    return server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), pool, 0)
 
 
 def test_mask_entropy_bytes():
@@ -32,15 +61,40 @@ def test_capacities_cycle():
     assert capacities_for(5, [1.0, 0.25]) == [1.0, 0.25, 1.0, 0.25, 1.0]
 
 
-def test_round_memory_grows_with_the_clients_only_by_their_packed_masks():
-    # d = 100 at capacities 1 and 1/4: 13 bytes of packed mask a client; the running sum (16 bytes per position),
-    # one reply unpacked (9 per position) with 100 kept (8 bytes each: int32 index, delta); both estimates stored
-    # in fp32 with their held masks (13 bytes each) plus 12 bytes per position, and the checkpoint's copy of the
-    # estimates and held masks.
-    two = round_memory(100, [1.0, 0.25], 2, parse_run_config({}))
-    assert two == {"sent": 26.0, "fold": 3300.0, "fisher_state": 2026.0, "checkpoint": 826.0}
-    many = round_memory(100, [1.0, 0.25], 2000, parse_run_config({}))
-    assert many["sent"] == 26_000.0 and many["fold"] == two["fold"]
+def test_round_memory_holds_every_message_of_the_round_and_the_parts_that_grow_with_the_clients():
+    # d = 100 at capacities 1 and 1/4 (100 and 25 kept): 13 bytes of packed mask a client, kept for
+    # this round and the previous one, and in the mask history. A refresh round's messages carry the
+    # kept values and the 75 outside the 1/4 mask, each with its mask code and 4096 bytes of
+    # overhead; the grid keeps each mask code and makes one Fisher payload (40 bytes per position).
+    # Eight replies pulled ahead (delta, Fisher inside, one mean per row: at most d rows); the
+    # running sum and one reply unpacked (3300); seven model copies and two level masks; both
+    # estimates stored in fp32 with their held masks, 12 bytes per position, and the checkpoint's.
+    cfg = parse_run_config({})
+    two = round_memory(100, [1.0, 0.25], 2, cfg, "refresh")
+    assert two == {
+        "sent": 52.0,
+        "mask_history": 26.0,
+        "messages": 4 * 125 + 4 * 75 + 2 * (13 + 4096.0),
+        "grid": 2 * (13 + 4096) + 40 * 100.0,
+        "replies": 8 * (400 + 800 + 4096.0),
+        "fold": 3300.0,
+        "model": 3000.0,
+        "fisher_state": 2026.0,
+        "checkpoint": 826.0,
+    }
+    held = round_memory(100, [1.0, 0.25], 2, cfg, "held", rows=10)
+    assert held["messages"] == 4 * 125 + 2 * (13 + 4096) and held["grid"] == 2 * 4096
+    assert held["replies"] == 8 * (400 + 4096)  # the update only
+    ten_rows = round_memory(100, [1.0, 0.25], 2, cfg, "refresh", rows=10)
+    assert ten_rows["replies"] == 8 * (400 + 440 + 4096)
+    many = round_memory(100, [1.0, 0.25], 2000, cfg, "refresh")
+    assert many["sent"] == 52_000.0 and many["mask_history"] == 26_000.0
+    four = round_memory(100, [1.0, 0.25], 4, cfg, "refresh")
+    # Linear in the clients (the levels are cycled: every two clients add the same).
+    assert all(many[k] - two[k] == 999 * (four[k] - two[k]) for k in GROWS_WITH_CLIENTS)
+    growing = ("sent", "mask_history", "messages", "grid")
+    assert grows_with_clients(two) == sum(two[k] for k in growing)
+    assert all(many[k] == two[k] for k in ("replies", "fold", "model"))  # bounded by the model
     small = parse_run_config(
         {"fisher-memory-mb": 1.0, "fisher-precision": "fp16"}
     )  # a budget of 3 estimates (the floor)
@@ -48,7 +102,8 @@ def test_round_memory_grows_with_the_clients_only_by_their_packed_masks():
 
 
 def test_a_round_the_memory_cannot_hold_is_refused_before_it_runs_with_its_figure(tmp_path):
-    with pytest.raises(SystemExit, match=r"refused before any round: .*\n.*cnn x 3: needs ~\d+\.\d GiB \(process"):
+    pattern = r"refused before any round: .*\n.*cnn x 3, refresh round: needs ~\d+\.\d GiB \("
+    with pytest.raises(SystemExit, match=pattern):
         main(["--models", "cnn", "--clients", "3", "--max-memory-gb", "0.01", "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
@@ -175,79 +230,156 @@ def test_small_run_writes_json_and_plot(tmp_path):
         ("held", 4),
     ]
     for r in doc["rounds"]:
-        assert set(r["project"]) == set(r["cpu"]) == {key for key, _ in STEPS}
+        assert set(r["project"]) == set(r["cpu"]) == set(r["anchor"]) == {key for key, _ in STEPS}
         assert all(v >= 0 for v in r["project"].values())
+        assert all(r["anchor"][key] is None for key in ("validate", "influence", "rest"))
         assert 0 <= r["per_client_seconds"] <= r["round_project"] and 0 <= r["per_client_cpu_seconds"]
+        # The steps of run_round are the strategy's own seconds of it, split: together never more.
+        inside = sum(r["project"][key] for key in INSIDE_THE_STRATEGY)
+        assert 0 < r["strategy_seconds"] and inside <= r["strategy_seconds"] + 1e-3
+        after = r["project"]["eval_masks"] + r["project"]["checkpoint"]
+        assert r["round_project"] == pytest.approx(inside + after)
+        assert 0 <= r["checkpoint_written_mb"] <= r["checkpoint_mb"]
+    refresh = [r for r in doc["rounds"] if r["round"] == "refresh"]
+    assert all(r["project"]["fisher"] > 0 and r["anchor"]["fisher"] is not None for r in refresh)
     held = [r for r in doc["rounds"] if r["round"] == "held"]
     assert all(r["project"]["fisher"] == 0.0 and r["anchor"]["fisher"] is None for r in held)  # no uploads
+    # The checkpoint is incremental: a held round changes no estimate and no held mask, so it
+    # writes no state.
+    assert all(r["checkpoint_written_mb"] > 0 for r in refresh)
+    assert all(r["checkpoint_written_mb"] == 0 for r in held)
     assert [(r["round"], r["clients"]) for r in doc["per_client"]] == [
         ("refresh", 2),
         ("refresh", 4),
         ("held", 2),
         ("held", 4),
     ]
+    assert doc["settings"]["bench"] == server_bench.BENCH_SETTINGS
     assert all(row["ratio"] <= 1.1 for row in doc["downloads"]["cnn"])
     assert all(0 < r["peak_rss_gib"] <= r["estimate_gib"] for r in doc["rounds"])
     assert (tmp_path / "server_bench.png").stat().st_size > 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["server_bench.json", "server_bench.png"]
 
 
-class _Ticks:
-    """A clock that advances one second at every reading (wall and CPU alike)."""
+@pytest.mark.parametrize("kind", ["refresh", "held"])
+def test_the_benchmark_round_is_the_strategys_own(tmp_path, monkeypatch, kind):
+    """Every round the benchmark plays goes through SubmodelStrategy's configure_train,
+    aggregate_train and its fold; every synthetic reply is accepted; and the model and the method's
+    state after the timed round equal what an untimed SubmodelStrategy computes, driven through
+    Flower's configure_train / aggregate_train over the same grid: the timing changes nothing."""
+    from flwr.app import ConfigRecord
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    from benchmarks.synthetic_grid import EXAMPLES, SyntheticGrid
+    from server.strategy import SubmodelStrategy
 
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+    calls = {"configure_train": [], "aggregate_train": [], "fold_train_replies": []}
+    for name in calls:
+        real = getattr(SubmodelStrategy, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            calls[_name].append(self)
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(SubmodelStrategy, name, counted)
+    data, n, levels = _cnn_data(), 6, [1.0, 0.25, 1 / 16]
+    run = parse_run_config({"fisher-memory-mb": 1})  # three estimates: clients 0-2 evicted
+    cfg = server_bench.bench_config(run, kind)
+    fed = server_bench.bench_federation(data, cfg, n, levels, tmp_path)
+    method = fed.strategy.method
+    anchors = server_bench.Anchors(data, method, n)
+    timed = server_bench.play(fed, kind, partial(server_bench.instrument, fed, anchors))
+    rounds = server_bench.TIMED_ROUND[kind]
+    assert {name: len(seen) for name, seen in calls.items()} == dict.fromkeys(calls, rounds)
+    assert all(s is fed.strategy for seen in calls.values() for s in seen)
+    assert fed.grid.trained == n * rounds
+    trained = fed.result.train_metrics_clientapp
+    assert all(trained[r]["num-examples"] == n * EXAMPLES for r in range(1, rounds + 1))
+    assert {c.status for c in timed.done.plan.clients.values()} == {"ok"}
+    assert fed.clock.project["select"] > 0 and fed.clock.project["validate"] > 0
+    # The patches are undone.
+    assert not {"mask_for", "encode", "validate", "round_fold", "observe"} & set(vars(method))
+    assert not {"submodel_message", "level_mask"} & set(vars(fed.strategy))
+
+    monkeypatch.undo()
+    ref = SubmodelStrategy(cfg, data.layout)
+    grid = SyntheticGrid(data, capacities_for(n, levels), ref.method.upload_encoding(cfg))
+    ref.registry.join(grid, 60.0)
+    arrays = ref.to_arrays(data.x)
+    for server_round in range(1, rounds + 1):
+        plan = ref.configure_train(server_round, arrays, ConfigRecord(), grid)
+        replies = grid.send_and_receive(plan.take_messages())
+        arrays, _ = ref.aggregate_train(server_round, replies, plan)
+    assert ref.x.tobytes() == fed.strategy.x.tobytes()
+    assert ref.method.state_bytes() == method.state_bytes()
+    assert not np.array_equal(ref.x, data.x)  # the rounds moved the model
+
+
+#: Seconds each ranking of a capacity level's mask is made to take.
+SLOW = 0.5
 
 
 @pytest.mark.parametrize("kind", ["held", "refresh"])
 def test_a_levels_prior_mask_is_the_rounds_work_and_the_prior_is_cached_when_the_round_starts(
     tmp_path, monkeypatch, kind
 ):
-    import types
-
-    from benchmarks import server_bench
+    """fisher-memory-mb = 1 holds three CNN estimates: of 8 clients, 5 are ranked by the prior, one
+    mask per capacity level. Ranking a level's mask (made slow here) counts in the round's "select"
+    step, not in the per-client constant; the prior those clients are ranked by is the one the
+    previous round's end left cached; and central evaluation ranks each level again for the round's
+    new model."""
+    from common.fisher.level_masks import LevelMasks
     from common.fisher.state import FisherState
-    from common.models.architectures import build_model, model_layout, trainable_arrays
+    from server.strategy import SubmodelStrategy
 
-    model = build_model("cnn", 10, 1, 0)
-    layout = model_layout(model)
-    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
-    cfg = parse_run_config({"fisher-memory-mb": 1})  # three estimates of the CNN (151,306 values): clients 0-4 evicted
-    priors = []
-    real_prior = FisherState.global_prior
+    ranked, priors, configuring = [], [], []
+    real_get, real_prior = LevelMasks.get, FisherState.global_prior
+    real_configure = SubmodelStrategy.configure_train
 
-    def counted(state):
-        priors.append(state._prior is None)  # True: the prior had to be computed (the sort), not read
+    def slow_get(self, x, token, gamma, compute):
+        def slow():
+            time.sleep(SLOW)
+            ranked.append(gamma)
+            return compute()
+
+        return real_get(self, x, token, gamma, slow)
+
+    def counted_prior(state):
+        if configuring:
+            # True: the prior had to be computed (the sort), not read.
+            priors.append((configuring[-1], state._prior is None))
         return real_prior(state)
 
-    monkeypatch.setattr(FisherState, "global_prior", counted)
-    monkeypatch.setattr(server_bench, "time", types.SimpleNamespace(perf_counter=_Ticks(), process_time=_Ticks()))
-    t = server_bench.run_round(data, cfg, 8, [1.0, 0.25], tmp_path, kind)
-    # Every lap between two readings is one second: each of the 8 clients has its select, encode, validate and
-    # sum lap (and a Fisher fold lap in a refresh round); the two levels' prior-ranked masks (clients 0 and 1,
-    # the first of each level beyond the budget) are the round's, not a client's.
-    per_client_laps = 8 * (5 if kind == "refresh" else 4)
-    assert t.project["select"] == 8
-    assert t.extra["per_client_seconds"] == t.extra["per_client_cpu_seconds"] == per_client_laps - 2
-    # The evicted clients were ranked by the prior the previous round's end left cached.
-    assert priors and not any(priors[1:3])
+    def configure(self, server_round, *args):
+        configuring.append(server_round)
+        try:
+            return real_configure(self, server_round, *args)
+        finally:
+            configuring.pop()
+
+    monkeypatch.setattr(LevelMasks, "get", slow_get)
+    monkeypatch.setattr(FisherState, "global_prior", counted_prior)
+    monkeypatch.setattr(SubmodelStrategy, "configure_train", configure)
+    cfg = parse_run_config({"fisher-memory-mb": 1})
+    t = server_bench.run_round(_cnn_data(), cfg, 8, [1.0, 0.25], tmp_path, kind)
+    # The two levels' masks of the clients ranked by the prior.
+    assert t.project["select"] >= 2 * SLOW
+    assert t.extra["per_client_seconds"] < SLOW
+    assert t.project["eval_masks"] >= 2 * SLOW
+    last = server_bench.TIMED_ROUND[kind]
+    timed = [computed for server_round, computed in priors if server_round == last]
+    assert timed and not any(timed)
 
 
 @pytest.mark.parametrize("guards", [{}, {"min-per-row": 2, "keep-vectors": True}])
 def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch, guards):
-    """Every Fisher-ranked mask the benchmark makes (clients', levels', central evaluation's) takes the run's
-    ``min-per-row`` and ``keep-vectors``, defaults included, as the method does."""
-    from benchmarks import server_bench
+    """Every Fisher-ranked mask of the benchmark's rounds (the method's, for clients, levels and
+    central evaluation) and of its download table takes the run's ``min-per-row`` and
+    ``keep-vectors``, defaults included: the benchmark's own settings leave the run's guards as they
+    are."""
     from common.fisher import selection
-    from common.models.architectures import build_model, model_layout, trainable_arrays
+    from common.methods import fedfibos
 
-    model = build_model("cnn", 10, 1, 0)
-    layout = model_layout(model)
-    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
+    data = _cnn_data()
     cfg = parse_run_config({"fisher-memory-mb": 1, **guards})
     method_guards = cfg.options("mask-guards")
     want = (method_guards.min_per_row, method_guards.keep_vectors)
@@ -260,28 +392,63 @@ def test_the_rounds_masks_are_ranked_with_the_runs_guards(tmp_path, monkeypatch,
         seen.append((bound.arguments["min_per_row"], bound.arguments["keep_vectors"]))
         return real(layout, x, gamma, rule, fisher, *args, **kwargs)
 
+    monkeypatch.setattr(fedfibos, "select_mask", spied)
     monkeypatch.setattr(server_bench, "select_mask", spied)
     for kind in ("held", "refresh"):
         (tmp_path / kind).mkdir()
         server_bench.run_round(data, cfg, 8, [1.0, 0.25], tmp_path / kind, kind)
-    assert seen and set(seen) == {want}
+    rounds = len(seen)
+    server_bench.download_rows(data, cfg, [1.0, 0.25])
+    assert rounds and len(seen) > rounds and set(seen) == {want}
 
 
 def test_a_refresh_rounds_masks_are_every_clients_own_and_encoded_afresh_in_each_repeat(tmp_path):
-    """Clients a pool apart get estimates of their own, so no Fisher-ranked mask's code is looked up in a refresh
-    round, in its first run or a repeat; a held round finds the held masks' codes the previous round left."""
-    from benchmarks import server_bench
-    from common.models.architectures import build_model, model_layout, trainable_arrays
-    from common.wire.mask_codec import ENCODINGS
-
-    model = build_model("cnn", 10, 1, 0)
-    layout = model_layout(model)
-    data = server_bench.SyntheticRound(layout, layout.flatten(trainable_arrays(model)), 2, 0)
+    """Clients a pool apart get estimates of their own, so the refresh round looks up no
+    Fisher-ranked mask's code, in its first run or a repeat; a held round finds the held masks'
+    codes the round before it left."""
+    data = _cnn_data()
     assert all(data.estimate(i).tobytes() != data.estimate(j).tobytes() for i in range(6) for j in range(i))
     cfg = parse_run_config({})  # every client's estimate stored: all masks ranked by their own
     levels = [1 / 16, 1 / 64]  # codes kept by content (indices, Elias-Fano)
     for repeat in range(2):
-        server_bench.run_round(data, cfg, 8, levels, tmp_path, "refresh")
-        assert ENCODINGS.hits == 0, repeat
-    server_bench.run_round(data, cfg, 8, levels, tmp_path, "held")
-    assert ENCODINGS.hits == 8
+        t = server_bench.run_round(data, cfg, 8, levels, tmp_path, "refresh")
+        assert t.extra["mask_code_hits"] == 0, repeat
+    held = server_bench.run_round(data, cfg, 8, levels, tmp_path, "held")
+    assert held.extra["mask_code_hits"] == 8
+
+
+class _Ticks:
+    """A clock that advances one second at every reading."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_step_clock_credits_each_span_its_own_seconds(monkeypatch):
+    """A call inside another counts for its own step only, an absorbing span keeps its calls'
+    seconds, a paused block counts for none, and an anchor's seconds are kept apart: the steps add
+    up to the time spent in them."""
+    ticks = types.SimpleNamespace(perf_counter=_Ticks(), process_time=_Ticks())
+    monkeypatch.setattr(step_clock, "time", ticks)
+    clock = step_clock.StepClock()
+    inner = clock.wrap(lambda: None, "inner")
+    # outer reads 1; inner 2-3; the anchor 4-5; the paused block 6-7; outer ends at 8.
+    with clock.step("outer", per_client=False):
+        inner()
+        clock.anchor("outer", lambda: None)
+        with clock.paused():
+            inner()  # absorbed by the paused block: no span of its own
+    with clock.step("level", absorbs=True):  # 9-10: the inner call opens no span, reads no clock
+        inner()
+    assert clock.project == {"inner": 1.0, "outer": 7.0 - 1.0 - 1.0 - 1.0, "level": 1.0}
+    assert clock.anchors == {"outer": 1.0} and clock.aside == [1.0, 1.0]
+    assert clock.per_client == [2.0, 2.0]  # inner and level, not outer
+    patches, obj = step_clock.Patches(), types.SimpleNamespace(f=1)
+    patches.set(obj, "f", 2)
+    patches.set(obj, "g", 3)
+    patches.undo()
+    assert vars(obj) == {"f": 1}
