@@ -1,4 +1,5 @@
-"""Benchmark rows (dataclasses) written as JSON and CSV side by side, the form every bench table reads."""
+"""Benchmark rows (dataclasses) written as JSON and CSV side by side, the form every bench table
+reads."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 
 def write_rows(rows: Sequence[Any], out: Path, stem: str) -> tuple[Path, Path]:
-    """Write dataclass ``rows`` to ``out/<stem>.json`` and ``out/<stem>.csv`` (one column per field).
+    """Write dataclass ``rows`` to ``out/<stem>.json`` and ``out/<stem>.csv`` (one column per
+    field).
 
     Parameters
     ----------

@@ -55,13 +55,16 @@ from common.fisher.codec import FISHER_ENCODINGS
 from common.methods import method_spec, registry
 from common.wire.byte_budget import BYTES_SLACK, byte_ratios
 
-HIGHLIGHT = RunConfig.model_fields["method"].default  # the product's method: drawn thicker in the plots
+HIGHLIGHT = RunConfig.model_fields[
+    "method"
+].default  # the product's method: drawn thicker in the plots
 DEFAULT_MIX = "1,1/4,1/16,1/64"  # FIARSE-like: equal numbers of clients at each capacity
-# A client "stays within its capacity" while its submodel's density is at most this much above it (rounding of
-# channel counts and the always-kept tensors add a little).
+# A client "stays within its capacity" while its submodel's density is at most this much above it
+# (rounding of channel counts and the always-kept tensors add a little).
 CAPACITY_SLACK = 1.25
-# Every method on the BatchNorm CNN with the width methods' published gradient clipping, so no method is
-# handicapped by the recipe of another (FedAvg on cnn-bn diverges at lr 0.1 without clipping).
+# Every method on the BatchNorm CNN with the width methods' published gradient clipping, so no
+# method is handicapped by the recipe of another (FedAvg on cnn-bn diverges at lr 0.1 without
+# clipping).
 BENCH_DEFAULTS: dict[str, Any] = {"model": "cnn-bn", "clip-grad-norm": 1.0}
 # Run-config keys each run takes from a command-line flag (a -c override of one is refused).
 FLAG_KEYS: dict[str, str] = {
@@ -91,7 +94,9 @@ class Partition:
             return cls("iid")
         if kind in ("dirichlet", "pathological") and value:
             return cls(kind, float(value))
-        raise argparse.ArgumentTypeError(f"partition {text!r}: use iid, dirichlet:<alpha> or pathological:<k>")
+        raise argparse.ArgumentTypeError(
+            f"partition {text!r}: use iid, dirichlet:<alpha> or pathological:<k>"
+        )
 
     @property
     def label(self) -> str:
@@ -120,11 +125,15 @@ class MethodSpec:
 
         name, *pairs = text.split("+")
         if not name or any("=" not in p for p in pairs):
-            raise argparse.ArgumentTypeError(f"method {text!r}: use <method> or <method>+<key>=<value>[+...]")
+            raise argparse.ArgumentTypeError(
+                f"method {text!r}: use <method> or <method>+<key>=<value>[+...]"
+            )
         overrides = parse_overrides(pairs)
         for key in overrides:
             if key in FLAG_KEYS:
-                raise argparse.ArgumentTypeError(f"method {text!r}: {key} comes from {FLAG_KEYS[key]}")
+                raise argparse.ArgumentTypeError(
+                    f"method {text!r}: {key} comes from {FLAG_KEYS[key]}"
+                )
         return cls(name, overrides, text)
 
 
@@ -135,29 +144,37 @@ def upload_encoding(run: RunConfig) -> str:
 
 def default_methods() -> list[str]:
     """Every registered method, each followed by its own ``bench_variants``."""
-    return [spec for name, cls in registry().items() for spec in (name, *(f"{name}+{v}" for v in cls.bench_variants))]
+    return [
+        spec
+        for name, cls in registry().items()
+        for spec in (name, *(f"{name}+{v}" for v in cls.bench_variants))
+    ]
 
 
-#: Rounds averaged in ``global_acc_last``: with a sample of the clients per round the final round's accuracy
-#: swings by several points from round to round, so the table also gives the mean over the last rounds.
+#: Rounds averaged in ``global_acc_last``: with a sample of the clients per round the final round's
+#: accuracy swings by several points from round to round, so the table also gives the mean over the
+#: last rounds.
 LAST_ROUNDS = 5
 
 
-def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label: str | None = None) -> dict[str, Any]:
-    """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to ``target_acc``).
+def run_row(
+    metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label: str | None = None
+) -> dict[str, Any]:
+    """One results.csv row from a run's metrics.json (``s_to_target_acc``: seconds to
+    ``target_acc``).
 
-    ``global_acc`` is the full model after the last round; ``global_acc_last`` its mean over the last
-    :data:`LAST_ROUNDS` rounds (fewer in a shorter run). ``label`` names the row's method (a
+    ``global_acc`` is the full model after the last round; ``global_acc_last`` its mean over the
+    last :data:`LAST_ROUNDS` rounds (fewer in a shorter run). ``label`` names the row's method (a
     :class:`MethodSpec` label; default the run's method). Per capacity level: ``trained_cap_*`` (the
     clients' own submodels, last evaluated round), ``acc_cap_*`` (the server's extraction),
     ``overlap_cap_*`` (mean mask overlap with the client's previous mask, every round it was known),
-    ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved the masks),
-    ``local_cap_*`` (the clients' own submodels on their own test splits, last evaluated round),
-    ``adapted_cap_*`` (the same after ``adapt-steps`` local steps, when the run adapts),
-    ``bytes_ratio_cap_*`` (the largest, over the level's clients, of bytes down or up over the run divided by
-    the bytes of the submodels it trained: :func:`run_byte_ratios`);
-    ``within_capacity``: no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity, and none moved
-    more than :data:`~common.wire.byte_budget.BYTES_SLACK` times its submodels' bytes.
+    ``overlap_min_cap_*`` (the lowest round mean of it from round 2 on: the round a refresh moved
+    the masks), ``local_cap_*`` (the clients' own submodels on their own test splits, last evaluated
+    round), ``adapted_cap_*`` (the same after ``adapt-steps`` local steps, when the run adapts),
+    ``bytes_ratio_cap_*`` (the largest, over the level's clients, of bytes down or up over the run
+    divided by the bytes of the submodels it trained: :func:`run_byte_ratios`); ``within_capacity``:
+    no client's submodel exceeded :data:`CAPACITY_SLACK` times its capacity, and none moved more
+    than :data:`~common.wire.byte_budget.BYTES_SLACK` times its submodels' bytes.
     """
     run = metrics["run"]
     rounds = [r for r in metrics["rounds"] if r["round"] > 0]
@@ -188,7 +205,8 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
         "client_train_s": mean("train_seconds", ok),
         "client_fisher_s": mean("fisher_seconds", ok),
         "client_peak_mib": max(
-            (c["peak_rss_mib"] for c in ok if c.get("peak_rss_mib") is not None), default=float("nan")
+            (c["peak_rss_mib"] for c in ok if c.get("peak_rss_mib") is not None),
+            default=float("nan"),
         ),
         "server_s_per_round": statistics.fmean(r["server_seconds"] for r in rounds),
         "wall_s": wall,
@@ -197,17 +215,30 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
     for level, v in last.get("per_capacity", {}).items():
         row[f"acc_cap_{level}"] = v["accuracy"]
     trained = next(
-        (r["global"]["trained_per_capacity"] for r in reversed(rounds) if r["global"].get("trained_per_capacity")), {}
+        (
+            r["global"]["trained_per_capacity"]
+            for r in reversed(rounds)
+            if r["global"].get("trained_per_capacity")
+        ),
+        {},
     )
     for level, v in trained.items():
         row[f"trained_cap_{level}"] = v["accuracy"]
-    # what a device's owner sees: its own submodel on its own test split, per capacity (last evaluated round)
+    # what a device's owner sees: its own submodel on its own test split, per capacity (last
+    # evaluated round)
     own = next(
-        (r["federated"]["per_capacity"] for r in reversed(rounds) if (r.get("federated") or {}).get("per_capacity")), {}
+        (
+            r["federated"]["per_capacity"]
+            for r in reversed(rounds)
+            if (r.get("federated") or {}).get("per_capacity")
+        ),
+        {},
     )
     for level, v in own.items():
         row[f"local_cap_{level}"] = v["accuracy"]
-        if "adapted_accuracy" in v:  # adapt-steps: the same after the client adapted it on its own data
+        if (
+            "adapted_accuracy" in v
+        ):  # adapt-steps: the same after the client adapted it on its own data
             row[f"adapted_cap_{level}"] = v["adapted_accuracy"]
     for level in {c["capacity"] for c in clients if c.get("capacity") is not None}:
         per_round = [
@@ -221,47 +252,66 @@ def run_row(metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label
         overlaps = [v for vals in per_round for v in vals]
         if overlaps:
             row[f"overlap_cap_{level:g}"] = statistics.fmean(overlaps)
-        later = [statistics.fmean(vals) for r, vals in zip(rounds, per_round) if vals and r["round"] > 1]
+        later = [
+            statistics.fmean(vals) for r, vals in zip(rounds, per_round) if vals and r["round"] > 1
+        ]
         if later:  # round 1 compares with the warm-up's (magnitude-ranked) mask
             row[f"overlap_min_cap_{level:g}"] = min(later)
     sized = [c for c in clients if c.get("capacity") is not None and c.get("density") is not None]
     ratios = run_byte_ratios(metrics)
     for level in sorted({cap for _, _, cap in ratios.values()}, reverse=True):
-        row[f"bytes_ratio_cap_{level:g}"] = max(max(dn, up) for dn, up, cap in ratios.values() if cap == level)
+        row[f"bytes_ratio_cap_{level:g}"] = max(
+            max(dn, up) for dn, up, cap in ratios.values() if cap == level
+        )
     row["within_capacity"] = (
         all(c["density"] <= CAPACITY_SLACK * c["capacity"] for c in sized)
         and all(max(dn, up) <= BYTES_SLACK for dn, up, _ in ratios.values())
         if sized
         else float("nan")
     )
-    # traffic and step time per capacity level: what a device of that size pays (CSV only, not the summary)
-    for level in sorted({c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True):
-        row[f"kib_down_cap_{level:g}"] = mean("bytes_down", [c for c in clients if c.get("capacity") == level]) / 1024
-        row[f"kib_up_cap_{level:g}"] = mean("bytes_up", [c for c in ok if c.get("capacity") == level]) / 1024
+    # traffic and step time per capacity level: what a device of that size pays (CSV only, not the
+    # summary)
+    for level in sorted(
+        {c["capacity"] for c in clients if c.get("capacity") is not None}, reverse=True
+    ):
+        row[f"kib_down_cap_{level:g}"] = (
+            mean("bytes_down", [c for c in clients if c.get("capacity") == level]) / 1024
+        )
+        row[f"kib_up_cap_{level:g}"] = (
+            mean("bytes_up", [c for c in ok if c.get("capacity") == level]) / 1024
+        )
 
     def per_step(c: dict[str, Any]) -> float | None:
         if c.get("train_seconds") is None or not c.get("num_examples") or "batch_size" not in run:
             return None
-        return c["train_seconds"] / (run["local_epochs"] * math.ceil(c["num_examples"] / run["batch_size"]))
+        return c["train_seconds"] / (
+            run["local_epochs"] * math.ceil(c["num_examples"] / run["batch_size"])
+        )
 
     steps = [s for s in map(per_step, ok) if s is not None]
     row["client_s_per_step"] = statistics.fmean(steps) if steps else float("nan")
-    # what a capacity saves on the device: seconds per local step and peak resident memory, per level
+    # what a capacity saves on the device: seconds per local step and peak resident memory, per
+    # level
     for level in sorted({c["capacity"] for c in ok if c.get("capacity") is not None}, reverse=True):
         mine = [c for c in ok if c.get("capacity") == level]
         level_steps = [s for s in map(per_step, mine) if s is not None]
-        row[f"s_per_step_cap_{level:g}"] = statistics.fmean(level_steps) if level_steps else float("nan")
+        row[f"s_per_step_cap_{level:g}"] = (
+            statistics.fmean(level_steps) if level_steps else float("nan")
+        )
         row[f"peak_mib_cap_{level:g}"] = max(
-            (c["peak_rss_mib"] for c in mine if c.get("peak_rss_mib") is not None), default=float("nan")
+            (c["peak_rss_mib"] for c in mine if c.get("peak_rss_mib") is not None),
+            default=float("nan"),
         )
     return row
 
 
 def run_byte_ratios(metrics: dict[str, Any]) -> dict[str, tuple[float, float, float]]:
-    """Per client of a run: its bytes down and up over the run against its submodels' bytes, and its capacity.
+    """Per client of a run: its bytes down and up over the run against its submodels' bytes, and its
+    capacity.
 
-    Round 0's messages (the opening, a warm-up) count as bytes without a share (:func:`byte_ratios`). Records
-    without a client's capacity, positions or mask bytes give nothing (``{}``).
+    Round 0's messages (the opening, a warm-up) count as bytes without a share
+    (:func:`byte_ratios`). Records without a client's capacity, positions or mask bytes give nothing
+    (``{}``).
     """
     needed = ("capacity", "selected", "density", "bytes_down", "mask_bytes")
     entries: list[dict[str, Any]] = []
@@ -269,7 +319,9 @@ def run_byte_ratios(metrics: dict[str, Any]) -> dict[str, tuple[float, float, fl
         if r["round"] > 0:
             entries += r["clients"]
             continue
-        opening = list(r.get("clients", [])) + list((r.get("fisher_warmup") or {}).get("clients", []))
+        opening = list(r.get("clients", [])) + list(
+            (r.get("fisher_warmup") or {}).get("clients", [])
+        )
         entries += [dict(c, train=False) for c in opening]
     if not entries or any(c.get(key) is None for c in entries for key in needed):
         return {}
@@ -292,8 +344,8 @@ def curves(metrics: dict[str, Any]) -> tuple[list[int], list[float], list[float]
 
 
 def worst_bytes_ratio(rows: list[dict[str, Any]]) -> tuple[float, str] | None:
-    """The largest ``bytes_ratio_cap_*`` of ``rows`` (results rows, or results.csv's strings) and its capacity level;
-    ``None`` when no row has one."""
+    """The largest ``bytes_ratio_cap_*`` of ``rows`` (results rows, or results.csv's strings) and
+    its capacity level; ``None`` when no row has one."""
     found = [
         (float(v), k.removeprefix("bytes_ratio_cap_"))
         for row in rows
@@ -304,19 +356,22 @@ def worst_bytes_ratio(rows: list[dict[str, Any]]) -> tuple[float, str] | None:
 
 
 def stayed_within(rows: list[dict[str, Any]]) -> bool:
-    """Whether every run of ``rows`` stayed within capacity (``within_capacity``, a bool or results.csv's string)."""
+    """Whether every run of ``rows`` stayed within capacity (``within_capacity``, a bool or
+    results.csv's string)."""
     return all(r.get("within_capacity") in (True, "True") for r in rows)
 
 
 def summarise(rows: list[dict[str, Any]]) -> str:
     """Markdown table: mean +- std over seeds per (dataset, partition, method, encoding).
 
-    Per capacity level below 1 (level 1 is the full model, ``global acc``): the clients' trained submodels,
-    the server's extraction and the mask overlap, each where some run reports it.
+    Per capacity level below 1 (level 1 is the full model, ``global acc``): the clients' trained
+    submodels, the server's extraction and the mask overlap, each where some run reports it.
     """
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["dataset"], row["partition"], row["method"], row["fisher_encoding"]), []).append(row)
+        groups.setdefault(
+            (row["dataset"], row["partition"], row["method"], row["fisher_encoding"]), []
+        ).append(row)
 
     def levels(prefix: str, full: bool = False) -> list[str]:
         found = {k[len(prefix) :] for row in rows for k in row if k.startswith(prefix)}
@@ -335,7 +390,11 @@ def summarise(rows: list[dict[str, Any]]) -> str:
 
     def within(group: list[dict[str, Any]]) -> str:
         flags = [g.get("within_capacity") for g in group]
-        flags = [f if isinstance(f, bool) else str(f) == "True" for f in flags if f is not None and f == f and f != ""]
+        flags = [
+            f if isinstance(f, bool) else str(f) == "True"
+            for f in flags
+            if f is not None and f == f and f != ""
+        ]
         if not flags:
             return "-"
         if all(flags):
@@ -351,20 +410,35 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     head += [f"local @{lv}" for lv in local] + [f"adapted @{lv}" for lv in adapted]
     head += [f"overlap @{lv}" for lv in overlap] + [f"min overlap @{lv}" for lv in lowest]
     head += ["local acc", "KiB down", "KiB up", "train s", "Fisher s", "server s/round"]
-    # runs made before clients reported their peak memory have none; the column appears once one does
+    # runs made before clients reported their peak memory have none; the column appears once one
+    # does
     with_peak = any(math.isfinite(row.get("client_peak_mib", float("nan"))) for row in rows)
     if with_peak:
         head.append("client peak MiB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dataset, partition, method, enc), group in sorted(groups.items()):
-        cells = [dataset, partition, method, enc, within(group), str(len(group)), ms([g["global_acc"] for g in group])]
+        cells = [
+            dataset,
+            partition,
+            method,
+            enc,
+            within(group),
+            str(len(group)),
+            ms([g["global_acc"] for g in group]),
+        ]
         cells.append(ms([g.get("global_acc_last", float("nan")) for g in group]))
         cells += [ms([g.get(f"trained_cap_{lv}", float("nan")) for g in group]) for lv in trained]
         cells += [ms([g.get(f"acc_cap_{lv}", float("nan")) for g in group]) for lv in extracted]
         cells += [ms([g.get(f"local_cap_{lv}", float("nan")) for g in group]) for lv in local]
         cells += [ms([g.get(f"adapted_cap_{lv}", float("nan")) for g in group]) for lv in adapted]
-        cells += [ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2) for lv in overlap]
-        cells += [ms([g.get(f"overlap_min_cap_{lv}", float("nan")) for g in group], digits=2) for lv in lowest]
+        cells += [
+            ms([g.get(f"overlap_cap_{lv}", float("nan")) for g in group], digits=2)
+            for lv in overlap
+        ]
+        cells += [
+            ms([g.get(f"overlap_min_cap_{lv}", float("nan")) for g in group], digits=2)
+            for lv in lowest
+        ]
         cells += [
             ms([g["local_acc"] for g in group]),
             ms([g["kib_down_per_client_round"] for g in group], digits=1),
@@ -380,7 +454,8 @@ def summarise(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[Path]:
-    """Accuracy vs round and vs cumulative bytes, one panel per dataset x partition, mean over seeds."""
+    """Accuracy vs round and vs cumulative bytes, one panel per dataset x partition, mean over
+    seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -395,14 +470,22 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
             for row, metrics in runs:
                 if (row["dataset"], row["partition"]) == (dataset, partition):
                     label = row["method"] + (
-                        "" if row["fisher_encoding"] in ("none", "masked") else f" ({row['fisher_encoding']})"
+                        ""
+                        if row["fisher_encoding"] in ("none", "masked")
+                        else f" ({row['fisher_encoding']})"
                     )
                     series.setdefault(label, []).append(curves(metrics))
             for label, cs in sorted(series.items()):
                 n = min(len(c[0]) for c in cs)
                 acc = [statistics.fmean(c[1][i] for c in cs) for i in range(n)]
-                x = cs[0][0][:n] if kind == "round" else [statistics.fmean(c[2][i] for c in cs) for i in range(n)]
-                ax.plot(x, acc, marker="o", ms=2.5, lw=2.5 if label == HIGHLIGHT else 1.5, label=label)
+                x = (
+                    cs[0][0][:n]
+                    if kind == "round"
+                    else [statistics.fmean(c[2][i] for c in cs) for i in range(n)]
+                )
+                ax.plot(
+                    x, acc, marker="o", ms=2.5, lw=2.5 if label == HIGHLIGHT else 1.5, label=label
+                )
             ax.set_title(f"{dataset}, {partition}")
             ax.set_xlabel(xlabel)
             ax.set_ylabel("global test accuracy (full model)")
@@ -418,9 +501,11 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
 
 
 def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
-    """The planned run-config keys whose value differs from a stored run's settings (``""`` when none).
+    """The planned run-config keys whose value differs from a stored run's settings (``""`` when
+    none).
 
-    A run stored before a key was renamed (:data:`~common.config.parse.RENAMED_KEYS`) is read under the new name.
+    A run stored before a key was renamed (:data:`~common.config.parse.RENAMED_KEYS`) is read under
+    the new name.
     """
     planned = parse_run_config(cfg).flat()
     diffs = []
@@ -436,7 +521,8 @@ def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:
 
 
 def stored_folder(runs: Path, name: str) -> Path:
-    """The folder of run ``name``, or the one an earlier release named it by, before its keys were renamed."""
+    """The folder of run ``name``, or the one an earlier release named it by, before its keys were
+    renamed."""
     folder = runs / name
     if not folder.exists():
         for old, new in RENAMED_KEYS.items():
@@ -448,40 +534,67 @@ def stored_folder(runs: Path, name: str) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``make bench`` / ``fibos bench``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
         "--methods",
         default=None,
-        help="comma-separated methods, each optionally with keys of its own: `fedfibos+fisher-every=1` (default: "
-        "every method the model and dataset allow, e.g. no `lora` on images, and FedGMR also capacity-limited)",
+        help="comma-separated methods, each optionally with keys of its own: "
+        "`fedfibos+fisher-every=1` (default: every method the model and dataset allow, e.g. no "
+        "`lora` on images, and FedGMR also capacity-limited)",
     )
     ap.add_argument("--datasets", default="digits,mnist5k", help="comma-separated datasets")
-    ap.add_argument("--partitions", default="dirichlet:0.1,dirichlet:0.5,pathological:2", help="e.g. iid,dirichlet:0.1")
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--capacities", default=DEFAULT_MIX, help=f"capacity of each client (default {DEFAULT_MIX})")
-    ap.add_argument("--clients-per-capacity", type=int, default=2, help="clients at each capacity level")
-    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument(
-        "--fisher-encodings", default="ranked", help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}"
+        "--partitions",
+        default="dirichlet:0.1,dirichlet:0.5,pathological:2",
+        help="e.g. iid,dirichlet:0.1",
+    )
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    ap.add_argument(
+        "--capacities", default=DEFAULT_MIX, help=f"capacity of each client (default {DEFAULT_MIX})"
     )
     ap.add_argument(
-        "--run-config", "-c", action="append", default=[], help="extra run-config overrides for every run (repeatable)"
+        "--clients-per-capacity", type=int, default=2, help="clients at each capacity level"
+    )
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument(
+        "--fisher-encodings",
+        default="ranked",
+        help=f"fedfibos uploads to compare: {', '.join(FISHER_ENCODINGS)}",
+    )
+    ap.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help="extra run-config overrides for every run (repeatable)",
     )
     ap.add_argument("--out", type=Path, default=Path("results/bench"))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take")
     ap.add_argument(
-        "--reuse", action="store_true", help="reuse finished runs found in --out/runs (resume an interrupted matrix)"
+        "--reuse",
+        action="store_true",
+        help="reuse finished runs found in --out/runs (resume an interrupted matrix)",
     )
     ap.add_argument(
-        "--existing-only", action="store_true", help="with --reuse: only tabulate and plot the finished runs"
+        "--existing-only",
+        action="store_true",
+        help="with --reuse: only tabulate and plot the finished runs",
     )
     args = ap.parse_args(argv)
 
     from cli.launcher import parse_overrides
 
-    chosen = args.methods is not None  # a method the user names must run; a default one may not fit the data
+    chosen = (
+        args.methods is not None
+    )  # a method the user names must run; a default one may not fit the data
     try:
-        methods = [MethodSpec.parse(m) for m in (args.methods.split(",") if chosen else default_methods()) if m]
+        methods = [
+            MethodSpec.parse(m)
+            for m in (args.methods.split(",") if chosen else default_methods())
+            if m
+        ]
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
     encodings = [e for e in args.fisher_encodings.split(",") if e]
@@ -491,7 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = parse_overrides(args.run_config)
     for key, flag in FLAG_KEYS.items():
         if key in extra:  # the flag's value would silently win over the -c key
-            ap.error(f"-c {key}={extra[key]!r}: the benchmark sets {key} from {flag}; use that instead")
+            ap.error(
+                f"-c {key}={extra[key]!r}: the benchmark sets {key} from {flag}; use that instead"
+            )
     plan = []
     for dataset in args.datasets.split(","):
         for part in partitions:
@@ -500,7 +615,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     # fail early, naming the bad key
                     try:
                         probe = parse_run_config(
-                            {**BENCH_DEFAULTS, **extra, **method.overrides, "method": method.name, "dataset": dataset}
+                            {
+                                **BENCH_DEFAULTS,
+                                **extra,
+                                **method.overrides,
+                                "method": method.name,
+                                "dataset": dataset,
+                            }
                         )
                     except ConfigError as err:
                         if chosen:
@@ -540,7 +661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.append((run_row(metrics, float("nan"), label=label), metrics))
                 print(f"[run {i}/{len(plan)}] {name}: reused", flush=True)
                 continue
-            print(f"[run {i}/{len(plan)}] {name}: stored run has other settings ({differs}), not reused", flush=True)
+            print(
+                f"[run {i}/{len(plan)}] {name}: stored run has other settings ({differs}), not "
+                "reused",
+                flush=True,
+            )
         if args.existing_only:
             print(f"[run {i}/{len(plan)}] {name}: not run (--existing-only)", flush=True)
             continue
@@ -552,12 +677,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 folder,
                 cfg,
                 timeout=args.timeout,
-                echo=lambda line: print("    " + line, flush=True) if line.startswith("[round") else None,
+                echo=lambda line: (
+                    print("    " + line, flush=True) if line.startswith("[round") else None
+                ),
                 simulation=True,
             )
-        except (RuntimeError, TimeoutError) as err:  # one broken run must not cost the rest of the matrix
+        except (
+            RuntimeError,
+            TimeoutError,
+        ) as err:  # one broken run must not cost the rest of the matrix
             failed.append(name)
-            print(f"[run {i}/{len(plan)}] {name}: FAILED ({err}); going on with the next run", flush=True)
+            print(
+                f"[run {i}/{len(plan)}] {name}: FAILED ({err}); going on with the next run",
+                flush=True,
+            )
             continue
         row = run_row(metrics, time.monotonic() - t0, label=label)
         runs.append((row, metrics))
@@ -566,11 +699,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs,
             argv,
             len(seeds),
-            f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), {args.rounds} rounds",
+            f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), "
+            f"{args.rounds} rounds",
         )  # after every run: nothing lost
         print(
-            f"[run {i}/{len(plan)}] {name}: global acc {row['global_acc']:.4f} in {row['wall_s']:.0f} s "
-            f"(elapsed {time.monotonic() - started:.0f} s)",
+            f"[run {i}/{len(plan)}] {name}: global acc {row['global_acc']:.4f} in "
+            f"{row['wall_s']:.0f} s (elapsed {time.monotonic() - started:.0f} s)",
             flush=True,
         )
     table = write_results(
@@ -578,7 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs,
         argv,
         len(seeds),
-        f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), {args.rounds} rounds",
+        f"{len(capacities)} clients ({args.capacities} x {args.clients_per_capacity}), "
+        f"{args.rounds} rounds",
     )
     paths = plot(runs, args.out) if runs else []  # nothing finished: a table of no rows, no plot
     print()
@@ -588,15 +723,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(str(p) for p in paths)
     )
     if failed:
-        print(f"{len(failed)} run(s) failed and are not in the table (rerun with --reuse): {', '.join(failed)}")
+        print(
+            f"{len(failed)} run(s) failed and are not in the table (rerun with --reuse): "
+            f"{', '.join(failed)}"
+        )
         return 1
     return 0
 
 
 def mask_layer_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Where each method's submodels sit: mean positions per tensor at each capacity, in the last round.
+    """Where each method's submodels sit: mean positions per tensor at each capacity, in the last
+    round.
 
-    One row per run and capacity level below 1 (runs whose clients report no ``layer_positions`` give none).
+    One row per run and capacity level below 1 (runs whose clients report no ``layer_positions``
+    give none).
     """
     out = []
     for row, metrics in runs:
@@ -608,16 +748,23 @@ def mask_layer_rows(runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[d
             if c.get("layer_positions") and c.get("capacity") is not None and c["capacity"] < 1:
                 by_level.setdefault(c["capacity"], []).append(c["layer_positions"])
         for gamma, counts in sorted(by_level.items(), reverse=True):
-            entry = {k: row[k] for k in ("dataset", "partition", "method", "seed")} | {"capacity": f"{gamma:g}"}
+            entry = {k: row[k] for k in ("dataset", "partition", "method", "seed")} | {
+                "capacity": f"{gamma:g}"
+            }
             entry |= {name: statistics.fmean(c[name] for c in counts) for name in counts[0]}
             out.append(entry)
     return out
 
 
 def write_results(
-    out: Path, runs: list[tuple[dict[str, Any], dict[str, Any]]], argv: Sequence[str] | None, seeds: int, setup: str
+    out: Path,
+    runs: list[tuple[dict[str, Any], dict[str, Any]]],
+    argv: Sequence[str] | None,
+    seeds: int,
+    setup: str,
 ) -> str:
-    """Write results.csv, mask_layers.csv and summary.md for the runs so far; returns the summary table."""
+    """Write results.csv, mask_layers.csv and summary.md for the runs so far; returns the summary
+    table."""
     rows = [row for row, _ in runs]
     fields = sorted({k for r in rows for k in r}, key=lambda k: (k.startswith("acc_cap_"), k))
     with open(out / "results.csv", "w", newline="") as f:
@@ -642,20 +789,25 @@ def write_results(
     return table
 
 
-#: The figures :func:`paired_differences` compares: the full model, then each capacity's trained submodels.
+#: The figures :func:`paired_differences` compares: the full model, then each capacity's trained
+#: submodels.
 PAIRED = ("global_acc", "trained_cap_0.25", "trained_cap_0.0625", "trained_cap_0.015625")
 
 
 def paired_differences(rows: list[dict[str, Any]], reference: str = HIGHLIGHT) -> str:
-    """Markdown: ``reference`` minus each other method within capacity, seed by seed, on the same data.
+    """Markdown: ``reference`` minus each other method within capacity, seed by seed, on the same
+    data.
 
-    For each dataset and partition where ``reference`` ran, and each other method whose every run stayed within
-    capacity (values and bytes), one line per figure of :data:`PAIRED`: the per-seed differences (seeds both
-    ran), their mean and how many seeds ``reference`` is ahead. ``""`` when there is nothing to compare.
+    For each dataset and partition where ``reference`` ran, and each other method whose every run
+    stayed within capacity (values and bytes), one line per figure of :data:`PAIRED`: the per-seed
+    differences (seeds both ran), their mean and how many seeds ``reference`` is ahead. ``""`` when
+    there is nothing to compare.
     """
     groups: dict[tuple[str, str], dict[str, dict[int, dict[str, Any]]]] = {}
     for row in rows:
-        groups.setdefault((row["dataset"], row["partition"]), {}).setdefault(row["method"], {})[int(row["seed"])] = row
+        groups.setdefault((row["dataset"], row["partition"]), {}).setdefault(row["method"], {})[
+            int(row["seed"])
+        ] = row
 
     lines = []
     for (dataset, partition), methods in sorted(groups.items()):
@@ -667,15 +819,21 @@ def paired_differences(rows: list[dict[str, Any]], reference: str = HIGHLIGHT) -
             if method == reference or not seeds or not stayed_within(list(theirs.values())):
                 continue
             for key in PAIRED:
-                diffs = [float(mine[s].get(key, "nan")) - float(theirs[s].get(key, "nan")) for s in seeds]
+                diffs = [
+                    float(mine[s].get(key, "nan")) - float(theirs[s].get(key, "nan")) for s in seeds
+                ]
                 if any(d != d for d in diffs):
                     continue
                 wins = sum(d > 0 for d in diffs)
                 per_seed = " / ".join(f"{d:+.3f}" for d in diffs)
-                label = "full model" if key == "global_acc" else "trained @" + key.removeprefix("trained_cap_")
+                label = (
+                    "full model"
+                    if key == "global_acc"
+                    else "trained @" + key.removeprefix("trained_cap_")
+                )
                 lines.append(
-                    f"| {dataset} | {partition} | {method} | {label} | {','.join(map(str, seeds))} | {per_seed} "
-                    f"| {statistics.fmean(diffs):+.3f} | {wins} of {len(seeds)} |"
+                    f"| {dataset} | {partition} | {method} | {label} | {','.join(map(str, seeds))} "
+                    f"| {per_seed} | {statistics.fmean(diffs):+.3f} | {wins} of {len(seeds)} |"
                 )
     if not lines:
         return ""

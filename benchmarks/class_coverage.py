@@ -1,4 +1,5 @@
-"""Which classes a finished run's global model recognises, grouped by the capacity of the clients that hold them.
+"""Which classes a finished run's global model recognises, grouped by the capacity of the clients
+that hold them.
 
 Under label skew a class lives on a few clients. If those clients train small
 submodels, the positions that decide the class in the full model may be
@@ -101,7 +102,8 @@ def coverage_lines(name: str, accuracy: float, rows: Sequence[ClassCoverage]) ->
         recalls = [r.recall for r in group if not np.isnan(r.recall)]
         held = f"largest holder at capacity {tier:g}" if tier > 0 else "held by no client"
         lines.append(
-            f"  classes {[r.label for r in group]} ({held}): recall {np.mean(recalls) if recalls else float('nan'):.2f}"
+            f"  classes {[r.label for r in group]} ({held}): recall "
+            f"{np.mean(recalls) if recalls else float('nan'):.2f}"
         )
     return lines
 
@@ -111,7 +113,11 @@ def tier_name(tier: float) -> str:
     if tier <= 0:
         return "held by no client"
     inverse = 1 / tier
-    return f"at capacity 1/{inverse:g}" if tier < 1 and inverse == round(inverse) else f"at capacity {tier:g}"
+    return (
+        f"at capacity 1/{inverse:g}"
+        if tier < 1 and inverse == round(inverse)
+        else f"at capacity {tier:g}"
+    )
 
 
 def coverage_table(runs: Sequence[tuple[str, float, Sequence[ClassCoverage]]]) -> list[str]:
@@ -125,11 +131,13 @@ def coverage_table(runs: Sequence[tuple[str, float, Sequence[ClassCoverage]]]) -
     Returns
     -------
     list[str]
-        Table lines: one row per method in order of first appearance, one column per holder tier (largest
-        capacity first, "held by no client" last) with the recall averaged over every (run, class) pair of that
-        tier and the number of pairs in brackets, and the mean global accuracy.
+        Table lines: one row per method in order of first appearance, one column per holder tier
+        (largest capacity first, "held by no client" last) with the recall averaged over every (run,
+        class) pair of that tier and the number of pairs in brackets, and the mean global accuracy.
     """
-    tiers = sorted({r.top_capacity for _, _, rows in runs for r in rows}, key=lambda t: (t <= 0, -t))
+    tiers = sorted(
+        {r.top_capacity for _, _, rows in runs for r in rows}, key=lambda t: (t <= 0, -t)
+    )
     methods = list(dict.fromkeys(m for m, _, _ in runs))
     lines = [
         "| method | " + " | ".join(tier_name(t) for t in tiers) + " | global acc |",
@@ -139,9 +147,16 @@ def coverage_table(runs: Sequence[tuple[str, float, Sequence[ClassCoverage]]]) -
         mine = [(acc, rows) for m, acc, rows in runs if m == method]
         cells = []
         for tier in tiers:
-            recalls = [r.recall for _, rows in mine for r in rows if r.top_capacity == tier and not np.isnan(r.recall)]
+            recalls = [
+                r.recall
+                for _, rows in mine
+                for r in rows
+                if r.top_capacity == tier and not np.isnan(r.recall)
+            ]
             cells.append(f"{np.mean(recalls):.2f} ({len(recalls)})" if recalls else "-")
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {np.mean([a for a, _ in mine]):.3f} |")
+        lines.append(
+            f"| {method} | " + " | ".join(cells) + f" | {np.mean([a for a, _ in mine]):.3f} |"
+        )
     return lines
 
 
@@ -151,15 +166,17 @@ def dead_units(model: torch.nn.Module, x: torch.Tensor) -> dict[str, tuple[int, 
     Parameters
     ----------
     model : torch.nn.Module
-        The model, in eval mode. Every ``Conv2d`` and ``Linear`` except the last ``Linear`` (the classifier) is
-        counted; a channel is an output channel of a convolution or an output unit of a linear layer.
+        The model, in eval mode. Every ``Conv2d`` and ``Linear`` except the last ``Linear`` (the
+        classifier) is counted; a channel is an output channel of a convolution or an output unit of
+        a linear layer.
     x : torch.Tensor
         A batch of inputs, e.g. the server's test set.
 
     Returns
     -------
     dict[str, tuple[int, int]]
-        Layer name -> (channels whose output is <= 0 for every input and position, channels), in module order.
+        Layer name -> (channels whose output is <= 0 for every input and position, channels), in
+        module order.
     """
     import torch
     from torch import nn
@@ -187,7 +204,8 @@ def dead_units(model: torch.nn.Module, x: torch.Tensor) -> dict[str, tuple[int, 
 
 
 DEAD_UNIT_SAMPLE = 1000
-"""Test examples :func:`run_coverage` counts dead units on (the first ones of the server's test set)."""
+"""Test examples :func:`run_coverage` counts dead units on (the first ones of the server's test
+set)."""
 
 
 class RunCoverage(NamedTuple):
@@ -204,7 +222,8 @@ class RunCoverage(NamedTuple):
 
 
 def run_coverage(folder: Path) -> RunCoverage:
-    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and dead units."""
+    """Evaluate a finished run folder (``metrics.json`` + ``model.pt``): accuracy, per class, and
+    dead units."""
     import torch
 
     from common.config.node import NodeConfig
@@ -221,15 +240,22 @@ def run_coverage(folder: Path) -> RunCoverage:
         raise ValueError(f"{folder}: the run has no capacity-mix, so its clients cannot be derived")
     test = load_dataset(run.dataset, run.test_fraction, run.seed, run.data_path).test
     client_labels = [
-        derive_local_data(run, NodeConfig(partition_id=i, num_partitions=len(capacities), capacity=cap)).train.y
+        derive_local_data(
+            run, NodeConfig(partition_id=i, num_partitions=len(capacities), capacity=cap)
+        ).train.y
         for i, cap in enumerate(capacities)
     ]
-    model = build_model(run.model, test.num_classes, int(test.x.shape[1]) if test.x.ndim == 4 else 1, 0)
+    model = build_model(
+        run.model, test.num_classes, int(test.x.shape[1]) if test.x.ndim == 4 else 1, 0
+    )
     model.load_state_dict(torch.load(folder / "model.pt"), strict=False)
     model.eval()
     with torch.no_grad():
         pred = np.concatenate(
-            [model(as_input(torch.from_numpy(test.x[i : i + 512]))).argmax(1).numpy() for i in range(0, len(test), 512)]
+            [
+                model(as_input(torch.from_numpy(test.x[i : i + 512]))).argmax(1).numpy()
+                for i in range(0, len(test), 512)
+            ]
         )
     rows = class_coverage(pred, test.y, client_labels, capacities, test.num_classes)
     dead = dead_units(model, as_input(torch.from_numpy(test.x[:DEAD_UNIT_SAMPLE])))
@@ -238,15 +264,22 @@ def run_coverage(folder: Path) -> RunCoverage:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos class-coverage``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)"
+    )
     args = ap.parse_args(argv)
     pooled = []
     for folder in args.runs:
         cov = run_coverage(folder)
         print("\n".join(coverage_lines(folder.name, cov.accuracy, cov.rows)))
         dead = ", ".join(f"{n} {d}/{t}" for n, (d, t) in cov.dead.items())
-        print(f"  dead units (never positive on the first {DEAD_UNIT_SAMPLE} test examples): {dead}", flush=True)
+        print(
+            f"  dead units (never positive on the first {DEAD_UNIT_SAMPLE} test examples): {dead}",
+            flush=True,
+        )
         pooled.append((cov.method, cov.accuracy, cov.rows))
     if len(pooled) > 1:
         print("\n" + "\n".join(coverage_table(pooled)))

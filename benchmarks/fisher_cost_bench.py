@@ -72,7 +72,8 @@ class CostRow:
 
 
 def _median_seconds(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
-    """Median wall seconds of ``repeat`` calls of ``fn`` after one unmeasured call, and the last result."""
+    """Median wall seconds of ``repeat`` calls of ``fn`` after one unmeasured call, and the last
+    result."""
     result = fn()
     times = []
     for _ in range(repeat):
@@ -126,24 +127,32 @@ def measure_costs(
     rows = []
     for gamma in capacities:
         mask = select_mask(layout, x, gamma, "magnitude")
-        train, _ = _median_seconds(partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat)
+        train, _ = _median_seconds(
+            partial(train_masked, model, layout, x, mask, data, cfg, device, False), repeat
+        )
         whole = np.ones(layout.size, dtype=bool)
         for est in estimators:
             if est == "global":
                 estimate, fisher = _median_seconds(
-                    partial(per_example_fisher, model, layout, x, whole, data, idx, None, device), repeat
+                    partial(per_example_fisher, model, layout, x, whole, data, idx, None, device),
+                    repeat,
                 )
             elif est == "received":
                 estimate, fisher = _median_seconds(
-                    partial(per_example_fisher, model, layout, x, mask, data, idx, None, device), repeat
+                    partial(per_example_fisher, model, layout, x, mask, data, idx, None, device),
+                    repeat,
                 )
             else:
                 along, trained = _median_seconds(
                     partial(train_masked, model, layout, x, mask, data, cfg, device, True), repeat
                 )
-                estimate = max(along - train, 0.0)  # what accumulating along the path adds to the same training
+                estimate = max(
+                    along - train, 0.0
+                )  # what accumulating along the path adds to the same training
                 fisher = trained.fisher
-            encode, _ = _median_seconds(partial(encode_fisher, fisher, mask, layout, encoding), repeat)
+            encode, _ = _median_seconds(
+                partial(encode_fisher, fisher, mask, layout, encoding), repeat
+            )
             rows.append(
                 CostRow(
                     dataset,
@@ -165,13 +174,15 @@ def measure_costs(
 def table(rows: Sequence[CostRow]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| dataset | model | estimator | encoding | capacity | examples | train s | estimate s | encode s | overhead |",
+        "| dataset | model | estimator | encoding | capacity | examples | train s | estimate s | "
+        "encode s | overhead |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r.dataset} | {r.model} | {r.estimator} | {r.encoding} | {r.capacity:g} | {r.examples} | "
-            f"{r.train_seconds:.3f} | {r.estimate_seconds:.4f} | {r.encode_seconds:.4f} | {r.overhead:.3f} |"
+            f"| {r.dataset} | {r.model} | {r.estimator} | {r.encoding} | {r.capacity:g} | "
+            f"{r.examples} | {r.train_seconds:.3f} | {r.estimate_seconds:.4f} | "
+            f"{r.encode_seconds:.4f} | {r.overhead:.3f} |"
         )
     return "\n".join(lines)
 
@@ -201,19 +212,34 @@ def write_outputs(rows: Sequence[CostRow], out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dataset", default="mnist5k", help="offline image dataset")
-    ap.add_argument("--models", default="cnn,cnn-bn,resnet18", help="comma-separated: cnn, cnn-bn, resnet18")
+    ap.add_argument(
+        "--models", default="cnn,cnn-bn,resnet18", help="comma-separated: cnn, cnn-bn, resnet18"
+    )
     ap.add_argument("--capacities", default="1/4,1/16,1/64")
-    ap.add_argument("--estimators", default="global,received,path", help="any of global, received, path")
+    ap.add_argument(
+        "--estimators", default="global,received,path", help="any of global, received, path"
+    )
     ap.add_argument("--encoding", default="ranked", help=f"one of {', '.join(FISHER_ENCODINGS)}")
-    ap.add_argument("--local-epochs", type=int, default=3, help="epochs of local training (the run default)")
-    ap.add_argument("--fisher-examples", type=int, default=32, help="examples of the received estimate")
+    ap.add_argument(
+        "--local-epochs", type=int, default=3, help="epochs of local training (the run default)"
+    )
+    ap.add_argument(
+        "--fisher-examples", type=int, default=32, help="examples of the received estimate"
+    )
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--alpha", type=float, default=0.1, help="Dirichlet concentration")
     ap.add_argument("--client", type=int, default=0, help="which partition is the measured client")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: what `fibos local` gives each SuperNode)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: what `fibos local` gives each SuperNode)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/fisher-cost")
     args = ap.parse_args(argv)
@@ -229,7 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacities = parse_capacities(args.capacities)
     torch.set_num_threads(args.threads)
     split = load_dataset(args.dataset, 0.2, args.seed)
-    idx = partition_indices(split.train.y, "dirichlet", args.partitions, args.client, args.seed, alpha=args.alpha)
+    idx = partition_indices(
+        split.train.y, "dirichlet", args.partitions, args.client, args.seed, alpha=args.alpha
+    )
     data = split.train.subset(idx)
     rows: list[CostRow] = []
     for model_name in [m for m in args.models.split(",") if m]:

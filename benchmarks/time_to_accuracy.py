@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def time_to_target(seconds: Sequence[float], accuracy: Sequence[float], target: float) -> float | None:
+def time_to_target(
+    seconds: Sequence[float], accuracy: Sequence[float], target: float
+) -> float | None:
     """First time at which ``accuracy >= target``; ``None`` if it never does.
 
     Parameters
@@ -43,7 +45,11 @@ def accuracy_curve(records: Sequence[Mapping[str, Any]]) -> tuple[list[float], l
     seconds, accuracy = [], []
     elapsed = 0.0
     for r in records:
-        elapsed = float(r["wall_seconds"]) if "wall_seconds" in r else elapsed + float(r.get("round_seconds", 0.0))
+        elapsed = (
+            float(r["wall_seconds"])
+            if "wall_seconds" in r
+            else elapsed + float(r.get("round_seconds", 0.0))
+        )
         g = r.get("global") or {}
         if "accuracy" in g:
             seconds.append(elapsed)

@@ -13,7 +13,7 @@ Usage::
 
 Writes ``results.csv`` and ``summary.md`` (the table and the command) to ``--out``
 and prints one line per round / applied update while running.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -32,12 +32,15 @@ from common.config.parse import parse_run_config
 
 
 def variant_config(variant: str) -> dict[str, Any]:
-    """``"fedgmr:async"`` -> ``{"method": "fedgmr", "gmr-mode": "async"}``; ``"fedfibos"`` -> its method."""
+    """``"fedgmr:async"`` -> ``{"method": "fedgmr", "gmr-mode": "async"}``; ``"fedfibos"`` -> its
+    method."""
     method, _, mode = variant.partition(":")
     return {"method": method, **({"gmr-mode": mode} if mode else {})}
 
 
-def wallclock_row(variant: str, metrics: dict[str, Any], targets: Sequence[float], wall: float) -> dict[str, Any]:
+def wallclock_row(
+    variant: str, metrics: dict[str, Any], targets: Sequence[float], wall: float
+) -> dict[str, Any]:
     """One results row: accuracy, training seconds and seconds to each target accuracy.
 
     Parameters
@@ -54,7 +57,9 @@ def wallclock_row(variant: str, metrics: dict[str, Any], targets: Sequence[float
     seconds, acc = accuracy_curve(metrics["rounds"])
     records = [r for r in metrics["rounds"] if r["round"] > 0]
     applied = sum(c["status"] == "ok" for r in records for c in r["clients"])
-    stale = [c["staleness"] for r in records for c in r["clients"] if c.get("staleness") is not None]
+    stale = [
+        c["staleness"] for r in records for c in r["clients"] if c.get("staleness") is not None
+    ]
     row: dict[str, Any] = {
         "variant": variant,
         "final_acc": acc[-1],
@@ -93,15 +98,29 @@ def table(rows: list[dict[str, Any]], targets: Sequence[float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos bench-wallclock``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--capacities", type=parse_capacities, default=[1.0, 0.5, 0.25, 0.125])
-    ap.add_argument("--delays", default="0,0,3,8", help="bench-delay-s per node: extra seconds per local epoch")
-    ap.add_argument("--variants", default="fedgmr:sync,fedgmr:async,fedfibos", help="method or method:gmr-mode")
-    ap.add_argument("--rounds", type=int, default=6, help="rounds (async: round equivalents = updates / nodes)")
-    ap.add_argument("--target-acc", default="0.6,0.7,0.8", help="comma-separated target accuracies")
-    ap.add_argument("--tabulate", action="store_true", help="only re-tabulate the finished runs in --out/runs")
     ap.add_argument(
-        "--run-config", "-c", action="append", default=[], help="run-config overrides for every variant (repeatable)"
+        "--delays", default="0,0,3,8", help="bench-delay-s per node: extra seconds per local epoch"
+    )
+    ap.add_argument(
+        "--variants", default="fedgmr:sync,fedgmr:async,fedfibos", help="method or method:gmr-mode"
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=6, help="rounds (async: round equivalents = updates / nodes)"
+    )
+    ap.add_argument("--target-acc", default="0.6,0.7,0.8", help="comma-separated target accuracies")
+    ap.add_argument(
+        "--tabulate", action="store_true", help="only re-tabulate the finished runs in --out/runs"
+    )
+    ap.add_argument(
+        "--run-config",
+        "-c",
+        action="append",
+        default=[],
+        help="run-config overrides for every variant (repeatable)",
     )
     ap.add_argument("--out", type=Path, default=Path("results/wallclock"))
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take")

@@ -1,13 +1,13 @@
 """The app's own files, staged in a folder of their own for ``flwr run``.
 
-``flwr run APP`` builds the app bundle (FAB) by walking every file under ``APP`` and then filtering them by
-the app's ``.gitignore`` and ``fab-include`` patterns. Run from a checkout, ``APP`` also holds the virtual
-environment and the benchmark results: the walk visits tens of thousands of files to keep about two hundred,
-and took 8.8 s of each submission on a 2-core machine (``flwr build --app .``; 0.04 s from the staged folder,
-which takes about 1 s to stage).
-Staging walks the checkout with the folders that hold no app file pruned, lets Flower's own FAB builder
-pick the files, and copies exactly those, so the bundle ``flwr run`` builds from the staged folder is the one
-it would build from the checkout, byte for byte (same content hash).
+``flwr run APP`` builds the app bundle (FAB) by walking every file under ``APP`` and then filtering
+them by the app's ``.gitignore`` and ``fab-include`` patterns. Run from a checkout, ``APP`` also
+holds the virtual environment and the benchmark results: the walk visits tens of thousands of files
+to keep about two hundred, and took 8.8 s of each submission on a 2-core machine (``flwr build --app
+.``; 0.04 s from the staged folder, which takes about 1 s to stage). Staging walks the checkout with
+the folders that hold no app file pruned, lets Flower's own FAB builder pick the files, and copies
+exactly those, so the bundle ``flwr run`` builds from the staged folder is the one it would build
+from the checkout, byte for byte (same content hash).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ PRUNED = frozenset(
 def app_files(app_dir: Path) -> dict[str, Path]:
     """Files under ``app_dir`` that may belong to its bundle, by POSIX path relative to it.
 
-    The walk skips :data:`PRUNED` folders and, like Flower's own walk, symlinks (``os.walk`` does not enter a
-    linked folder); the app's ``.gitignore`` is among the files, and Flower's builder applies it.
+    The walk skips :data:`PRUNED` folders and, like Flower's own walk, symlinks (``os.walk`` does
+    not enter a linked folder); the app's ``.gitignore`` is among the files, and Flower's builder
+    applies it.
     """
     root = app_dir.resolve()
     files: dict[str, Path] = {}
@@ -73,7 +74,8 @@ def bundle_names(app_dir: Path) -> list[str]:
 
 
 def stage_app(app_dir: Path, dest: Path) -> Path:
-    """Copy ``app_dir``'s bundle files (and its ``pyproject.toml`` as it is) into ``dest``, emptied first.
+    """Copy ``app_dir``'s bundle files (and its ``pyproject.toml`` as it is) into ``dest``, emptied
+    first.
 
     Parameters
     ----------

@@ -11,15 +11,15 @@ binary needed, so it also runs in a one-shot container):
 * ``<secret>``: a random shared secret, e.g. for ``--superexec-auth-secret-file``
   (authenticates the SuperExec executors to the SuperLink's and SuperNodes' Runtime API).
 
-With ``--deal``, each consumer gets a folder holding only the files it needs (copies from ``--out``), so
-that a deployment mounts into each service its own folder and nothing else: the CA key never leaves
-``--out``, a SuperNode sees its own private key and no other.
+With ``--deal``, each consumer gets a folder holding only the files it needs (copies from
+``--out``), so that a deployment mounts into each service its own folder and nothing else: the CA
+key never leaves ``--out``, a SuperNode sees its own private key and no other.
 
 Usage::
 
     fibos credentials --out certs --san superlink --san localhost --san 127.0.0.1 --node node1
     fibos credentials --out /ca --node node1 --deal /node1=ca.crt,node1 --deal /link=ca.crt,server.pem,server.key
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+def make_ca(
+    out: Path, name: str = "fibos-fl CA"
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """Create ``ca.crt`` and ``ca.key`` in ``out``."""
     key = ec.generate_private_key(ec.SECP384R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
@@ -61,7 +63,9 @@ def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=VALID_DAYS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
         .sign(key, hashes.SHA384())
     )
     write_file(out / "ca.crt", cert.public_bytes(serialization.Encoding.PEM))
@@ -72,9 +76,12 @@ def make_ca(out: Path, name: str = "fibos-fl CA") -> tuple[x509.Certificate, ec.
 def make_server_cert(
     out: Path, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, names: Sequence[str]
 ) -> None:
-    """Create ``server.pem`` / ``server.key`` valid for every host name or IP address in ``names``."""
+    """Create ``server.pem`` / ``server.key`` valid for every host name or IP address in
+    ``names``."""
     if not names:
-        raise ValueError("the server certificate needs at least one name (e.g. superlink, localhost, 127.0.0.1)")
+        raise ValueError(
+            "the server certificate needs at least one name (e.g. superlink, localhost, 127.0.0.1)"
+        )
     alt: list[x509.GeneralName] = []
     for n in names:
         try:
@@ -108,9 +115,11 @@ def make_secret(out: Path, name: str, nbytes: int = 32) -> Path:
 
 
 def parse_deal(spec: str) -> tuple[Path, list[str]]:
-    """``DIR=FILE[,FILE...]`` as (folder, file names); ``ValueError`` naming the flag when malformed.
+    """``DIR=FILE[,FILE...]`` as (folder, file names); ``ValueError`` naming the flag when
+    malformed.
 
-    File names are plain names of files in ``--out`` (no folders), so a deal never reaches outside it.
+    File names are plain names of files in ``--out`` (no folders), so a deal never reaches outside
+    it.
     """
     folder, sep, names = spec.partition("=")
     files = [n.strip() for n in names.split(",") if n.strip()]
@@ -123,9 +132,11 @@ def parse_deal(spec: str) -> tuple[Path, list[str]]:
 
 
 def deal(out: Path, folder: Path, names: Sequence[str]) -> list[Path]:
-    """Copy ``names`` from ``out`` into ``folder``, private files staying private; files already equal are kept.
+    """Copy ``names`` from ``out`` into ``folder``, private files staying private; files already
+    equal are kept.
 
-    Anything else in ``folder`` is removed, so a consumer never keeps a file it was dealt before and is not now.
+    Anything else in ``folder`` is removed, so a consumer never keeps a file it was dealt before and
+    is not now.
 
     Parameters
     ----------
@@ -138,12 +149,16 @@ def deal(out: Path, folder: Path, names: Sequence[str]) -> list[Path]:
     """
     missing = [n for n in names if not (out / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"--deal {folder}: {', '.join(missing)} not in {out} (make it with --node/--secret)")
+        raise FileNotFoundError(
+            f"--deal {folder}: {', '.join(missing)} not in {out} (make it with --node/--secret)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     for stale in folder.iterdir():
         if stale.name not in names:
             if stale.is_dir():
-                raise IsADirectoryError(f"--deal {folder}: holds a folder {stale.name!r}; deal into an empty folder")
+                raise IsADirectoryError(
+                    f"--deal {folder}: holds a folder {stale.name!r}; deal into an empty folder"
+                )
             stale.unlink()
     written = []
     for name in names:
@@ -153,7 +168,8 @@ def deal(out: Path, folder: Path, names: Sequence[str]) -> list[Path]:
         mode = 0o600 if private else 0o644
         if not dest.is_file() or dest.read_bytes() != data:
             dest.unlink(missing_ok=True)
-            # Created with its final mode: a private key is never readable by others, not even for a moment.
+            # Created with its final mode: a private key is never readable by others, not even for a
+            # moment.
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -163,7 +179,8 @@ def deal(out: Path, folder: Path, names: Sequence[str]) -> list[Path]:
 
 
 def chown_tree(paths: Sequence[Path], owner: str) -> None:
-    """Give ``paths`` (recursively) to ``owner`` = ``"UID:GID"``, e.g. the uid Flower's images run as."""
+    """Give ``paths`` (recursively) to ``owner`` = ``"UID:GID"``, e.g. the uid Flower's images run
+    as."""
     try:
         uid, gid = (int(v) for v in owner.split(":"))
     except ValueError:
@@ -176,7 +193,9 @@ def chown_tree(paths: Sequence[Path], owner: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos credentials``; also ``python -m cli.credentials``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for the files")
     ap.add_argument(
         "--san",
@@ -184,35 +203,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="name or IP the SuperLink is reached by (repeat, or separate with commas)",
     )
-    ap.add_argument("--node", action="append", default=[], help="make a SuperNode key pair with this name (repeat)")
-    ap.add_argument("--secret", action="append", default=[], help="make a random shared-secret file (repeat)")
+    ap.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        help="make a SuperNode key pair with this name (repeat)",
+    )
+    ap.add_argument(
+        "--secret", action="append", default=[], help="make a random shared-secret file (repeat)"
+    )
     ap.add_argument(
         "--keep",
         action="store_true",
-        help="keep files that already exist (a restarted deployment keeps its CA, keys and registrations)",
+        help="keep files that already exist (a restarted deployment keeps its CA, keys and "
+        "registrations)",
     )
     ap.add_argument(
         "--owner",
         metavar="UID:GID",
-        help="then chown --out and every --chown folder to UID:GID (Flower's images run as 49999:49999)",
+        help="then chown --out and every --chown folder to UID:GID (Flower's images run as "
+        "49999:49999)",
     )
-    ap.add_argument("--chown", type=Path, action="append", default=[], help="another folder to create and chown")
+    ap.add_argument(
+        "--chown", type=Path, action="append", default=[], help="another folder to create and chown"
+    )
     ap.add_argument(
         "--deal",
         action="append",
         default=[],
         metavar="DIR=FILE[,FILE...]",
-        help="then copy only these files of --out into DIR (repeat; one folder per consumer; chowned with --owner)",
+        help="then copy only these files of --out into DIR (repeat; one folder per consumer; "
+        "chowned with --owner)",
     )
     args = ap.parse_args(argv)
     try:
         deals = [parse_deal(spec) for spec in args.deal]
     except ValueError as err:
         ap.error(str(err))
-    # Order kept, duplicates and blanks dropped: compose passes a default list plus the operator's names.
-    args.san = list(dict.fromkeys(n.strip() for item in args.san for n in item.split(",") if n.strip()))
+    # Order kept, duplicates and blanks dropped: compose passes a default list plus the operator's
+    # names.
+    args.san = list(
+        dict.fromkeys(n.strip() for item in args.san for n in item.split(",") if n.strip())
+    )
     if not (args.san or args.node or args.secret or deals):
-        ap.error("nothing to make: give --san (server certificate), --node (SuperNode keys), --secret and/or --deal")
+        ap.error(
+            "nothing to make: give --san (server certificate), --node (SuperNode keys), --secret "
+            "and/or --deal"
+        )
 
     def kept(name: str) -> bool:
         if args.keep and (args.out / name).exists():
@@ -226,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"CA and server certificate for {', '.join(args.san)} in {args.out}")
     for name in args.node:
         if not kept(f"{name}.pub"):
-            print(f"SuperNode key pair: {args.out / name} (register {make_node_keys(args.out, name)})")
+            print(
+                f"SuperNode key pair: {args.out / name} (register {make_node_keys(args.out, name)})"
+            )
     for name in args.secret:
         if not kept(name):
             print(f"shared secret: {make_secret(args.out, name)}")

@@ -1,14 +1,16 @@
-"""The parts of the docs that the code defines, generated from it: config reference, method table, layout.
+"""The parts of the docs that the code defines, generated from it: config reference, method table,
+layout.
 
 * ``pyproject.toml``'s ``[tool.flwr.app.config]`` block and the run-config and node-config tables of
-  ``docs/guide/configuration.md``, from the schemas (:mod:`common.config.run` and each method's options model,
-  :mod:`common.config.node`): a key is declared once, in the schema;
+  ``docs/guide/configuration.md``, from the schemas (:mod:`common.config.run` and each method's
+  options model, :mod:`common.config.node`): a key is declared once, in the schema;
 * README's method table, from each registered method's ``summary``;
 * README's layout section, from the first line of every module's docstring;
-* README's headline results table, from the results.csv its marker names (:mod:`benchmarks.headline`).
+* README's headline results table, from the results.csv its marker names
+  (:mod:`benchmarks.headline`).
 
-``fibos docs`` (``--check``, the default) fails when a file differs from what the code says; ``fibos docs
---write`` rewrites them. A test runs the check.
+``fibos docs`` (``--check``, the default) fails when a file differs from what the code says; ``fibos
+docs --write`` rewrites them. A test runs the check.
 """
 
 from __future__ import annotations
@@ -39,18 +41,20 @@ METHODS_START = "| `method` | submodel of a client with capacity `gamma` |\n"
 LAYOUT_START = "## Layout\n"
 #: How to read the house, above the generated list of packages.
 LAYOUT_GUIDE = (
-    "The ServerApp (`server/app.py`) runs rounds through the strategy (`server/strategy.py`), which asks the run's "
-    "method (`common/methods/`) what each node is sent and how replies change the global model; the ClientApp "
-    "(`client/app.py`) asks the same method how a node trains. The rest of `common/` is what methods are built "
-    "from, grouped by concern; operator commands and benchmarks sit apart from the apps, in `cli/` and "
-    "`benchmarks/`, and are not in the Flower app bundle. `tests/test_architecture.py` holds the rules: "
-    "`server/` and `client/` never import each other, `common/` imports neither, the three import nothing from "
-    "`cli/` or `benchmarks/`, no import cycle (type-only "
-    "imports included), the shared layers (`common/config`, `common/wire`, `common/training`) import no method, "
-    "the config schema loads neither torch nor the methods, a method's spec loads no torch, and no folder holds more "
-    "than 15 modules.\n"
+    "The ServerApp (`server/app.py`) runs rounds through the strategy (`server/strategy.py`), "
+    "which asks the run's method (`common/methods/`) what each node is sent and how replies change "
+    "the global model; the ClientApp (`client/app.py`) asks the same method how a node trains. The "
+    "rest of `common/` is what methods are built from, grouped by concern; operator commands and "
+    "benchmarks sit apart from the apps, in `cli/` and `benchmarks/`, and are not in the Flower "
+    "app bundle. `tests/test_architecture.py` holds the rules: `server/` and `client/` never "
+    "import each other, `common/` imports neither, the three import nothing from `cli/` or "
+    "`benchmarks/`, no import cycle (type-only imports included), the shared layers "
+    "(`common/config`, `common/wire`, `common/training`) import no method, the config schema loads "
+    "neither torch nor the methods, a method's spec loads no torch, and no folder holds more than "
+    "15 modules.\n"
 )
-#: The packages of the layout section, in reading order: the apps first, then what they share, then the tools.
+#: The packages of the layout section, in reading order: the apps first, then what they share, then
+#: the tools.
 PACKAGES = (
     "server",
     "server/strategy_core",
@@ -76,7 +80,8 @@ PACKAGES = (
 
 
 def _fields() -> Iterator[tuple[str, FieldInfo, KeyGroup | None]]:
-    """``(key, field, owning group)`` for every run-config key: common keys first, then each key group's."""
+    """``(key, field, owning group)`` for every run-config key: common keys first, then each key
+    group's."""
     keys = common_keys()
     for name, field in RunConfig.model_fields.items():
         if kebab(name) in keys:
@@ -87,11 +92,14 @@ def _fields() -> Iterator[tuple[str, FieldInfo, KeyGroup | None]]:
 
 
 def _bound(field: FieldInfo, attr: str) -> float | None:
-    return next((getattr(m, attr) for m in field.metadata if getattr(m, attr, None) is not None), None)
+    return next(
+        (getattr(m, attr) for m in field.metadata if getattr(m, attr, None) is not None), None
+    )
 
 
 def allowed(key: str, field: FieldInfo) -> str:
-    """What a key accepts, in the configuration reference's words (from the field's type and bounds)."""
+    """What a key accepts, in the configuration reference's words (from the field's type and
+    bounds)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if "allowed" in extra:
         return str(extra["allowed"])
@@ -144,7 +152,11 @@ def manifest_block() -> str:
 
 def _owners(group: KeyGroup) -> list[str]:
     """The registered methods that own ``group``."""
-    return [name for name, cls in registry().items() if any(g.name == group.name for g in cls.key_groups())]
+    return [
+        name
+        for name, cls in registry().items()
+        if any(g.name == group.name for g in cls.key_groups())
+    ]
 
 
 def readme_table() -> str:
@@ -154,16 +166,22 @@ def readme_table() -> str:
         meaning = field.description or ""
         if owner is not None:
             meaning = f"({', '.join(f'`{m}`' for m in _owners(owner))}) {meaning}"
-        rows.append(f"| `{key}` | {_markdown(field.default)} | {allowed(key, field)} | {meaning} |\n")
+        rows.append(
+            f"| `{key}` | {_markdown(field.default)} | {allowed(key, field)} | {meaning} |\n"
+        )
     return "".join(rows)
 
 
 def node_table() -> str:
-    """The configuration reference's node-config table: key, when it is required, allowed values, meaning."""
+    """The configuration reference's node-config table: key, when it is required, allowed values,
+    meaning."""
     rows = [NODE_START, "|---|---|---|---|\n"]
     for name, field in NodeConfig.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        rows.append(f"| `{kebab(name)}` | {extra['required']} | {extra['allowed']} | {field.description} |\n")
+        rows.append(
+            f"| `{kebab(name)}` | {extra['required']} | {extra['allowed']} | {field.description} "
+            "|\n"
+        )
     return "".join(rows)
 
 
@@ -180,16 +198,22 @@ def _first_line(path: Path) -> str:
 
 
 def layout_section() -> str:
-    """README's layout section: each package with the first line of its docstring, and its modules' names."""
+    """README's layout section: each package with the first line of its docstring, and its modules'
+    names."""
     lines = [LAYOUT_START, "\n", textwrap.fill(LAYOUT_GUIDE, 110) + "\n", "\n", "```\n"]
-    # The names' column is as wide as the longest folder name, so no description runs into its folder's name.
+    # The names' column is as wide as the longest folder name, so no description runs into its
+    # folder's name.
     width = max(len(folder) for folder in PACKAGES) + 2
     indent = " " * width
 
     def entry(name: str, text: str) -> str:
         return (
             textwrap.fill(
-                text, 118, initial_indent=f"{name:<{width}}", subsequent_indent=indent, break_on_hyphens=False
+                text,
+                118,
+                initial_indent=f"{name:<{width}}",
+                subsequent_indent=indent,
+                break_on_hyphens=False,
             )
             + "\n"
         )
@@ -198,21 +222,28 @@ def layout_section() -> str:
         lines.append(entry(folder + "/", _first_line(ROOT / folder / "__init__.py")))
         names = [p.stem for p in sorted((ROOT / folder).glob("*.py")) if p.name != "__init__.py"]
         if names:  # not a package of packages
-            lines.append(textwrap.fill(", ".join(names), 118, initial_indent=indent, subsequent_indent=indent) + "\n")
+            lines.append(
+                textwrap.fill(
+                    ", ".join(names), 118, initial_indent=indent, subsequent_indent=indent
+                )
+                + "\n"
+            )
     lines.append(
         entry(
             "docker/",
-            "app.Dockerfile (CPU, amd64/arm64; GPU with PyPI's CUDA torch), app-cuda-nvidia.Dockerfile (GPU on NVIDIA's"
-            " base), fleet-gateway.conf; docker-compose.yml runs everything on one host, coordinator.yml the"
-            " coordinator alone, node.yml (+ node.gpu.yml) one node"
-            " machine, compose.arm64.yml adds an arm64 node",
+            "app.Dockerfile (CPU, amd64/arm64; GPU with PyPI's CUDA torch), "
+            "app-cuda-nvidia.Dockerfile (GPU on NVIDIA's base), fleet-gateway.conf; "
+            "docker-compose.yml runs everything on one host, coordinator.yml the coordinator "
+            "alone, node.yml (+ node.gpu.yml) one node machine, compose.arm64.yml adds an arm64 "
+            "node",
         )
     )
     lines.append(
         entry(
             "tests/",
-            "unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and multi-process"
-            " federations, compose topology (each compose service in its own network namespace), Docker end to end",
+            "unit tests (brute force + hypothesis), malformed-reply catalogue, in-process and "
+            "multi-process federations, compose topology (each compose service in its own network "
+            "namespace), Docker end to end",
         )
     )
     lines.append("```\n")
@@ -220,7 +251,8 @@ def layout_section() -> str:
 
 
 def _replace_block(text: str, start: str, block: str, end_marker: str) -> str:
-    """``text`` with the block from ``start`` up to the next ``end_marker`` replaced by ``block`` + one blank line."""
+    """``text`` with the block from ``start`` up to the next ``end_marker`` replaced by ``block`` +
+    one blank line."""
     i = text.index(start)
     j = text.find(end_marker, i + len(start))
     rest = "" if j < 0 else text[j:].lstrip("\n")
@@ -228,7 +260,8 @@ def _replace_block(text: str, start: str, block: str, end_marker: str) -> str:
 
 
 def expected_files() -> dict[Path, str]:
-    """pyproject.toml, README.md and the configuration reference as the code says they should read."""
+    """pyproject.toml, README.md and the configuration reference as the code says they should
+    read."""
     pyproject = ROOT / "pyproject.toml"
     readme = ROOT / "README.md"
     reference = ROOT / "docs" / "guide" / "configuration.md"
@@ -245,7 +278,11 @@ def expected_files() -> dict[Path, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point: ``--check`` (default) or ``--write``."""
     ap = argparse.ArgumentParser(prog="fibos docs", description=__doc__)
-    ap.add_argument("--write", action="store_true", help="rewrite the generated parts of the manifest and the docs")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite the generated parts of the manifest and the docs",
+    )
     args = ap.parse_args(argv)
     stale = []
     for path, text in expected_files().items():

@@ -1,8 +1,8 @@
 """``fibos``: one command line for the local launcher, deployment helpers, benchmarks and analyses.
 
-Each subcommand hands its arguments to the module that implements it (``fibos bench --help`` shows that
-module's options), so a subcommand behaves exactly as the module's own ``main``. The table below is the
-only place that lists them; modules are imported only when their subcommand runs.
+Each subcommand hands its arguments to the module that implements it (``fibos bench --help`` shows
+that module's options), so a subcommand behaves exactly as the module's own ``main``. The table
+below is the only place that lists them; modules are imported only when their subcommand runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "cli.launcher",
         "Run a federation on this machine (SuperLink + SuperNodes, or the Simulation Engine)",
     ),
-    "bench": ("benchmarks.benchmark", "Methods side by side on the same data, partitions, seeds and capacities"),
+    "bench": (
+        "benchmarks.benchmark",
+        "Methods side by side on the same data, partitions, seeds and capacities",
+    ),
     "bench-structured": (
         "benchmarks.structured_bench",
         "Client cost: physically smaller (CA-HFP) vs masked models",
@@ -32,7 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench-vs-flower": (
         "benchmarks.vs_flower.comparison",
-        "Time to accuracy against a stock Flower FedAvg app on the same nodes, data and initial weights",
+        "Time to accuracy against a stock Flower FedAvg app on the same nodes, data and initial "
+        "weights",
     ),
     "bench-poisoning": (
         "benchmarks.poisoning_bench",
@@ -46,7 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "benchmarks.privacy.secagg_bytes",
         "What a node would upload if its masked update went through Flower's SecAgg+",
     ),
-    "bench-fisher-memory": ("benchmarks.fisher_memory_bench", "Server memory of the per-client Fisher state"),
+    "bench-fisher-memory": (
+        "benchmarks.fisher_memory_bench",
+        "Server memory of the per-client Fisher state",
+    ),
     "bench-server": (
         "benchmarks.server_bench",
         "Server seconds per round at scale, step by step, against numpy",
@@ -57,7 +64,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench-refresh": (
         "benchmarks.ranking.refresh_options",
-        "Ways to rank a small client's next mask at the global model: bytes, and what each keeps of the exact mask",
+        "Ways to rank a small client's next mask at the global model: bytes, and what each keeps "
+        "of the exact mask",
     ),
     "bench-fisher-cost": (
         "benchmarks.fisher_cost_bench",
@@ -65,12 +73,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench-text-recipe": (
         "benchmarks.text_recipe_bench",
-        "Which optimiser and step size fine-tune a pretrained text model (central training, per recipe)",
+        "Which optimiser and step size fine-tune a pretrained text model (central training, per "
+        "recipe)",
     ),
-    "class-coverage": ("benchmarks.class_coverage", "Per-class recall and dead units of finished runs"),
+    "class-coverage": (
+        "benchmarks.class_coverage",
+        "Per-class recall and dead units of finished runs",
+    ),
     "ranking-rules": (
         "benchmarks.ranking.ranking_rules",
-        "Submodels of a finished run's global model under each ranking rule (Fisher, magnitude, ...)",
+        "Submodels of a finished run's global model under each ranking rule (Fisher, magnitude, "
+        "...)",
     ),
     "docs": (
         "cli.docs_reference",
@@ -78,9 +91,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "check-gpu": (
         "cli.gpu_check",
-        "The client paths on a CUDA GPU against the CPU (training, Fisher, LoRA, probe, a federation); a report",
+        "The client paths on a CUDA GPU against the CPU (training, Fisher, LoRA, probe, a "
+        "federation); a report",
     ),
-    "credentials": ("cli.credentials", "Make a CA, the SuperLink certificate and SuperNode key pairs"),
+    "credentials": (
+        "cli.credentials",
+        "Make a CA, the SuperLink certificate and SuperNode key pairs",
+    ),
     "control": ("cli.control", "Register SuperNode keys and submit runs through the Control API"),
     "join": ("cli.join", "Make a key pair, register it and start a SuperNode on this machine"),
 }
@@ -94,10 +111,11 @@ app = typer.Typer(
 
 @contextmanager
 def subcommand_argv(name: str, args: Sequence[str]) -> Iterator[list[str]]:
-    """Within the block, ``sys.argv`` reads as the subcommand line typed: ``["fibos <name>", *args]``.
+    """Within the block, ``sys.argv`` reads as the subcommand line typed: ``["fibos <name>",
+    *args]``.
 
-    argparse names the program after ``sys.argv[0]`` (``usage: fibos local ...``, not ``usage: fibos``), and
-    the run-folder lock records ``sys.argv`` as the command holding the folder.
+    argparse names the program after ``sys.argv[0]`` (``usage: fibos local ...``, not ``usage:
+    fibos``), and the run-folder lock records ``sys.argv`` as the command holding the folder.
 
     Parameters
     ----------
@@ -134,14 +152,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``fibos`` script (and ``python -m cli.fibos``)."""
     try:
         # Outside standalone mode click returns a command's exit status instead of raising it.
-        code = app(args=list(sys.argv[1:] if argv is None else argv), prog_name="fibos", standalone_mode=False)
+        code = app(
+            args=list(sys.argv[1:] if argv is None else argv),
+            prog_name="fibos",
+            standalone_mode=False,
+        )
     except typer.Exit as done:
         return int(done.exit_code)
-    except click.ClickException as err:  # an unknown subcommand, or none: click's message or the help
+    except (
+        click.ClickException
+    ) as err:  # an unknown subcommand, or none: click's message or the help
         err.show()
         return err.exit_code
-    except SystemExit as done:  # argparse's --help and usage errors (printed already), or sys.exit("message")
-        if isinstance(done.code, str):  # Python prints such a message and exits 1; so must this entry point
+    except (
+        SystemExit
+    ) as done:  # argparse's --help and usage errors (printed already), or sys.exit("message")
+        if isinstance(
+            done.code, str
+        ):  # Python prints such a message and exits 1; so must this entry point
             print(done.code, file=sys.stderr)
             return 1
         return int(done.code or 0)

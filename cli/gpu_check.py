@@ -1,28 +1,34 @@
-"""``fibos check-gpu``: the product's client paths on a CUDA GPU, compared with the same paths on the CPU.
+"""``fibos check-gpu``: the product's client paths on a CUDA GPU, compared with the same paths on
+the CPU.
 
-Each check runs one path of a node twice, on the CPU (the reference) and on the target device (``cuda`` when torch
-sees a GPU, otherwise the CPU again, so that a machine without a GPU still checks the CPU side and the comparison
-itself), with the same data, seed and mask:
+Each check runs one path of a node twice, on the CPU (the reference) and on the target device
+(``cuda`` when torch sees a GPU, otherwise the CPU again, so that a machine without a GPU still
+checks the CPU side and the comparison itself), with the same data, seed and mask:
 
 * ``environment``: torch's build (its CUDA release), the GPUs it sees.
-* ``discovery``: the ClientApp's QUERY answered by a node configured with ``device="cuda"``. With a GPU the node
-  reports ``cuda:0``; without one it must refuse with a reason (the server then leaves it out), not crash.
-* ``train-cnn`` / ``train-resnet18``: one round of fedfibos' masked training at capacities 1, 1/4 and 1/16 (the
-  submodel the server would send a new client of that capacity). The two devices' mean losses must agree within
-  :data:`LOSS_RTOL` and their updates within :data:`UPDATE_RTOL` (relative L2 distance): cuDNN convolutions run in
-  TF32 by default and reduce in another order, so a GPU is not bit-equal to the CPU.
-* ``fisher-cnn`` / ``fisher-resnet18``: the per-example Fisher, vectorised (``torch.func.vmap``) on the target
-  against the one-example-at-a-time loop on the CPU: the top-k positions at 1/4 and 1/16 of the model must overlap
-  by at least :data:`MASK_OVERLAP`.
-* ``lora``: a round of LoRA adapters on the pretrained text model (``--text-model``; by default the MiniLM of
-  ``make text-data``), at capacities 1 and 1/4; skipped, saying why, when no text model is installed.
+* ``discovery``: the ClientApp's QUERY answered by a node configured with ``device="cuda"``. With a
+  GPU the node reports ``cuda:0``; without one it must refuse with a reason (the server then leaves
+  it out), not crash.
+* ``train-cnn`` / ``train-resnet18``: one round of fedfibos' masked training at capacities 1, 1/4
+  and 1/16 (the submodel the server would send a new client of that capacity). The two devices' mean
+  losses must agree within :data:`LOSS_RTOL` and their updates within :data:`UPDATE_RTOL` (relative
+  L2 distance): cuDNN convolutions run in TF32 by default and reduce in another order, so a GPU is
+  not bit-equal to the CPU.
+* ``fisher-cnn`` / ``fisher-resnet18``: the per-example Fisher, vectorised (``torch.func.vmap``) on
+  the target against the one-example-at-a-time loop on the CPU: the top-k positions at 1/4 and 1/16
+  of the model must overlap by at least :data:`MASK_OVERLAP`.
+* ``lora``: a round of LoRA adapters on the pretrained text model (``--text-model``; by default the
+  MiniLM of ``make text-data``), at capacities 1 and 1/4; skipped, saying why, when no text model is
+  installed.
 * ``probe``: the capacity probe (memory and matrix-multiply throughput) on each device.
-* ``federation``: ``fibos local`` with three SuperNodes, the first on ``cuda`` (on the CPU without a GPU) and two on
-  the CPU; seconds per round, and each node's training seconds per example (``--no-federation`` leaves it out).
+* ``federation``: ``fibos local`` with three SuperNodes, the first on ``cuda`` (on the CPU without a
+  GPU) and two on the CPU; seconds per round, and each node's training seconds per example
+  (``--no-federation`` leaves it out).
 
-Each check reports seconds per round and per example on each device and, on a GPU, the peak memory torch
-allocated. The report is written as ``gpu-check.json`` and ``gpu-check.md`` under ``--out``. Exit status: 0 when
-no check failed (skipped ones included, a machine without a GPU included), 1 otherwise.
+Each check reports seconds per round and per example on each device and, on a GPU, the peak memory
+torch allocated. The report is written as ``gpu-check.json`` and ``gpu-check.md`` under ``--out``.
+Exit status: 0 when no check failed (skipped ones included, a machine without a GPU included), 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -99,7 +105,8 @@ def relative_distance(a: NDArray[np.float32], b: NDArray[np.float32]) -> float:
 
 
 def topk_overlap(a: NDArray[np.float32], b: NDArray[np.float32], share: float) -> float:
-    """Share of the ``ceil(share * d)`` largest positions of ``a`` that are also among those of ``b``."""
+    """Share of the ``ceil(share * d)`` largest positions of ``a`` that are also among those of
+    ``b``."""
     k = max(1, int(np.ceil(share * a.size)))
     top_a = np.argpartition(-a, k - 1)[:k]
     top_b = np.argpartition(-b, k - 1)[:k]
@@ -108,7 +115,8 @@ def topk_overlap(a: NDArray[np.float32], b: NDArray[np.float32], share: float) -
 
 @contextmanager
 def gpu_peak(device: torch.device) -> Iterator[dict[str, float]]:
-    """Within the block, the peak memory torch allocates on ``device`` (``peak_mib``; ``None`` on the CPU)."""
+    """Within the block, the peak memory torch allocates on ``device`` (``peak_mib``; ``None`` on
+    the CPU)."""
     out: dict[str, float] = {}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -123,7 +131,11 @@ def gpu_peak(device: torch.device) -> Iterator[dict[str, float]]:
 
 def environment(devices: Devices) -> Check:
     """torch's build and the GPUs it sees."""
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if devices.gpu else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if devices.gpu
+        else []
+    )
     row = {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
@@ -138,14 +150,23 @@ def environment(devices: Devices) -> Check:
         detail = f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {', '.join(gpus)}"
     else:
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
-        detail = f"no CUDA device: torch {torch.__version__} ({build}); the CPU is compared with itself"
+        detail = (
+            f"no CUDA device: torch {torch.__version__} ({build}); the CPU is compared with itself"
+        )
     return Check("environment", "pass", detail, [row])
 
 
 def _run_config(overrides: dict[str, Any]) -> Any:
     from common.config.parse import parse_run_config
 
-    base = {"dataset": "digits", "method": "fedfibos", "local-epochs": 1, "batch-size": 32, "seed": 0, "lr": 0.05}
+    base = {
+        "dataset": "digits",
+        "method": "fedfibos",
+        "local-epochs": 1,
+        "batch-size": 32,
+        "seed": 0,
+        "lr": 0.05,
+    }
     return parse_run_config({**base, **overrides})
 
 
@@ -157,7 +178,8 @@ def _node(run: Any, gamma: float, device: str, partitions: int = 8) -> Any:
 
 
 def discovery(devices: Devices) -> Check:
-    """The ClientApp's QUERY for a node configured with ``device="cuda"``: a profile on a GPU, a reason without."""
+    """The ClientApp's QUERY for a node configured with ``device="cuda"``: a profile on a GPU, a
+    reason without."""
     from flwr.app import Context, Message, MessageType, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
@@ -172,21 +194,37 @@ def discovery(devices: Devices) -> Check:
     msg.metadata.__dict__["_message_id"] = "gpu-check-query"
     try:
         reply = query(msg, Context(1, 1, node_config, RecordDict(), run_config))
-    except Exception as err:  # the node crashed instead of answering: the server would see no profile
+    except (
+        Exception
+    ) as err:  # the node crashed instead of answering: the server would see no profile
         return Check("discovery", "fail", f"the QUERY handler raised {type(err).__name__}: {err}")
     error = str(reply.content.config_records[P.PROFILE].get("error", ""))
-    device = str(reply.content.config_records["device"]["device"]) if "device" in reply.content.config_records else ""
+    device = (
+        str(reply.content.config_records["device"]["device"])
+        if "device" in reply.content.config_records
+        else ""
+    )
     row = {"device": device, "error": error}
     if devices.gpu:
         ok = not error and device.startswith("cuda")
-        return Check("discovery", "pass" if ok else "fail", f"device=cuda node reports {device or error!r}", [row])
+        return Check(
+            "discovery",
+            "pass" if ok else "fail",
+            f"device=cuda node reports {device or error!r}",
+            [row],
+        )
     ok = "device=cuda" in error and "no CUDA device" in error
-    detail = f"device=cuda node refuses at discovery: {error}" if ok else f"expected a refusal, got {row}"
+    detail = (
+        f"device=cuda node refuses at discovery: {error}"
+        if ok
+        else f"expected a refusal, got {row}"
+    )
     return Check("discovery", "pass" if ok else "fail", detail, [row])
 
 
 def initial_model(run: Any, method: Any, train: Any) -> tuple[NDArray[np.float32], Any]:
-    """The run's initial global model, flat, and its layout: the server's, rebuilt from the same seed."""
+    """The run's initial global model, flat, and its layout: the server's, rebuilt from the same
+    seed."""
     from common.models.architectures import build_run_model, model_layout, trainable_arrays
 
     model = method.federated_model(build_run_model(run, train.num_classes, train.in_channels))
@@ -206,10 +244,11 @@ class RoundOutcome:
 
 
 def client_round(run: Any, gamma: float, device: torch.device) -> RoundOutcome:
-    """One round of the run's method on the node of partition 0, capacity ``gamma``, trained on ``device``.
+    """One round of the run's method on the node of partition 0, capacity ``gamma``, trained on
+    ``device``.
 
-    The download is what the server sends a client of capacity ``gamma`` it knows nothing about yet (the
-    method's mask for a capacity level at round 1), encoded as on the wire.
+    The download is what the server sends a client of capacity ``gamma`` it knows nothing about yet
+    (the method's mask for a capacity level at round 1), encoded as on the wire.
     """
     from client.local_data import load_local_data
     from common.methods import create_method
@@ -231,12 +270,17 @@ def client_round(run: Any, gamma: float, device: torch.device) -> RoundOutcome:
         update = method.client_train(got, data.train, round_train_config(run, node, 1), device)
         seconds = time.perf_counter() - start
     delta = np.asarray(update.arrays[P.DELTA], dtype=np.float32)
-    return RoundOutcome(delta, float(update.loss), int(update.num_examples), seconds, peak.get("peak_mib"))
+    return RoundOutcome(
+        delta, float(update.loss), int(update.num_examples), seconds, peak.get("peak_mib")
+    )
 
 
 def compare_rounds(name: str, run: Any, devices: Devices, capacities: Sequence[float]) -> Check:
-    """:func:`client_round` on both devices at each capacity: losses within LOSS_RTOL, updates within UPDATE_RTOL."""
-    client_round(run, capacities[0], devices.target)  # untimed: CUDA's context and kernels load on first use
+    """:func:`client_round` on both devices at each capacity: losses within LOSS_RTOL, updates
+    within UPDATE_RTOL."""
+    client_round(
+        run, capacities[0], devices.target
+    )  # untimed: CUDA's context and kernels load on first use
     rows, worst = [], []
     for gamma in capacities:
         ref = client_round(run, gamma, devices.reference)
@@ -264,14 +308,22 @@ def compare_rounds(name: str, run: Any, devices: Devices, capacities: Sequence[f
     failed = [w for w in worst if not w[0]]
     if failed:
         _, gamma, ld, ud = failed[0]
-        detail = f"capacity {gamma:g}: loss differs by {ld:.2e} (<= {LOSS_RTOL}), update by {ud:.2e} (<= {UPDATE_RTOL})"
+        detail = (
+            f"capacity {gamma:g}: loss differs by {ld:.2e} (<= {LOSS_RTOL}), update by {ud:.2e} "
+            f"(<= {UPDATE_RTOL})"
+        )
         return Check(name, "fail", detail, rows)
     top = max(r["update_rel_diff"] for r in rows)
-    return Check(name, "pass", f"updates within {top:.2e} of the CPU's (tolerance {UPDATE_RTOL})", rows)
+    return Check(
+        name, "pass", f"updates within {top:.2e} of the CPU's (tolerance {UPDATE_RTOL})", rows
+    )
 
 
-def compare_fisher(name: str, run: Any, devices: Devices, examples: int, shares: Sequence[float]) -> Check:
-    """The per-example Fisher vectorised on the target against the CPU loop: top-k overlap at each share."""
+def compare_fisher(
+    name: str, run: Any, devices: Devices, examples: int, shares: Sequence[float]
+) -> Check:
+    """The per-example Fisher vectorised on the target against the CPU loop: top-k overlap at each
+    share."""
     from client.local_data import load_local_data
     from common.fisher.estimation import per_example_fisher
     from common.methods import create_method
@@ -282,13 +334,17 @@ def compare_fisher(name: str, run: Any, devices: Devices, examples: int, shares:
     indices = np.arange(min(examples, len(data)), dtype=np.int64)
     mask = np.ones(layout.size, dtype=bool)
 
-    def estimate(device: torch.device, vectorise: bool) -> tuple[NDArray[np.float32], float, float | None]:
+    def estimate(
+        device: torch.device, vectorise: bool
+    ) -> tuple[NDArray[np.float32], float, float | None]:
         from common.models.architectures import build_run_model
 
         model = build_run_model(run, data.num_classes, data.in_channels)
         with gpu_peak(device) as peak:
             start = time.perf_counter()
-            fisher = per_example_fisher(model, layout, x0, mask, data, indices, None, device, vectorise=vectorise)
+            fisher = per_example_fisher(
+                model, layout, x0, mask, data, indices, None, device, vectorise=vectorise
+            )
             seconds = time.perf_counter() - start
         return fisher, seconds, peak.get("peak_mib")
 
@@ -318,7 +374,10 @@ def compare_fisher(name: str, run: Any, devices: Devices, examples: int, shares:
         )
     low = min(r["overlap"] for r in rows)
     how = "vectorised" if vmap_safe else f"loop ({reason})"
-    detail = f"{how} on {devices.target} against the CPU loop: top-k overlap >= {low:.4f} (needs {MASK_OVERLAP})"
+    detail = (
+        f"{how} on {devices.target} against the CPU loop: top-k overlap >= {low:.4f} (needs "
+        f"{MASK_OVERLAP})"
+    )
     return Check(name, "pass" if low >= MASK_OVERLAP else "fail", detail, rows)
 
 
@@ -334,7 +393,9 @@ def default_text_model() -> str | None:
 def lora(devices: Devices, model_path: str | None, text_overrides: dict[str, Any]) -> Check:
     """A LoRA round of the pretrained text model on both devices (skipped without a text model)."""
     if model_path is None:
-        return Check("lora", "skipped", "no text model: run `make text-data` or pass --text-model FOLDER")
+        return Check(
+            "lora", "skipped", "no text model: run `make text-data` or pass --text-model FOLDER"
+        )
     overrides = {
         "dataset": "rotten_tomatoes",
         "model": "hf",
@@ -348,7 +409,9 @@ def lora(devices: Devices, model_path: str | None, text_overrides: dict[str, Any
     }
     try:
         run = _run_config(overrides)
-    except Exception as err:  # a configuration the text model or data cannot serve: said, not raised
+    except (
+        Exception
+    ) as err:  # a configuration the text model or data cannot serve: said, not raised
         return Check("lora", "skipped", f"the text run cannot be set up: {err}")
     check = compare_rounds("lora", run, devices, CAPACITIES[:2])
     check.detail = f"{Path(model_path).name}: {check.detail}"
@@ -356,11 +419,14 @@ def lora(devices: Devices, model_path: str | None, text_overrides: dict[str, Any
 
 
 def probe(devices: Devices) -> Check:
-    """The capacity probe on each device: memory (GiB), float32 matrix-multiply throughput (GFLOP/s), capacity."""
+    """The capacity probe on each device: memory (GiB), float32 matrix-multiply throughput
+    (GFLOP/s), capacity."""
     from client.capacity_probe import probe_device
 
     rows = [asdict(probe_device(d)) for d in dict.fromkeys([devices.reference, devices.target])]
-    detail = "; ".join(f"{r['device']}: {r['memory_gib']:.1f} GiB, {r['gflops']:.0f} GFLOP/s" for r in rows)
+    detail = "; ".join(
+        f"{r['device']}: {r['memory_gib']:.1f} GiB, {r['gflops']:.0f} GFLOP/s" for r in rows
+    )
     return Check("probe", "pass", detail, rows)
 
 
@@ -388,7 +454,9 @@ def federation(devices: Devices, out: Path, rounds: int, timeout: float) -> Chec
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 120, check=False)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        return Check("federation", "fail", f"fibos local exited {done.returncode}: {' | '.join(tail)}")
+        return Check(
+            "federation", "fail", f"fibos local exited {done.returncode}: {' | '.join(tail)}"
+        )
     metrics = json.loads((folder / "metrics.json").read_text())
     rows: list[dict[str, Any]] = []
     per_device: dict[str, list[float]] = {}
@@ -408,7 +476,8 @@ def federation(devices: Devices, out: Path, rounds: int, timeout: float) -> Chec
 
 
 def guarded(name: str, fn: Callable[[], Check]) -> Check:
-    """``fn()``, or a failed check naming the exception (one broken path does not hide the others)."""
+    """``fn()``, or a failed check naming the exception (one broken path does not hide the
+    others)."""
     try:
         return fn()
     except Exception as err:
@@ -435,7 +504,8 @@ def run_checks(
     target : {"auto", "cuda", "cpu"}
         The device compared with the CPU: ``auto`` takes ``cuda`` when torch sees one.
     text_model : str, optional
-        The pretrained text model of the LoRA check (default: MiniLM of ``make text-data``; none: skipped).
+        The pretrained text model of the LoRA check (default: MiniLM of ``make text-data``; none:
+        skipped).
     text_overrides : dict, optional
         Run-config settings of the LoRA check (e.g. another dataset and its ``data-path``).
     with_federation : bool
@@ -456,21 +526,34 @@ def run_checks(
     steps: list[tuple[str, Callable[[], Check]]] = [
         ("environment", lambda: environment(devices)),
         ("discovery", lambda: discovery(devices)),
-        ("train-cnn", lambda: compare_rounds("train-cnn", _run_config({"model": "cnn"}), devices, CAPACITIES)),
+        (
+            "train-cnn",
+            lambda: compare_rounds("train-cnn", _run_config({"model": "cnn"}), devices, CAPACITIES),
+        ),
         (
             "train-resnet18",
-            lambda: compare_rounds("train-resnet18", _run_config({"model": "resnet18"}), devices, CAPACITIES),
+            lambda: compare_rounds(
+                "train-resnet18", _run_config({"model": "resnet18"}), devices, CAPACITIES
+            ),
         ),
         (
             "fisher-cnn",
             lambda: compare_fisher(
-                "fisher-cnn", _run_config({"model": "cnn"}), devices, fisher_examples, CAPACITIES[1:]
+                "fisher-cnn",
+                _run_config({"model": "cnn"}),
+                devices,
+                fisher_examples,
+                CAPACITIES[1:],
             ),
         ),
         (
             "fisher-resnet18",
             lambda: compare_fisher(
-                "fisher-resnet18", _run_config({"model": "resnet18"}), devices, fisher_examples, CAPACITIES[1:]
+                "fisher-resnet18",
+                _run_config({"model": "resnet18"}),
+                devices,
+                fisher_examples,
+                CAPACITIES[1:],
             ),
         ),
         ("lora", lambda: lora(devices, text_model or default_text_model(), text_overrides or {})),
@@ -480,7 +563,9 @@ def run_checks(
         steps.append(("federation", lambda: federation(devices, out, federation_rounds, 900.0)))
     unknown = sorted(set(only) - {name for name, _ in steps})
     if unknown:
-        raise ValueError(f"--only {','.join(unknown)}: the checks are {', '.join(name for name, _ in steps)}")
+        raise ValueError(
+            f"--only {','.join(unknown)}: the checks are {', '.join(name for name, _ in steps)}"
+        )
     checks = []
     for name, fn in (step for step in steps if not only or step[0] in only):
         start = time.perf_counter()
@@ -504,15 +589,21 @@ def markdown_report(checks: Sequence[Check]) -> str:
     lines += [f"| {c.name} | {c.status} | {c.detail.replace('|', '/')} |" for c in checks]
     lines += [
         "",
-        f"Tolerances: mean loss within {LOSS_RTOL} (relative), update within {UPDATE_RTOL} (relative L2), "
-        f"top-k Fisher overlap at least {MASK_OVERLAP}. Seconds are wall-clock; `peak_gpu_mib` is torch's peak "
-        "allocation on the GPU.",
+        f"Tolerances: mean loss within {LOSS_RTOL} (relative), update within {UPDATE_RTOL} "
+        f"(relative L2), top-k Fisher overlap at least {MASK_OVERLAP}. Seconds are wall-clock; "
+        "`peak_gpu_mib` is torch's peak allocation on the GPU.",
     ]
     for c in checks:
         if not c.rows:
             continue
         keys = list(dict.fromkeys(k for row in c.rows for k in row))
-        lines += ["", f"## {c.name}", "", "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        lines += [
+            "",
+            f"## {c.name}",
+            "",
+            "| " + " | ".join(keys) + " |",
+            "|" + " --- |" * len(keys),
+        ]
         lines += ["| " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for row in c.rows]
     return "\n".join(lines) + "\n"
 
@@ -522,7 +613,11 @@ def write_report(checks: Sequence[Check], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "gpu-check.json", out / "gpu-check.md"
     payload = {
-        "tolerances": {"loss_rtol": LOSS_RTOL, "update_rtol": UPDATE_RTOL, "mask_overlap": MASK_OVERLAP},
+        "tolerances": {
+            "loss_rtol": LOSS_RTOL,
+            "update_rtol": UPDATE_RTOL,
+            "mask_overlap": MASK_OVERLAP,
+        },
         "checks": [asdict(c) for c in checks],
     }
     json_path.write_text(json.dumps(payload, indent=1, default=str))
@@ -532,29 +627,45 @@ def write_report(checks: Sequence[Check], out: Path) -> tuple[Path, Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos check-gpu``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=Path("results/gpu-check"), help="report folder")
     ap.add_argument(
-        "--device", choices=("auto", "cuda", "cpu"), default="auto", help="the device compared with the CPU"
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="the device compared with the CPU",
     )
     ap.add_argument(
-        "--text-model", default=None, help="pretrained text model folder (default: MiniLM of make text-data)"
+        "--text-model",
+        default=None,
+        help="pretrained text model folder (default: MiniLM of make text-data)",
     )
     ap.add_argument(
         "--text-config",
         "-t",
         action="append",
         default=[],
-        help="run-config setting of the LoRA check, e.g. -t dataset=ag_news -t data-path=/data/news",
+        help="run-config setting of the LoRA check, e.g. -t dataset=ag_news -t "
+        "data-path=/data/news",
     )
     ap.add_argument("--no-federation", action="store_true", help="leave out the fibos local check")
-    ap.add_argument("--only", default="", help="comma-separated checks to run (default: all), e.g. discovery,train-cnn")
-    ap.add_argument("--fisher-examples", type=int, default=32, help="examples of the per-example Fisher check")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated checks to run (default: all), e.g. discovery,train-cnn",
+    )
+    ap.add_argument(
+        "--fisher-examples", type=int, default=32, help="examples of the per-example Fisher check"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the federation check")
     args = ap.parse_args(argv)
     from common.config.overrides import parse_overrides
 
-    os.environ.setdefault("FIBOS_CACHE_DIR", str(Path(tempfile.gettempdir()) / "fibos-fl-gpu-check"))
+    os.environ.setdefault(
+        "FIBOS_CACHE_DIR", str(Path(tempfile.gettempdir()) / "fibos-fl-gpu-check")
+    )
     try:
         checks = run_checks(
             args.out,

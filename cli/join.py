@@ -44,10 +44,12 @@ from common.training.catalog import DEVICES
 
 
 def node_config(args: argparse.Namespace) -> str:
-    """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp does.
+    """The ``--node-config`` string (TOML values, strings quoted), validated like the ClientApp
+    does.
 
-    With ``--data-path`` the node trains on that folder of its own in ``dataset = "node"`` runs; with
-    ``--partition-id`` / ``--num-partitions`` on that partition of a run's shared dataset (a node may have both).
+    With ``--data-path`` the node trains on that folder of its own in ``dataset = "node"`` runs;
+    with ``--partition-id`` / ``--num-partitions`` on that partition of a run's shared dataset (a
+    node may have both).
     """
     capacity = '"auto"' if args.capacity == "auto" else args.capacity
     raw: dict[str, object] = {
@@ -56,7 +58,10 @@ def node_config(args: argparse.Namespace) -> str:
         "device": args.device,
     }
     where = []
-    for key, value in (("partition-id", args.partition_id), ("num-partitions", args.num_partitions)):
+    for key, value in (
+        ("partition-id", args.partition_id),
+        ("num-partitions", args.num_partitions),
+    ):
         if value is not None:
             raw[key] = value
             where.append(f"{key}={value}")
@@ -86,27 +91,64 @@ def supernode_command(args: argparse.Namespace, key: Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos join``; also ``python -m cli.join``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--name", required=True, help="this client's name (key file, registration, client-id)")
-    ap.add_argument("--superlink", required=True, help="HOST:PORT of the Fleet API (the compose gateway: port 8000)")
-    ap.add_argument("--root-certificates", type=Path, required=True, help="the federation's CA certificate (ca.crt)")
-    ap.add_argument("--control-api", help="HOST:PORT of the SuperLink's Control API, to register the key")
-    ap.add_argument("--no-register", action="store_true", help="the operator registers the key; just start")
-    ap.add_argument("--partition-id", type=int, help="this node's partition of the run's shared dataset")
-    ap.add_argument("--num-partitions", type=int, help="partitions the shared dataset is split into")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--name", required=True, help="this client's name (key file, registration, client-id)"
+    )
+    ap.add_argument(
+        "--superlink",
+        required=True,
+        help="HOST:PORT of the Fleet API (the compose gateway: port 8000)",
+    )
+    ap.add_argument(
+        "--root-certificates",
+        type=Path,
+        required=True,
+        help="the federation's CA certificate (ca.crt)",
+    )
+    ap.add_argument(
+        "--control-api", help="HOST:PORT of the SuperLink's Control API, to register the key"
+    )
+    ap.add_argument(
+        "--no-register", action="store_true", help="the operator registers the key; just start"
+    )
+    ap.add_argument(
+        "--partition-id", type=int, help="this node's partition of the run's shared dataset"
+    )
+    ap.add_argument(
+        "--num-partitions", type=int, help="partitions the shared dataset is split into"
+    )
     ap.add_argument(
         "--data-path",
-        help='this node\'s own data, for dataset = "node" runs (instead of a partition): an image folder, a '
+        help='this node\'s own data, for dataset = "node" runs (instead of a partition): an image '
+        "folder, a "
         "save_to_disk folder, Parquet/CSV files or label<TAB>text lines, on this machine",
     )
-    ap.add_argument("--capacity", default="auto", help="share of the model in (0, 1], or auto (measure the device)")
-    ap.add_argument("--device", default="auto", choices=DEVICES, help="training device (auto: cuda, mps, cpu)")
-    ap.add_argument("--keys", type=Path, default=Path.home() / ".fibos-fl" / "keys", help="folder for key pairs")
     ap.add_argument(
-        "--wait", type=float, default=300.0, help="seconds to wait for the SuperLink's Control API to answer"
+        "--capacity",
+        default="auto",
+        help="share of the model in (0, 1], or auto (measure the device)",
     )
-    ap.add_argument("--runtime-port", type=int, default=9094, help="the SuperNode's local ClientApp port")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands instead of running them")
+    ap.add_argument(
+        "--device", default="auto", choices=DEVICES, help="training device (auto: cuda, mps, cpu)"
+    )
+    ap.add_argument(
+        "--keys", type=Path, default=Path.home() / ".fibos-fl" / "keys", help="folder for key pairs"
+    )
+    ap.add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the SuperLink's Control API to answer",
+    )
+    ap.add_argument(
+        "--runtime-port", type=int, default=9094, help="the SuperNode's local ClientApp port"
+    )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the commands instead of running them"
+    )
     args = ap.parse_args(argv)
 
     if not args.root_certificates.is_file():
@@ -116,14 +158,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PreflightError as err:
         ap.error(str(err))
     if not (args.control_api or args.no_register):
-        ap.error("give --control-api HOST:PORT to register the key, or --no-register if the operator did")
+        ap.error(
+            "give --control-api HOST:PORT to register the key, or --no-register if the operator did"
+        )
     try:
         node_config(args)
     except (ConfigError, ValueError) as err:
         ap.error(str(err))
     if args.data_path and not Path(args.data_path).expanduser().exists():
-        # The SuperNode runs its ClientApp here: a wrong path would surface only in the server's log, as this
-        # node excluded from each round. A dry run may be prepared for another machine: there it is a warning.
+        # The SuperNode runs its ClientApp here: a wrong path would surface only in the server's
+        # log, as this node excluded from each round. A dry run may be prepared for another machine:
+        # there it is a warning.
         missing = f"--data-path {args.data_path}: no such file or folder on this machine"
         if not args.dry_run:
             ap.error(missing)
@@ -169,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("$ " + shlex.join(cmd), flush=True)
     if args.dry_run:
         return 0
-    try:  # the SuperNode itself would retry a wrong CA or an unknown name forever, saying so only in its log
+    # the SuperNode itself would retry a wrong CA or an unknown name forever, saying so only in its
+    # log
+    try:
         check_coordinator(args.superlink, args.root_certificates, args.wait)
     except PreflightError as err:
         print(f"error: {err}; the SuperNode was not started", file=sys.stderr)

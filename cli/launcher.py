@@ -54,9 +54,11 @@ DEFAULT_CAPACITIES = (1.0, 0.5, 0.25, 0.25, 0.125, 0.0625)
 APP_DIR = Path(__file__).resolve().parents[1]
 ROUND_LINE = re.compile(r"\[(?:round|update) \d+/\d+\].*")
 #: The last line of a Python traceback: ``package.module.SomeError: message``.
-EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
-#: ``--superlink-database`` value for Flower's in-memory state (no SQLite file; ``flower-superlink`` without
-#: ``--database``).
+EXCEPTION_LINE = re.compile(
+    r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$"
+)
+#: ``--superlink-database`` value for Flower's in-memory state (no SQLite file; ``flower-superlink``
+#: without ``--database``).
 MEMORY_DATABASE = "memory"
 #: What SQLite says when a write waited past its busy timeout (Flower's: 5 s, ``SQLITE_PRAGMAS``).
 DATABASE_LOCKED = "database is locked"
@@ -74,7 +76,9 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen | None = Non
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process {proc.args[0]} exited with code {proc.returncode} before listening")
+            raise RuntimeError(
+                f"process {proc.args[0]} exited with code {proc.returncode} before listening"
+            )
         with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
@@ -98,7 +102,8 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
 
 
 def _bin(name: str) -> str:
-    """A console script of the running interpreter's environment (works without an activated venv)."""
+    """A console script of the running interpreter's environment (works without an activated
+    venv)."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
 
@@ -130,7 +135,8 @@ def positive_seconds(text: str) -> float:
 
 
 def superlink_database(text: str) -> str:
-    """``--superlink-database``: ``memory``, or a file for the SuperLink's SQLite state (argparse type).
+    """``--superlink-database``: ``memory``, or a file for the SuperLink's SQLite state (argparse
+    type).
 
     A path is returned absolute; its folder must exist, and it must not be a folder itself.
     """
@@ -140,21 +146,25 @@ def superlink_database(text: str) -> str:
         raise argparse.ArgumentTypeError("give memory or a file path")
     path = Path(text).expanduser().resolve()
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give a file path (e.g. {path / 'state.db'}) or memory")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a folder; give a file path (e.g. {path / 'state.db'}) or memory"
+        )
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r}: the folder {path.parent} does not exist")
     return str(path)
 
 
 def database_diagnosis(superlink_log: Path, database: str, since: int = 0) -> str:
-    """Why a run failed, when the SuperLink's log shows its SQLite database locked; empty when it does not.
+    """Why a run failed, when the SuperLink's log shows its SQLite database locked; empty when it
+    does not.
 
-    ``since``: the log's size in bytes when the run began (what an earlier run of the same SuperLink logged is
-    not this run's cause).
+    ``since``: the log's size in bytes when the run began (what an earlier run of the same SuperLink
+    logged is not this run's cause).
 
-    Under load (or with another process holding the file) a SuperLink write waits past SQLite's busy timeout
-    (Flower: 5 s, not configurable) and the request fails with an internal server error; the ServerApp or a
-    node then sees only that error (``500 Internal Server Error``, ``push session may have expired``).
+    Under load (or with another process holding the file) a SuperLink write waits past SQLite's busy
+    timeout (Flower: 5 s, not configurable) and the request fails with an internal server error; the
+    ServerApp or a node then sees only that error (``500 Internal Server Error``, ``push session may
+    have expired``).
     """
     try:
         with open(superlink_log, "rb") as log:
@@ -166,11 +176,13 @@ def database_diagnosis(superlink_log: Path, database: str, since: int = 0) -> st
         return ""
     times = "once" if count == 1 else f"{count} times"
     return (
-        f"the SuperLink's database {database} was locked ('{DATABASE_LOCKED}', {times} in {superlink_log}): "
-        "a write waited longer than SQLite's 5 s busy timeout, because another process held the file or the "
-        "machine was too loaded to commit in time. Launch again with --superlink-database memory (nothing the "
-        "run needs is lost; -c resume=true continues from the last checkpoint), or with the database on a local, "
-        'idle disk (--superlink-database PATH); docs/design/reliability.md, "The SuperLink\'s database under load"'
+        f"the SuperLink's database {database} was locked ('{DATABASE_LOCKED}', {times} in "
+        f"{superlink_log}): a write waited longer than SQLite's 5 s busy timeout, because another "
+        "process held the file or the machine was too loaded to commit in time. Launch again with "
+        "--superlink-database memory (nothing the run needs is lost; -c resume=true continues "
+        "from the last checkpoint), or with the database on a local, "
+        "idle disk (--superlink-database PATH); docs/design/reliability.md, \"The SuperLink's "
+        'database under load"'
     )
 
 
@@ -188,7 +200,8 @@ def check_results_folder(results_dir: Path, flag: str = "--results") -> None:
 
 
 def app_run_config(app_dir: Path) -> dict[str, object]:
-    """The app's run-config defaults (``[tool.flwr.app.config]`` of its pyproject.toml), as Flower reads them."""
+    """The app's run-config defaults (``[tool.flwr.app.config]`` of its pyproject.toml), as Flower
+    reads them."""
     from flwr.common.config import flatten_dict, get_project_config
 
     if not (app_dir / "pyproject.toml").is_file():
@@ -198,16 +211,18 @@ def app_run_config(app_dir: Path) -> dict[str, object]:
 
 
 def check_run_config(overrides: Mapping[str, object], app_dir: Path = APP_DIR) -> RunConfig:
-    """Validate the run config ``flwr run`` would give the ServerApp: the app's defaults with ``overrides``.
+    """Validate the run config ``flwr run`` would give the ServerApp: the app's defaults with
+    ``overrides``.
 
-    The same schema the ServerApp and ClientApp parse (:func:`common.config.run.parse_run_config`), so a bad
-    value is refused here, before any process starts, with the message that names the key.
+    The same schema the ServerApp and ClientApp parse (:func:`common.config.run.parse_run_config`),
+    so a bad value is refused here, before any process starts, with the message that names the key.
     """
     return parse_run_config({**app_run_config(app_dir), **overrides})
 
 
 def _same_setting(key: str, a: object, b: object) -> bool:
-    """Whether two values of run-config ``key`` mean the same (paths resolved, capacity lists parsed)."""
+    """Whether two values of run-config ``key`` mean the same (paths resolved, capacity lists
+    parsed)."""
     try:
         if key == "results-dir":
             return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()
@@ -218,8 +233,11 @@ def _same_setting(key: str, a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-def merge_flag_settings(run_config: Mapping[str, object], flags: Mapping[str, tuple[str, object]]) -> dict[str, object]:
-    """``run_config`` plus the keys a launcher flag sets; a ``-c`` key that a flag sets differently is refused.
+def merge_flag_settings(
+    run_config: Mapping[str, object], flags: Mapping[str, tuple[str, object]]
+) -> dict[str, object]:
+    """``run_config`` plus the keys a launcher flag sets; a ``-c`` key that a flag sets differently
+    is refused.
 
     Parameters
     ----------
@@ -232,8 +250,8 @@ def merge_flag_settings(run_config: Mapping[str, object], flags: Mapping[str, tu
     for key, (flag, value) in flags.items():
         if key in out and not _same_setting(key, out[key], value):
             raise ConfigError(
-                f"{key}={out[key]!r} (from -c) and {flag} set {key} to different values; give it once, "
-                f"either as {flag} or as -c {key}=..."
+                f"{key}={out[key]!r} (from -c) and {flag} set {key} to different values; give it "
+                f"once, either as {flag} or as -c {key}=..."
             )
         out[key] = value
     return out
@@ -244,10 +262,10 @@ class LocalFederation:
 
     Use as a context manager: entering locks ``home`` (:mod:`cli.run_folder`; a second launch on it
     is refused) and starts the daemons; leaving stops every process they started, and nothing else,
-    also on errors, Ctrl-C and SIGTERM; should this process be killed outright, the group's guard stops
-    them (:mod:`cli.process_group`, log ``guard.log``). Each launch has its own Flower state
-    (FLWR_HOME and SuperLink database under ``home/.flwr/<launch>``, removed at the end) and its own log folder
-    (``home/logs/<launch>``, linked as ``home/logs/latest``).
+    also on errors, Ctrl-C and SIGTERM; should this process be killed outright, the group's guard
+    stops them (:mod:`cli.process_group`, log ``guard.log``). Each launch has its own Flower state
+    (FLWR_HOME and SuperLink database under ``home/.flwr/<launch>``, removed at the end) and its own
+    log folder (``home/logs/<launch>``, linked as ``home/logs/latest``).
 
     Parameters
     ----------
@@ -272,19 +290,20 @@ class LocalFederation:
         Test/benchmark knob: extra seconds per local epoch for SuperNode ``i``
         (``bench-delay-s``), to emulate slower devices; empty = none.
     data_paths : Sequence[str]
-        With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its node
-        config's ``data-path``, client id ``node-<i>``) instead of a partition; empty = partitions.
+        With ``dataset = "node"``: SuperNode ``i`` reads its own data from ``data_paths[i]`` (its
+        node config's ``data-path``, client id ``node-<i>``) instead of a partition; empty =
+        partitions.
     devices : Sequence[str]
-        SuperNode ``i`` trains on ``devices[i]`` (its node config's ``device``: ``auto``, ``cpu``, ``cuda``,
-        ``mps``); empty = every node's default (``auto``).
+        SuperNode ``i`` trains on ``devices[i]`` (its node config's ``device``: ``auto``, ``cpu``,
+        ``cuda``, ``mps``); empty = every node's default (``auto``).
     node_restarts : RestartPolicy, optional
-        A SuperNode that exits while this federation is up is started again, with the same node config, as
-        often as this allows (waiting longer each time); a node stopped by :meth:`kill_node` stays down.
-        ``None`` (default): a node that exits stays down.
+        A SuperNode that exits while this federation is up is started again, with the same node
+        config, as often as this allows (waiting longer each time); a node stopped by
+        :meth:`kill_node` stays down. ``None`` (default): a node that exits stays down.
     database : str, optional
-        The SuperLink's state: ``None`` (default) a SQLite file of this launch, ``<FLWR_HOME>/state.db``,
-        removed at the end; ``"memory"`` Flower's in-memory state (no SQLite, nothing on disk); or a file
-        path (kept after the launch).
+        The SuperLink's state: ``None`` (default) a SQLite file of this launch,
+        ``<FLWR_HOME>/state.db``, removed at the end; ``"memory"`` Flower's in-memory state (no
+        SQLite, nothing on disk); or a file path (kept after the launch).
     """
 
     def __init__(
@@ -306,19 +325,26 @@ class LocalFederation:
         self.secure = secure
         self.unregistered = set(unregistered)
         if delays and (simulation or len(delays) != len(capacities)):
-            raise ValueError("delays need one entry per SuperNode process (not available in simulation)")
+            raise ValueError(
+                "delays need one entry per SuperNode process (not available in simulation)"
+            )
         self.delays = list(delays)
         if data_paths and (simulation or len(data_paths) != len(capacities)):
-            raise ValueError("data paths need one entry per SuperNode process (not available in simulation)")
+            raise ValueError(
+                "data paths need one entry per SuperNode process (not available in simulation)"
+            )
         self.data_paths = [str(Path(p).expanduser().resolve()) for p in data_paths]
         if devices and (simulation or len(devices) != len(capacities)):
-            raise ValueError("devices need one entry per SuperNode process (not available in simulation)")
+            raise ValueError(
+                "devices need one entry per SuperNode process (not available in simulation)"
+            )
         unknown = sorted(set(devices) - set(DEVICES))
         if unknown:
             raise ValueError(f"devices {unknown}: allowed values are {', '.join(DEVICES)}")
         self.devices = list(devices)
         self.node_restarts = node_restarts
-        #: Per SuperNode: restarts made, and when the next is due (monotonic seconds) while it is down.
+        #: Per SuperNode: restarts made, and when the next is due (monotonic seconds) while it is
+        #: down.
         self.node_restarts_made: dict[int, int] = {}
         self._node_due: dict[int, float] = {}
         self._kept_down: set[int] = set()
@@ -335,10 +361,14 @@ class LocalFederation:
         # Set when entering: this launch's name, log folder, Flower state and environment.
         self.launch = ""
         self.logs = self.home / "logs"
-        self.superlink_log = self.logs / "superlink.log"  # the current SuperLink's log, once one is started
+        self.superlink_log = (
+            self.logs / "superlink.log"
+        )  # the current SuperLink's log, once one is started
         self.flwr_home = self.home / ".flwr"
         self.env: dict[str, str] = {}
-        self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}")  # no process has it: launches get their own
+        self.group = ProcessGroup(
+            f"FLWR_HOME={self.flwr_home}"
+        )  # no process has it: launches get their own
         self.runs = 0
         self.nodes: dict[int, subprocess.Popen] = {}
         self.node_markers: dict[int, bytes] = {}
@@ -354,21 +384,28 @@ class LocalFederation:
         try:
             self._refuse_leftovers()
             self.launch = launch_id()
-            while (self.home / "logs" / self.launch).exists():  # two launches in one second from one process
+            while (
+                self.home / "logs" / self.launch
+            ).exists():  # two launches in one second from one process
                 self.launch += "+"
             self.logs = new_log_folder(self.home / "logs", self.launch)
             self.flwr_home = self.home / ".flwr" / self.launch
             self.flwr_home.mkdir(parents=True)
             self.env = flower_env(self.flwr_home)
-            # Should this process die without stopping them, the group's guard stops them and says so here.
-            self.group = ProcessGroup(f"FLWR_HOME={self.flwr_home}", guard_log=self.logs / "guard.log")
+            # Should this process die without stopping them, the group's guard stops them and says
+            # so here.
+            self.group = ProcessGroup(
+                f"FLWR_HOME={self.flwr_home}", guard_log=self.logs / "guard.log"
+            )
         except BaseException:
             self.lock.release()
             raise
         self._old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self._start()
-            self._watcher = threading.Thread(target=self._watch_nodes, name="supernode-watch", daemon=True)
+            self._watcher = threading.Thread(
+                target=self._watch_nodes, name="supernode-watch", daemon=True
+            )
             self._watcher.start()
         except BaseException:
             self.__exit__()
@@ -389,7 +426,8 @@ class LocalFederation:
         self.lock.release()
 
     def _refuse_leftovers(self) -> None:
-        """Refuse the folder while processes of an earlier launch in it (a killed launcher's) still run.
+        """Refuse the folder while processes of an earlier launch in it (a killed launcher's) still
+        run.
 
         They would go on writing the same outputs as this launch.
         """
@@ -397,8 +435,8 @@ class LocalFederation:
         left = pids_with_env(lambda entries: any(e.startswith(prefix) for e in entries))
         if left:
             raise RunFolderBusy(
-                f"processes of an earlier launch in {self.home} are still running (PIDs {', '.join(map(str, left))}); "
-                "stop them first"
+                f"processes of an earlier launch in {self.home} are still running (PIDs "
+                f"{', '.join(map(str, left))}); stop them first"
             )
 
     def _start(self) -> None:
@@ -429,9 +467,14 @@ class LocalFederation:
         ]
 
     def _start_superlink(self, link_port: int) -> None:
-        """Start the SuperLink on ``link_port`` and point this launch's ``flwr`` configuration at it."""
+        """Start the SuperLink on ``link_port`` and point this launch's ``flwr`` configuration at
+        it."""
         self.superlink_starts += 1
-        log_name = "superlink.log" if self.superlink_starts == 1 else f"superlink-{self.superlink_starts}.log"
+        log_name = (
+            "superlink.log"
+            if self.superlink_starts == 1
+            else f"superlink-{self.superlink_starts}.log"
+        )
         superlink = self.group.start(
             [
                 _bin("flower-superlink"),
@@ -451,17 +494,20 @@ class LocalFederation:
         wait_for_port(link_port, 60, superlink)
         self.echo(f"SuperLink on 127.0.0.1:{link_port} (logs in {self.logs})")
         self.link_port = link_port
-        trust = f'root-certificates = "{self.certs / "ca.crt"}"' if self.secure else "insecure = true"
+        trust = (
+            f'root-certificates = "{self.certs / "ca.crt"}"' if self.secure else "insecure = true"
+        )
         (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "127.0.0.1:{link_port}"\n{trust}\n'
+            '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = '
+            f'"127.0.0.1:{link_port}"\n{trust}\n'
         )
 
     def restart_superlink(self) -> None:
         """A fresh SuperLink after the old one died, and every SuperNode started again to dial it.
 
-        The SuperLink's state starts afresh (a new SQLite file of this launch, or memory) unless the launch was
-        given a database file, which is reopened. The nodes are restarted rather than left to find the new
-        SuperLink, whose state no longer knows them.
+        The SuperLink's state starts afresh (a new SQLite file of this launch, or memory) unless the
+        launch was given a database file, which is reopened. The nodes are restarted rather than
+        left to find the new SuperLink, whose state no longer knows them.
         """
         with self._nodes_lock:
             nodes = dict(self.nodes)
@@ -474,9 +520,12 @@ class LocalFederation:
         if self.superlink is not None and self.superlink.poll() is None:
             signal_group(self.superlink, signal.SIGKILL)
             self.superlink.wait(timeout=10)
-        # What the old SuperLink started (its ServerApp above all) must not write beside the resumed run.
+        # What the old SuperLink started (its ServerApp above all) must not write beside the resumed
+        # run.
         stop_pids(self.serverapp_processes, grace=5.0)
-        if self.database is None:  # this launch's own file: the dead SuperLink's runs are not carried over
+        if (
+            self.database is None
+        ):  # this launch's own file: the dead SuperLink's runs are not carried over
             for suffix in ("", "-wal", "-shm", "-journal"):
                 Path(self.database_path + suffix).unlink(missing_ok=True)
         self._start_superlink(free_port())
@@ -496,16 +545,25 @@ class LocalFederation:
         return self.database
 
     def register_node(self, i: int) -> None:
-        """Register SuperNode ``i``'s public key with the SuperLink (``flwr supernode register``)."""
-        cmd = [_bin("flwr"), "supernode", "register", str(self.certs / f"node-{i}.pub"), "local", "--name", f"node-{i}"]
+        """Register SuperNode ``i``'s public key with the SuperLink (``flwr supernode
+        register``)."""
+        cmd = [
+            _bin("flwr"),
+            "supernode",
+            "register",
+            str(self.certs / f"node-{i}.pub"),
+            "local",
+            "--name",
+            f"node-{i}",
+        ]
         done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"registering node-{i} failed: {done.stdout}{done.stderr}")
         self.echo(f"registered node-{i}")
 
     def node_config(self, i: int) -> str:
-        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)`` (or its own folder in
-        ``data_paths``), capacity ``capacities[i]``."""
+        """SuperNode ``i``'s ``--node-config``: partition ``i`` of ``len(capacities)`` (or its own
+        folder in ``data_paths``), capacity ``capacities[i]``."""
         where = (
             f'data-path={json.dumps(self.data_paths[i])} client-id="node-{i}"'
             if self.data_paths
@@ -533,8 +591,8 @@ class LocalFederation:
         with self._nodes_lock:
             self._kept_down.discard(i)
             self._node_due.pop(i, None)
-        # Every process of this node, Flower's detached children included, carries this entry: when the
-        # node dies they are found and stopped (:meth:`_watch_nodes`).
+        # Every process of this node, Flower's detached children included, carries this entry: when
+        # the node dies they are found and stopped (:meth:`_watch_nodes`).
         marker = f"{self.launch}/node-{i}/{time.monotonic_ns()}"
         proc = self.group.start(
             [
@@ -557,7 +615,8 @@ class LocalFederation:
                 config,
             ],
             self.logs / f"supernode-{i}.log",
-            # Every node shares this machine's cores: one intra-op thread each avoids oversubscription.
+            # Every node shares this machine's cores: one intra-op thread each avoids
+            # oversubscription.
             {**self.env, "OMP_NUM_THREADS": "1", "FIBOS_SUPERNODE": marker},
         )
         with self._nodes_lock:
@@ -576,8 +635,9 @@ class LocalFederation:
     def kill_node(self, i: int) -> None:
         """SIGKILL SuperNode ``i``, as a crash or power loss would; its children are stopped too.
 
-        The node stays down (no restart under ``node_restarts``) until :meth:`start_node` starts it again, as
-        ``docker compose kill`` leaves a container of a ``restart: unless-stopped`` service down.
+        The node stays down (no restart under ``node_restarts``) until :meth:`start_node` starts it
+        again, as ``docker compose kill`` leaves a container of a ``restart: unless-stopped``
+        service down.
         """
         with self._nodes_lock:
             self._kept_down.add(i)
@@ -587,20 +647,23 @@ class LocalFederation:
         self._stop_node_processes(i, grace=0.0)
 
     def _report_dead_superlink(self) -> None:
-        """Say once that the SuperLink died, and how to continue (from the watcher, or when a run fails)."""
+        """Say once that the SuperLink died, and how to continue (from the watcher, or when a run
+        fails)."""
         superlink = self.superlink
         with self._nodes_lock:
             if superlink is None or self._superlink_reported or superlink.poll() is None:
                 return
             self._superlink_reported = True
         self.echo(
-            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on with it. Its log: "
-            f"{self.logs}/superlink*.log. fibos local starts a fresh one and resumes the run when --restarts "
-            "allows; otherwise launch again with -c resume=true to continue from the last completed round"
+            f"the SuperLink exited (code {superlink.returncode}); the run cannot go on with it. "
+            f"Its log: {self.logs}/superlink*.log. fibos local starts a fresh one and resumes the "
+            "run when --restarts allows; otherwise launch again with -c resume=true to continue "
+            "from the last completed round"
         )
 
     def serverapp_processes(self) -> list[int]:
-        """PIDs of this launch's ServerApp processes still alive (``flwr-serverapp``, started by the SuperLink)."""
+        """PIDs of this launch's ServerApp processes still alive (``flwr-serverapp``, started by the
+        SuperLink)."""
 
         def serverapp(pid: int) -> bool:
             try:
@@ -616,12 +679,14 @@ class LocalFederation:
         return self.superlink is not None and self.superlink.poll() is not None
 
     def _watch_nodes(self) -> None:
-        """Background: when a SuperNode process dies, reap it and stop what it spawned; restart it if allowed.
+        """Background: when a SuperNode process dies, reap it and stop what it spawned; restart it
+        if allowed.
 
-        Flower's executor and ClientApp processes exit when their parent's PID disappears, but an unreaped
-        SuperNode stays a zombie whose PID exists: without this they would run on until the launch ends.
-        Under ``node_restarts`` the node is started again with its node config after the policy's wait (not
-        while the SuperLink is down: :meth:`restart_superlink` restarts every node).
+        Flower's executor and ClientApp processes exit when their parent's PID disappears, but an
+        unreaped SuperNode stays a zombie whose PID exists: without this they would run on until the
+        launch ends. Under ``node_restarts`` the node is started again with its node config after
+        the policy's wait (not while the SuperLink is down: :meth:`restart_superlink` restarts every
+        node).
 
         A dead SuperLink is reported (the run fails with it; ``resume=true`` continues it).
         """
@@ -633,7 +698,10 @@ class LocalFederation:
                     del self.nodes[i]
             for i, proc in dead.items():
                 left = self.node_processes(i)
-                self.echo(f"SuperNode {i} exited (code {proc.returncode}); stopping the {len(left)} processes it left")
+                self.echo(
+                    f"SuperNode {i} exited (code {proc.returncode}); stopping the {len(left)} "
+                    "processes it left"
+                )
                 self._stop_node_processes(i, grace=5.0)
                 self._schedule_node_restart(i)
             self._restart_due_nodes()
@@ -645,7 +713,10 @@ class LocalFederation:
                 return
             made = self.node_restarts_made.get(i, 0)
             if made >= policy.attempts:
-                self.echo(f"SuperNode {i}: {made} restarts made, the most --node-restarts allows; it stays down")
+                self.echo(
+                    f"SuperNode {i}: {made} restarts made, the most --node-restarts allows; it "
+                    "stays down"
+                )
                 return
             wait = policy.wait_s(made)
             self._node_due[i] = time.monotonic() + wait
@@ -666,40 +737,54 @@ class LocalFederation:
             except OSError as err:  # the launch goes on without it; said once
                 self.echo(f"SuperNode {i} could not be started again: {err}")
 
-    def run_overrides(self, run_config: Mapping[str, object], results_dir: Path, app_dir: Path = APP_DIR) -> dict:
+    def run_overrides(
+        self, run_config: Mapping[str, object], results_dir: Path, app_dir: Path = APP_DIR
+    ) -> dict:
         """The validated ``-c`` overrides of a run of this federation writing to ``results_dir``.
 
-        Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine), refuses a
-        ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and checks the whole run
-        config with :func:`check_run_config` (and that ``data-path`` and a local ``model-path``, if any, exist;
-        with ``resume=true``, that the checkpoint and metrics.json can be resumed from: :func:`check_resume`;
-        with ``tensorboard=true``, that the tensorboard package is installed: :func:`check_tensorboard`).
-        Starts nothing.
+        Adds what the launcher sets (``results-dir``; ``capacity-mix`` on the Simulation Engine),
+        refuses a ``-c`` key set differently (or ``capacity-mix`` where it means nothing), and
+        checks the whole run config with :func:`check_run_config` (and that ``data-path`` and a
+        local ``model-path``, if any, exist; with ``resume=true``, that the checkpoint and
+        metrics.json can be resumed from: :func:`check_resume`; with ``tensorboard=true``, that the
+        tensorboard package is installed: :func:`check_tensorboard`). Starts nothing.
         """
         check_results_folder(results_dir)
-        flags: dict[str, tuple[str, object]] = {"results-dir": ("--results", str(results_dir.resolve()))}
+        flags: dict[str, tuple[str, object]] = {
+            "results-dir": ("--results", str(results_dir.resolve()))
+        }
         if self.simulation:
-            flags["capacity-mix"] = ("--capacities", ",".join(repr(float(c)) for c in self.capacities))
+            flags["capacity-mix"] = (
+                "--capacities",
+                ",".join(repr(float(c)) for c in self.capacities),
+            )
         elif parse_capacity_list(run_config.get("capacity-mix", "")):
             raise ConfigError(
-                f"capacity-mix={run_config['capacity-mix']!r}: applies only to nodes without a capacity in their "
-                "node config, and every SuperNode this launcher starts has one; give capacities with --capacities"
+                f"capacity-mix={run_config['capacity-mix']!r}: applies only to nodes without a "
+                "capacity in their node config, and every SuperNode this launcher starts has one; "
+                "give capacities with --capacities"
             )
         overrides = merge_flag_settings(run_config, flags)
         cfg = check_run_config(overrides, app_dir)
-        check_tensorboard(cfg)  # the ServerApp runs here: refuse tensorboard=true without its package now
-        if cfg.resume:  # a missing or damaged checkpoint would otherwise surface after the federation is up
+        check_tensorboard(
+            cfg
+        )  # the ServerApp runs here: refuse tensorboard=true without its package now
+        if (
+            cfg.resume
+        ):  # a missing or damaged checkpoint would otherwise surface after the federation is up
             check_resume(results_dir.resolve(), cfg)
         # Every node of a local federation reads data-path on this machine.
         if cfg.data_path and not Path(cfg.data_path).expanduser().exists():
             raise ConfigError(f"data-path={cfg.data_path!r}: no such file or folder")
         if cfg.dataset == NODE_DATASET and not self.data_paths:
             raise ConfigError(
-                'dataset="node": each SuperNode reads its own data; give one folder per SuperNode with --data-paths'
+                'dataset="node": each SuperNode reads its own data; give one folder per SuperNode '
+                "with --data-paths"
             )
         if self.data_paths and cfg.dataset != NODE_DATASET:
             raise ConfigError(
-                f'--data-paths gives each SuperNode its own data, but dataset={cfg.dataset!r}: add -c dataset="node" '
+                f"--data-paths gives each SuperNode its own data, but dataset={cfg.dataset!r}: add "
+                '-c dataset="node" '
                 "and -c classes=... (the run's class names, or their count)"
             )
         for i, path in enumerate(self.data_paths):
@@ -707,7 +792,9 @@ class LocalFederation:
                 raise ConfigError(f"--data-paths item {i + 1} {path!r}: no such file or folder")
         if cfg.test_data_path and not Path(cfg.test_data_path).expanduser().exists():
             raise ConfigError(f"test-data-path={cfg.test_data_path!r}: no such file or folder")
-        if cfg.model_path:  # a local model folder must exist here too (a hub id is fetched by each process)
+        if (
+            cfg.model_path
+        ):  # a local model folder must exist here too (a hub id is fetched by each process)
             resolve_model_path(cfg.model_path)
         return overrides
 
@@ -719,15 +806,16 @@ class LocalFederation:
         timeout: float = 3600.0,
         lock: bool = True,
     ) -> dict:
-        """Submit the app with ``flwr run --stream`` and wait for it; returns the parsed metrics.json.
+        """Submit the app with ``flwr run --stream`` and wait for it; returns the parsed
+        metrics.json.
 
         Parameters
         ----------
         run_config : dict
             Run-config overrides (``results-dir`` is set to ``results_dir``).
         results_dir : Path
-            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz); locked for the run
-            when it is not the federation's own folder.
+            Output folder (metrics.json, model.pt, fisher_state.npz, checkpoint.npz); locked for the
+            run when it is not the federation's own folder.
         app_dir : Path
             The Flower app (folder with pyproject.toml).
         timeout : float
@@ -739,12 +827,15 @@ class LocalFederation:
         overrides = self.run_overrides(run_config, results_dir, app_dir)
         self.runs += 1
         # Flower would walk the whole checkout (its virtual environment too) to build the bundle.
-        staged = stage_app(app_dir, self.flwr_home / "app")  # a BundleError is a RuntimeError: the run failed
+        staged = stage_app(
+            app_dir, self.flwr_home / "app"
+        )  # a BundleError is a RuntimeError: the run failed
         cmd = [_bin("flwr"), "run", str(staged), "local", "--stream", "-c"]
         if self.simulation:
             cmd = [*cmd[:-1], "--federation-config", f"num-supernodes={len(self.capacities)}", "-c"]
             self.echo(
-                f"Simulation Engine: {len(self.capacities)} virtual SuperNodes, capacities {overrides['capacity-mix']}"
+                f"Simulation Engine: {len(self.capacities)} virtual SuperNodes, capacities "
+                f"{overrides['capacity-mix']}"
             )
         cmd.append(toml_overrides(overrides))
         self.echo("$ " + shlex.join(cmd))
@@ -754,9 +845,12 @@ class LocalFederation:
         try:
             with RunFolderLock(results_dir) if lock and results_dir != self.home else nullcontext():
                 try:
-                    run_federation_command(cmd, self.env, log, timeout, self.echo, connection="local")
+                    run_federation_command(
+                        cmd, self.env, log, timeout, self.echo, connection="local"
+                    )
                 except RuntimeError:
-                    # The run can fail before the watcher's next look; the operator must still learn why.
+                    # The run can fail before the watcher's next look; the operator must still learn
+                    # why.
                     time.sleep(0.2)
                     self._report_dead_superlink()
                     raise
@@ -766,7 +860,8 @@ class LocalFederation:
             if not (results_dir / "model.pt").exists():
                 raise RuntimeError(f"the run did not finish (no model.pt); see {log}")
         except (RuntimeError, RunTimeout) as err:
-            # Flower's own words for a locked database are an internal server error far from the cause.
+            # Flower's own words for a locked database are an internal server error far from the
+            # cause.
             why = database_diagnosis(superlink_log, self.database_path, since=logged_before)
             if not why:
                 raise
@@ -783,14 +878,15 @@ class LocalFederation:
         timeout: float = 3600.0,
         restarts: RestartPolicy | None = None,
     ) -> dict:
-        """:meth:`run`, and after a failure the same run resumed from its checkpoint, without a person.
+        """:meth:`run`, and after a failure the same run resumed from its checkpoint, without a
+        person.
 
-        A run that fails (its ServerApp lost, or the SuperLink with it: then a fresh SuperLink and every node
-        are started first, :meth:`restart_superlink`) is resubmitted with ``resume=true`` after the policy's
-        wait, as often as ``restarts`` allows; each restart is recorded (:mod:`cli.restarts`). A
-        failure that cannot be resumed (no checkpoint yet, one that fails its checks, a setting the resumed
-        run refuses) and a run past its timeout are not retried: the error says why. ``results_dir`` stays
-        locked between the attempts.
+        A run that fails (its ServerApp lost, or the SuperLink with it: then a fresh SuperLink and
+        every node are started first, :meth:`restart_superlink`) is resubmitted with ``resume=true``
+        after the policy's wait, as often as ``restarts`` allows; each restart is recorded
+        (:mod:`cli.restarts`). A failure that cannot be resumed (no checkpoint yet, one that fails
+        its checks, a setting the resumed run refuses) and a run past its timeout are not retried:
+        the error says why. ``results_dir`` stays locked between the attempts.
 
         Parameters
         ----------
@@ -799,7 +895,8 @@ class LocalFederation:
         timeout : float
             Seconds all attempts together may take.
         restarts : RestartPolicy, optional
-            Restarts allowed and the waits between them (default :class:`RestartPolicy`; ``attempts=0``: none).
+            Restarts allowed and the waits between them (default :class:`RestartPolicy`;
+            ``attempts=0``: none).
         """
         policy = RestartPolicy() if restarts is None else restarts
         results_dir = results_dir.resolve()
@@ -828,20 +925,31 @@ class LocalFederation:
                     except ConfigError as why:
                         raise RuntimeError(f"{err}\nnot restarted: {why}") from err
                     resumed_from = check_checkpoint(results_dir / CHECKPOINT)[0]
-                    why = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                    why = next(
+                        (line for line in str(err).splitlines() if line.strip()), type(err).__name__
+                    )
                     record = restart_record(
-                        made + 1, fault, why, resumed_from, last_recorded_round(results_dir), failed_at
+                        made + 1,
+                        fault,
+                        why,
+                        resumed_from,
+                        last_recorded_round(results_dir),
+                        failed_at,
                     )
                     wait = policy.wait_s(made)
                     self.echo(
-                        f"the run failed ({'SuperLink lost' if fault == 'superlink' else 'ServerApp lost'}: {why}); "
-                        f"restart {made + 1} of at most {policy.attempts} in {wait:.0f} s, resuming after round "
-                        f"{resumed_from} ({record['rounds_redone']} round(s) done again)"
+                        "the run failed "
+                        f"({'SuperLink lost' if fault == 'superlink' else 'ServerApp lost'}: "
+                        f"{why}); restart {made + 1} of at most {policy.attempts} in {wait:.0f} s, "
+                        f"resuming after round {resumed_from} ({record['rounds_redone']} round(s) "
+                        "done again)"
                     )
                     time.sleep(wait)
                     if fault == "superlink":
                         self.restart_superlink()
-                    else:  # a ServerApp the SuperLink gave up on may still be running: it must not write beside
+                    else:
+                        # a ServerApp the SuperLink gave up on may still be running: it must not
+                        # write beside
                         stop_pids(self.serverapp_processes, grace=5.0)
                     record_restart(results_dir, record)
                     made += 1
@@ -866,7 +974,13 @@ def run_local_federation(
     Returns the parsed metrics.json (see :meth:`LocalFederation.run`).
     """
     federation = LocalFederation(
-        capacities, results_dir, simulation, echo, delays=delays, data_paths=data_paths, database=database
+        capacities,
+        results_dir,
+        simulation,
+        echo,
+        delays=delays,
+        data_paths=data_paths,
+        database=database,
     )
     federation.run_overrides(run_config, results_dir, app_dir)
     with federation:
@@ -916,10 +1030,11 @@ class Deadline(threading.Timer):
 
 
 class SuperLinkDatabaseError(RuntimeError):
-    """A run failed because the SuperLink's SQLite database stayed locked past Flower's busy timeout.
+    """A run failed because the SuperLink's SQLite database stayed locked past Flower's busy
+    timeout.
 
-    The SuperLink may outlive it in a state that starts no further run (its scheduler's write failed too), so a
-    restart replaces it rather than resubmitting to it.
+    The SuperLink may outlive it in a state that starts no further run (its scheduler's write failed
+    too), so a restart replaces it rather than resubmitting to it.
     """
 
 
@@ -927,7 +1042,8 @@ class RunTimeout(TimeoutError):
     """A run that took longer than its timeout; its ``flwr`` command was stopped.
 
     The run on the SuperLink ends only with the SuperLink (``fibos local``) or when it is stopped
-    (``flwr stop``, as ``fibos control submit`` does): ``run_id`` is the run's, when its log stream said it.
+    (``flwr stop``, as ``fibos control submit`` does): ``run_id`` is the run's, when its log stream
+    said it.
     """
 
     def __init__(self, message: str, run_id: int | None) -> None:
@@ -936,12 +1052,15 @@ class RunTimeout(TimeoutError):
 
 
 class _RunLog:
-    """The lines of one run's log streams: kept in the log file, round lines and problems echoed, failures noted."""
+    """The lines of one run's log streams: kept in the log file, round lines and problems echoed,
+    failures noted."""
 
     def __init__(self, log_file: TextIO, echo: Callable[[str], None]) -> None:
         self.log_file, self.echo = log_file, echo
         self.last_exception = self.last_error = ""
-        self.box: list[str] | None = None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
+        self.box: list[str] | None = (
+            None  # the text of an error box Flower's CLI draws (e.g. "SuperLink unavailable")
+        )
         self.failed = False
         self.run_id: int | None = None
 
@@ -969,11 +1088,18 @@ class _RunLog:
             self.last_error = line.strip()
 
     def follow(self, cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int, bool]:
-        """Run ``cmd``, reading its output line by line for at most ``timeout`` s: ``(exit status, expired)``."""
+        """Run ``cmd``, reading its output line by line for at most ``timeout`` s: ``(exit status,
+        expired)``."""
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            start_new_session=True,
         )
-        # The clock, not the output, ends an overdue run: a run waiting for a node that never comes prints nothing.
+        # The clock, not the output, ends an overdue run: a run waiting for a node that never comes
+        # prints nothing.
         expired = Deadline(proc, max(timeout, 0.0))
         expired.start()
         try:
@@ -999,16 +1125,17 @@ def run_federation_command(
 ) -> None:
     """Run ``flwr run --stream``, echo round lines and warnings, keep the full log.
 
-    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when the
-    ServerApp raised): the message carries the last error line of the log (the exception that ended the
-    ServerApp), so the operator sees why without opening the log. Raises :class:`RunTimeout` (a ``TimeoutError``)
-    once it has run ``timeout`` s (the command is stopped then, whether or not it prints anything).
+    Raises ``RuntimeError`` when the run fails, whatever ``flwr run``'s exit status (it is 0 when
+    the ServerApp raised): the message carries the last error line of the log (the exception that
+    ended the ServerApp), so the operator sees why without opening the log. Raises
+    :class:`RunTimeout` (a ``TimeoutError``) once it has run ``timeout`` s (the command is stopped
+    then, whether or not it prints anything).
 
-    ``connection``: the SuperLink connection the run was submitted to. Then the end of the log stream is not
-    taken for the end of the run: the run's status is read from the SuperLink (:mod:`cli.run_status`); a run
-    still going is followed again (``flwr log --stream``), and one that ended ``finished:failed`` or
-    ``finished:stopped`` raises ``RuntimeError`` ("the run failed (finished:stopped): ..."), however the
-    stream ended.
+    ``connection``: the SuperLink connection the run was submitted to. Then the end of the log
+    stream is not taken for the end of the run: the run's status is read from the SuperLink
+    (:mod:`cli.run_status`); a run still going is followed again (``flwr log --stream``), and one
+    that ended ``finished:failed`` or ``finished:stopped`` raises ``RuntimeError`` ("the run failed
+    (finished:stopped): ..."), however the stream ended.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + timeout
@@ -1020,19 +1147,29 @@ def run_federation_command(
             status = run_status(env, connection, log.run_id)
             if not status.unfinished:
                 break
-            echo(f"the run's log stream ended while run {log.run_id} is {status.status}; following it again")
+            echo(
+                f"the run's log stream ended while run {log.run_id} is {status.status}; following "
+                "it again"
+            )
             _, expired = log.follow(
-                ["flwr", "log", str(log.run_id), connection, "--stream"], env, deadline - time.monotonic()
+                ["flwr", "log", str(log.run_id), connection, "--stream"],
+                env,
+                deadline - time.monotonic(),
             )
             if not expired:
                 time.sleep(2.0)  # a stream that ends at once must not turn into a busy loop
     if expired:
-        raise RunTimeout(f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}", log.run_id)
+        raise RunTimeout(
+            f"the run exceeded {timeout:.0f} s and was stopped; see {log_path}", log.run_id
+        )
     if status is not None and status.finished and not status.succeeded:
         why = log.last_exception or status.details or log.last_error
         raise RuntimeError(f"the run failed ({status.status}): {why}\n(full log: {log_path})")
     if status is not None and status.status == "unknown":
-        echo(f"warning: the run's final status could not be read ({status.details}); judged by its log")
+        echo(
+            f"warning: the run's final status could not be read ({status.details}); judged by its "
+            "log"
+        )
     if returncode != 0 or log.failed:
         if log.box:
             log.last_exception = " ".join(log.box)
@@ -1042,7 +1179,9 @@ def run_federation_command(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos local``; also ``python -m cli.launcher``)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
         "--capacities",
         type=parse_capacities,
@@ -1067,43 +1206,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout",
         type=positive_seconds,
         default=3600.0,
-        help="seconds the run may take, counted by the clock from its submission; then every process is stopped",
+        help="seconds the run may take, counted by the clock from its submission; then every "
+        "process is stopped",
     )
     parser.add_argument(
         "--delays",
         default="",
-        help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), e.g. 0,0,3,8",
+        help="test/benchmark knob: bench-delay-s per SuperNode (extra seconds per local epoch), "
+        "e.g. 0,0,3,8",
     )
     parser.add_argument(
         "--restarts",
         type=int,
         default=3,
-        help="times a failed run (its ServerApp or the SuperLink lost) is resumed from its checkpoint without a "
-        "person; 0 = never (default: 3)",
+        help="times a failed run (its ServerApp or the SuperLink lost) is resumed from its "
+        "checkpoint without a person; 0 = never (default: 3)",
     )
     parser.add_argument(
         "--node-restarts",
         type=int,
         default=5,
-        help="times each SuperNode that exits during the launch is started again; 0 = never (default: 5)",
+        help="times each SuperNode that exits during the launch is started again; 0 = never "
+        "(default: 5)",
     )
     parser.add_argument(
         "--restart-backoff",
         type=positive_seconds,
         default=2.0,
-        help="seconds before a first restart; each later one of the same thing waits twice as long, at most 60 s "
-        "(default: 2)",
+        help="seconds before a first restart; each later one of the same thing waits twice as "
+        "long, at most 60 s (default: 2)",
     )
     parser.add_argument(
         "--devices",
         default="",
-        help="comma-separated training device per SuperNode (auto, cpu, cuda, mps), e.g. cuda,cpu,cpu; "
-        "default: auto on every node",
+        help="comma-separated training device per SuperNode (auto, cpu, cuda, mps), e.g. "
+        "cuda,cpu,cpu; default: auto on every node",
     )
     parser.add_argument(
         "--data-paths",
         default="",
-        help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as that node\'s own '
+        help='with -c dataset="node": comma-separated folders, one per SuperNode, each read as '
+        "that node's own "
         "data (an image folder, a save_to_disk folder, Parquet/CSV files, or label<TAB>text lines)",
     )
     parser.add_argument(
@@ -1111,8 +1254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=superlink_database,
         default=None,
         metavar="memory|PATH",
-        help="where the SuperLink keeps its state: memory (no SQLite file; advised on a loaded machine), or a "
-        "SQLite file (kept after the run); default: a file of this launch under RESULTS/.flwr, removed at the end",
+        help="where the SuperLink keeps its state: memory (no SQLite file; advised on a loaded "
+        "machine), or a SQLite file (kept after the run); default: a file of this launch under "
+        "RESULTS/.flwr, removed at the end",
     )
     args = parser.parse_args(argv)
     delays = [float(v) for v in args.delays.split(",") if v.strip()]
@@ -1128,11 +1272,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if set(devices) - set(DEVICES):
         parser.error(f"--devices {args.devices!r}: allowed values are {', '.join(DEVICES)}")
     if data_paths and len(data_paths) != len(args.capacities):
-        parser.error(f"--data-paths has {len(data_paths)} entries for {len(args.capacities)} capacities")
+        parser.error(
+            f"--data-paths has {len(data_paths)} entries for {len(args.capacities)} capacities"
+        )
     started = time.monotonic()
     try:
-        # Everything is checked before any process starts: a bad setting costs no SuperLink start-up.
-        flags = {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
+        # Everything is checked before any process starts: a bad setting costs no SuperLink
+        # start-up.
+        flags = (
+            {} if args.rounds is None else {"num-rounds": (f"--rounds {args.rounds}", args.rounds)}
+        )
         overrides = merge_flag_settings(parse_overrides(args.run_config), flags)
         federation = LocalFederation(
             args.capacities,
@@ -1141,7 +1290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_paths=data_paths,
             database=args.superlink_database,
             devices=devices,
-            node_restarts=RestartPolicy(args.node_restarts, args.restart_backoff) if args.node_restarts else None,
+            node_restarts=RestartPolicy(args.node_restarts, args.restart_backoff)
+            if args.node_restarts
+            else None,
         )
         federation.run_overrides(overrides, args.results)
     except ConfigError as err:
@@ -1166,7 +1317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(summary_table(metrics))
     plot = write_accuracy_plot(metrics, args.results / "accuracy.png")
     print(f"\n{len(metrics['rounds']) - 1} rounds in {time.monotonic() - started:.0f} s")
-    print(f"metrics: {args.results / 'metrics.json'}\nplot:    {plot}\nmodel:   {args.results / 'model.pt'}")
+    print(
+        f"metrics: {args.results / 'metrics.json'}\nplot:    {plot}\nmodel:   "
+        f"{args.results / 'model.pt'}"
+    )
     return 0
 
 

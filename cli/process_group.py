@@ -1,14 +1,17 @@
-"""The processes of one launch: started in sessions of their own, found by an environment marker, stopped together.
+"""The processes of one launch: started in sessions of their own, found by an environment marker,
+stopped together.
 
-Flower's daemons start ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp`` in sessions of their
-own, which a process-group signal misses. Every process a launch starts carries a marker entry in its
-environment, and so does everything they spawn: ``/proc`` finds them all, and nothing of another launch.
+Flower's daemons start ``flower-superexec`` / ``flwr-serverapp`` / ``flwr-clientapp`` in sessions of
+their own, which a process-group signal misses. Every process a launch starts carries a marker entry
+in its environment, and so does everything they spawn: ``/proc`` finds them all, and nothing of
+another launch.
 
-A launcher that dies without stopping them (SIGKILL, the OOM killer, a closed terminal) would leave its
-federation running and writing into its folder. So a :class:`ProcessGroup` starts a guard first: this file
-run as a script, in a session of its own, reading a pipe that only the launcher holds. When the launcher
-dies, however it dies, the kernel closes the pipe and the guard stops every process carrying the marker.
-A launcher that stops its group itself says so on the pipe first, and the guard exits touching nothing.
+A launcher that dies without stopping them (SIGKILL, the OOM killer, a closed terminal) would leave
+its federation running and writing into its folder. So a :class:`ProcessGroup` starts a guard first:
+this file run as a script, in a session of its own, reading a pipe that only the launcher holds.
+When the launcher dies, however it dies, the kernel closes the pipe and the guard stops every
+process carrying the marker. A launcher that stops its group itself says so on the pipe first, and
+the guard exits touching nothing.
 
 Only the standard library is imported, so the guard starts in milliseconds.
 """
@@ -28,10 +31,12 @@ RELEASE = "release"
 
 
 def pids_with_env(match: Callable[[list[bytes]], bool]) -> list[int]:
-    """PIDs of live processes (other than this one) whose environment entries satisfy ``match`` (Linux ``/proc``).
+    """PIDs of live processes (other than this one) whose environment entries satisfy ``match``
+    (Linux ``/proc``).
 
-    Every process the launcher starts carries marker entries in its environment, and so does everything
-    Flower spawns from it, even in sessions of its own; this finds them all. Elsewhere than Linux: none.
+    Every process the launcher starts carries marker entries in its environment, and so does
+    everything Flower spawns from it, even in sessions of its own; this finds them all. Elsewhere
+    than Linux: none.
     """
     proc_dir = Path("/proc")
     if not proc_dir.is_dir():
@@ -48,7 +53,9 @@ def pids_with_env(match: Callable[[list[bytes]], bool]) -> list[int]:
     return found
 
 
-def stop_pids(find: Callable[[], list[int]], grace: float, reap: Callable[[], None] = lambda: None) -> None:
+def stop_pids(
+    find: Callable[[], list[int]], grace: float, reap: Callable[[], None] = lambda: None
+) -> None:
     """SIGTERM every PID ``find()`` returns, SIGKILL what is still found after ``grace`` s."""
     for pid in find():
         signal_pid(pid, signal.SIGTERM)
@@ -81,8 +88,9 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 class ProcessGroup:
     """Processes started in their own sessions, stopped together with every descendant.
 
-    Stopping signals every process that carries ``marker`` in its environment, and nothing else. Should
-    the process holding this group die before :meth:`stop`, the guard (see the module's docstring) does it.
+    Stopping signals every process that carries ``marker`` in its environment, and nothing else.
+    Should the process holding this group die before :meth:`stop`, the guard (see the module's
+    docstring) does it.
 
     Parameters
     ----------
@@ -106,7 +114,11 @@ class ProcessGroup:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                list(args), stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                list(args),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
         self.procs.append(proc)
         self._tell_guard(str(proc.pid))
@@ -118,7 +130,8 @@ class ProcessGroup:
         cmd = [sys.executable, "-I", str(Path(__file__).resolve()), self.marker.decode()]
         if self.guard_log is not None:
             cmd.append(str(self.guard_log))
-        # A session of its own: a Ctrl-C or hang-up meant for the launcher must not end the guard too.
+        # A session of its own: a Ctrl-C or hang-up meant for the launcher must not end the guard
+        # too.
         self.guard = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
@@ -141,13 +154,15 @@ class ProcessGroup:
             pass
 
     def members(self) -> list[int]:
-        """PIDs of live processes that carry the marker (Linux ``/proc``; elsewhere the direct children)."""
+        """PIDs of live processes that carry the marker (Linux ``/proc``; elsewhere the direct
+        children)."""
         if not Path("/proc").is_dir():
             return [p.pid for p in self.procs if p.poll() is None]
         return pids_with_env(lambda entries: self.marker in entries)
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM everything (newest first), then SIGKILL what is left after ``grace`` s; then let the guard go."""
+        """SIGTERM everything (newest first), then SIGKILL what is left after ``grace`` s; then let
+        the guard go."""
         for proc in reversed(self.procs):
             signal_group(proc, signal.SIGTERM)
 
@@ -178,7 +193,9 @@ class ProcessGroup:
         self.guard = None
 
 
-def guard(marker: bytes, pipe: Iterable[str], grace: float = 10.0, log: Path | None = None) -> list[int]:
+def guard(
+    marker: bytes, pipe: Iterable[str], grace: float = 10.0, log: Path | None = None
+) -> list[int]:
     """Read the launcher's pipe to its end; unless it said :data:`RELEASE`, stop the group.
 
     Parameters
@@ -186,8 +203,8 @@ def guard(marker: bytes, pipe: Iterable[str], grace: float = 10.0, log: Path | N
     marker : bytes
         The group's ``KEY=value`` environment entry.
     pipe : Iterable[str]
-        The lines the launcher writes: the PID of each process it starts, then :data:`RELEASE` when it has
-        stopped them itself. Its end without :data:`RELEASE` means the launcher died.
+        The lines the launcher writes: the PID of each process it starts, then :data:`RELEASE` when
+        it has stopped them itself. Its end without :data:`RELEASE` means the launcher died.
     grace : float
         Seconds between SIGTERM and SIGKILL.
     log : Path, optional
@@ -210,14 +227,17 @@ def guard(marker: bytes, pipe: Iterable[str], grace: float = 10.0, log: Path | N
     def find() -> list[int]:
         if searchable:
             return pids_with_env(lambda entries: marker in entries)
-        return [pid for pid in started if _alive(pid)]  # nothing to search by marker: what the launcher started
+        return [
+            pid for pid in started if _alive(pid)
+        ]  # nothing to search by marker: what the launcher started
 
     found = find()
     if found and log is not None:
         with open(log, "a") as out:
             out.write(
-                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} the launcher died without stopping its "
-                f"processes; stopping PIDs {', '.join(map(str, found))} ({marker.decode()})\n"
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} the launcher died without "
+                f"stopping its processes; stopping PIDs {', '.join(map(str, found))} "
+                f"({marker.decode()})\n"
             )
     stop_pids(find, grace)
     return found

@@ -1,11 +1,13 @@
-"""What ``fibos local`` does when part of a run dies: how often it restarts, how long it waits, what it records.
+"""What ``fibos local`` does when part of a run dies: how often it restarts, how long it waits, what
+it records.
 
-A failed run whose results folder holds a checkpoint is resubmitted with ``resume=true`` (after a fresh SuperLink
-when the SuperLink died); a SuperNode that exits while the run is live is started again. Both are bounded
-(:class:`RestartPolicy`) and wait longer after each try. Each run restart is recorded where the run's other
-records are: a ``restarts`` list in ``metrics.json`` and one ``{"restart": ...}`` line in ``rounds.jsonl``, so a
-reader of either sees when the run was interrupted, why, and which rounds were done again
-(:mod:`server.restart_log` makes the records; the resumed ServerApp stamps them with when it resumed).
+A failed run whose results folder holds a checkpoint is resubmitted with ``resume=true`` (after a
+fresh SuperLink when the SuperLink died); a SuperNode that exits while the run is live is started
+again. Both are bounded (:class:`RestartPolicy`) and wait longer after each try. Each run restart is
+recorded where the run's other records are: a ``restarts`` list in ``metrics.json`` and one
+``{"restart": ...}`` line in ``rounds.jsonl``, so a reader of either sees when the run was
+interrupted, why, and which rounds were done again (:mod:`server.restart_log` makes the records; the
+resumed ServerApp stamps them with when it resumed).
 """
 
 from __future__ import annotations
@@ -44,7 +46,10 @@ class RestartPolicy:
         if self.attempts < 0:
             raise ValueError(f"restart attempts must be 0 or more, got {self.attempts}")
         if self.backoff_s < 0 or self.max_backoff_s < 0:
-            raise ValueError(f"restart back-off must be 0 s or more, got {self.backoff_s} and {self.max_backoff_s}")
+            raise ValueError(
+                f"restart back-off must be 0 s or more, got {self.backoff_s} and "
+                f"{self.max_backoff_s}"
+            )
 
     def wait_s(self, done: int) -> float:
         """Seconds to wait before restart number ``done + 1`` (``done`` restarts already made)."""
@@ -52,11 +57,12 @@ class RestartPolicy:
 
 
 def record_restart(results_dir: Path, record: dict[str, Any]) -> None:
-    """Add ``record`` to the ``restarts`` of ``metrics.json`` and as a line of ``rounds.jsonl`` (durably).
+    """Add ``record`` to the ``restarts`` of ``metrics.json`` and as a line of ``rounds.jsonl``
+    (durably).
 
-    Called between two attempts, while no ServerApp writes either file. The resumed run keeps both records: its
-    ``metrics.json`` carries ``restarts`` over, and its ``rounds.jsonl`` keeps a restart line with the rounds up
-    to the one it resumed from.
+    Called between two attempts, while no ServerApp writes either file. The resumed run keeps both
+    records: its ``metrics.json`` carries ``restarts`` over, and its ``rounds.jsonl`` keeps a
+    restart line with the rounds up to the one it resumed from.
     """
     metrics_path = results_dir / METRICS
     doc = json.loads(metrics_path.read_text())
@@ -66,6 +72,8 @@ def record_restart(results_dir: Path, record: dict[str, Any]) -> None:
     torn = rounds.exists() and rounds.stat().st_size > 0 and not rounds.read_bytes().endswith(b"\n")
     with open(rounds, "a", encoding="utf-8") as f:
         # After a line torn by the kill, start a line of its own (read_rounds skips the torn one).
-        f.write(("\n" if torn else "") + json.dumps({"restart": record}, separators=(",", ":")) + "\n")
+        f.write(
+            ("\n" if torn else "") + json.dumps({"restart": record}, separators=(",", ":")) + "\n"
+        )
         f.flush()
         os.fsync(f.fileno())

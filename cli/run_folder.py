@@ -1,10 +1,10 @@
 """A launcher's run folder: held by one launch at a time, with a log folder of its own per launch.
 
 Two launchers on one folder would share its outputs (``metrics.json``, ``model.pt``, the checkpoint)
-and each would overwrite the other's; so the folder is locked (``fcntl.flock`` on ``.fibos-run.lock``,
-which the kernel releases when the holder dies, however it dies) and the lock file names its holder.
-Each launch writes its logs to ``logs/<launch id>/`` and points ``logs/latest`` at it, so no launch,
-resumes included, overwrites an earlier one's logs.
+and each would overwrite the other's; so the folder is locked (``fcntl.flock`` on
+``.fibos-run.lock``, which the kernel releases when the holder dies, however it dies) and the lock
+file names its holder. Each launch writes its logs to ``logs/<launch id>/`` and points
+``logs/latest`` at it, so no launch, resumes included, overwrites an earlier one's logs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ LOCK_FILE = ".fibos-run.lock"
 
 
 class RunFolderBusy(RuntimeError):
-    """The run folder is held by another launch, or processes of an earlier launch still run in it."""
+    """The run folder is held by another launch, or processes of an earlier launch still run in
+    it."""
 
 
 class RunFolderLock:
@@ -52,12 +53,17 @@ class RunFolderLock:
                 "or give this run another results folder"
             ) from None
         os.ftruncate(fd, 0)
-        holder = {"pid": os.getpid(), "started": datetime.now(UTC).isoformat(timespec="seconds"), "argv": sys.argv}
+        holder = {
+            "pid": os.getpid(),
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "argv": sys.argv,
+        }
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
-        """Give the folder up (the lock file stays: removing it could let two launches lock two inodes)."""
+        """Give the folder up (the lock file stays: removing it could let two launches lock two
+        inodes)."""
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -75,7 +81,9 @@ class RunFolderLock:
 def _describe_holder(raw: bytes) -> str:
     try:
         holder = json.loads(raw)
-        return f"launcher PID {holder['pid']}, started {holder['started']}: {' '.join(holder['argv'])}"
+        return (
+            f"launcher PID {holder['pid']}, started {holder['started']}: {' '.join(holder['argv'])}"
+        )
     except (ValueError, KeyError, TypeError):
         return "holder unknown"
 
@@ -86,7 +94,8 @@ def launch_id() -> str:
 
 
 def new_log_folder(logs: Path, name: str) -> Path:
-    """Create ``logs/<name>/`` and point ``logs/latest`` at it (a relative symlink, replaced atomically)."""
+    """Create ``logs/<name>/`` and point ``logs/latest`` at it (a relative symlink, replaced
+    atomically)."""
     folder = logs / name
     folder.mkdir(parents=True, exist_ok=False)
     tmp = logs / f".latest-{os.getpid()}"

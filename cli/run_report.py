@@ -22,19 +22,28 @@ def summary_table(metrics: dict[str, Any]) -> str:
     if g is None:
         lines.append("no global figures: no server test set and no evaluation round (eval-every)")
     elif g["accuracy"] is None:
-        lines.append(f"final global accuracy (full model): not measured (no node holds all of it; {g['source']})")
+        lines.append(
+            "final global accuracy (full model): not measured (no node holds all of it; "
+            f"{g['source']})"
+        )
     else:
-        lines.append(f"final global accuracy (full model, {g['source']}): {g['accuracy']:.4f}   loss {g['loss']:.4f}")
+        lines.append(
+            f"final global accuracy (full model, {g['source']}): {g['accuracy']:.4f}   loss "
+            f"{g['loss']:.4f}"
+        )
     for level, v in (g or {}).get("per_capacity", {}).items():
         density = f" (density {v['density']:.4f})" if "density" in v else f" ({v['nodes']} nodes)"
         lines.append(f"  submodel at capacity {level:>7}: accuracy {v['accuracy']:.4f}{density}")
     local = next((r["local"] for r in reversed(rounds) if r.get("local")), None)
     if local:
-        lines.append(f"local accuracy (clients' own submodels on their test splits): {local['accuracy']:.4f}")
+        lines.append(
+            f"local accuracy (clients' own submodels on their test splits): {local['accuracy']:.4f}"
+        )
     lines.append(f"server seconds per round: {_mean([r['server_seconds'] for r in rounds]):.3f}")
     lines.append("")
     lines.append(
-        "| node | capacity | device | density | KiB down/round | KiB up/round | train s | Fisher s | replies |"
+        "| node | capacity | device | density | KiB down/round | KiB up/round | train s | Fisher s "
+        "| replies |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|")
     by_node: dict[int, list[dict[str, Any]]] = {}
@@ -74,9 +83,15 @@ def write_accuracy_plot(metrics: dict[str, Any], path: Path) -> Path:
         ms=4,
         label=f"global (full model, {source})",
     )
-    levels = sorted({lv for _, f, _ in figures for lv in f.get("per_capacity", {})}, key=float, reverse=True)
+    levels = sorted(
+        {lv for _, f, _ in figures for lv in f.get("per_capacity", {})}, key=float, reverse=True
+    )
     for level in levels:
-        pts = [(rnd, f["per_capacity"][level]["accuracy"]) for rnd, f, _ in figures if level in f["per_capacity"]]
+        pts = [
+            (rnd, f["per_capacity"][level]["accuracy"])
+            for rnd, f, _ in figures
+            if level in f["per_capacity"]
+        ]
         ax.plot(
             [p[0] for p in pts],
             [p[1] for p in pts],
@@ -94,7 +109,9 @@ def write_accuracy_plot(metrics: dict[str, Any], path: Path) -> Path:
             label="local (clients' test splits)",
         )
     run = metrics.get("run", {})
-    ax.set_title(f"{run.get('method', '')} on {run.get('dataset', '')} ({run.get('partitioner', '')})")
+    ax.set_title(
+        f"{run.get('method', '')} on {run.get('dataset', '')} ({run.get('partitioner', '')})"
+    )
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1)

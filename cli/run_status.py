@@ -1,8 +1,8 @@
 """A run's status as the SuperLink records it, read through the Control API (``flwr ls --run-id``).
 
-``flwr run --stream`` ends when its log stream ends, and a stream can break while the run goes on (a busy
-SuperLink, a lost connection): its end says nothing about how the run ended. Whoever follows a run asks the
-SuperLink instead, and follows the run again while it is still going.
+``flwr run --stream`` ends when its log stream ends, and a stream can break while the run goes on (a
+busy SuperLink, a lost connection): its end says nothing about how the run ended. Whoever follows a
+run asks the SuperLink instead, and follows the run again while it is still going.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ class RunStatus:
     Parameters
     ----------
     status : str
-        ``pending``, ``starting``, ``running``, or ``finished:<completed|failed|stopped>``; ``unknown`` when
-        the SuperLink could not be asked.
+        ``pending``, ``starting``, ``running``, or ``finished:<completed|failed|stopped>``;
+        ``unknown`` when the SuperLink could not be asked.
     details : str
         Flower's status details (e.g. the error of a failed run), or why the status is unknown.
     """
@@ -51,7 +51,8 @@ class RunStatus:
 
 
 def parse_run_status(text: str, run_id: int) -> RunStatus:
-    """The status of ``run_id`` in ``flwr ls --format json`` output (``unknown`` when it is not there)."""
+    """The status of ``run_id`` in ``flwr ls --format json`` output (``unknown`` when it is not
+    there)."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
@@ -61,12 +62,17 @@ def parse_run_status(text: str, run_id: int) -> RunStatus:
         return RunStatus("unknown", f"the SuperLink did not answer: {why or text.strip()[-300:]}")
     for run in doc.get("runs", []):
         if str(run.get("run-id")) == str(run_id):
-            return RunStatus(str(run.get("status", "unknown")), str(run.get("status-details") or ""))
+            return RunStatus(
+                str(run.get("status", "unknown")), str(run.get("status-details") or "")
+            )
     return RunStatus("unknown", f"run {run_id} is not among the SuperLink's runs")
 
 
-def run_status(env: dict[str, str], connection: str, run_id: int, timeout: float = 60.0) -> RunStatus:
-    """Ask the SuperLink (``flwr ls <connection> --run-id <run_id> --format json``) how run ``run_id`` stands.
+def run_status(
+    env: dict[str, str], connection: str, run_id: int, timeout: float = 60.0
+) -> RunStatus:
+    """Ask the SuperLink (``flwr ls <connection> --run-id <run_id> --format json``) how run
+    ``run_id`` stands.
 
     Parameters
     ----------

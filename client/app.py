@@ -1,4 +1,5 @@
-"""The ClientApp: answers QUERY (profile), TRAIN and EVALUATE messages; the run's method does the work."""
+"""The ClientApp: answers QUERY (profile), TRAIN and EVALUATE messages; the run's method does the
+work."""
 
 from __future__ import annotations
 
@@ -41,14 +42,21 @@ def _setup(context: Context) -> tuple[RunConfig, NodeConfig, LocalData]:
 def received(msg: Message) -> Received:
     """The method-independent view of a TRAIN / EVALUATE download."""
     cfg = msg.content.config_records[P.SUBMODEL_CONFIG]
-    records = {name: {n: a.numpy() for n, a in record.items()} for name, record in msg.content.array_records.items()}
-    return Received(records, str(cfg["mask-kind"]), str(cfg["mask-digest"]), int(cfg["d"]), int(cfg["round"]))
+    records = {
+        name: {n: a.numpy() for n, a in record.items()}
+        for name, record in msg.content.array_records.items()
+    }
+    return Received(
+        records, str(cfg["mask-kind"]), str(cfg["mask-digest"]), int(cfg["d"]), int(cfg["round"])
+    )
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Report capacity, device and local example counts (or the configuration error)."""
-    key: dict[str, str] = {}  # the node's client key, once its node config is known: the server records who left
+    key: dict[
+        str, str
+    ] = {}  # the node's client key, once its node config is known: the server records who left
     try:
         run = parse_run_config(context.run_config)
         node = parse_node_config(context.node_config, run.capacity_mix)
@@ -58,19 +66,32 @@ def query(msg: Message, context: Context) -> Message:
         probe = cached_probe(device, cache_dir()) if node.capacity is None else None
     except Exception as err:  # a misconfigured node reports why instead of failing silently
         reason = f"{type(err).__name__}: {err}"
-        # In the node's own log too: the server leaves this node out, and it would otherwise sit idle silently.
-        log(ERROR, "this node cannot take part in the run, the server will leave it out: %s", reason)
-        return Message(RecordDict({P.PROFILE: ConfigRecord({"error": reason, **key})}), reply_to=msg)
+        # In the node's own log too: the server leaves this node out, and it would otherwise sit
+        # idle silently.
+        log(
+            ERROR, "this node cannot take part in the run, the server will leave it out: %s", reason
+        )
+        return Message(
+            RecordDict({P.PROFILE: ConfigRecord({"error": reason, **key})}), reply_to=msg
+        )
     capacity = probe.capacity if probe else node.capacity
     metrics = MetricRecord(
         {
             "capacity": capacity,
             "num-train-examples": len(data.train),
             "num-test-examples": len(data.test),
-            **({"probe-memory-gib": probe.memory_gib, "probe-gflops": probe.gflops} if probe else {}),
+            **(
+                {"probe-memory-gib": probe.memory_gib, "probe-gflops": probe.gflops}
+                if probe
+                else {}
+            ),
         }
     )
-    info = {"device": str(device), "client-key": node.key, "capacity-source": "auto" if probe else "node-config"}
+    info = {
+        "device": str(device),
+        "client-key": node.key,
+        "capacity-source": "auto" if probe else "node-config",
+    }
     if node.capacity_kind is not None:
         info["capacity-kind"] = node.capacity_kind
     if data.report is not None:  # the node's own data: what was read, and what was skipped and why
@@ -80,7 +101,9 @@ def query(msg: Message, context: Context) -> Message:
         log(level, "own data at %s: %s", node.data_path, data.report.summary())
     content = RecordDict({P.PROFILE: metrics, "device": ConfigRecord(info)})
     if P.OPENING in msg.content.array_records:
-        for name, record in opening_warmup(msg, run, node, data, float(capacity), context.run_id).items():
+        for name, record in opening_warmup(
+            msg, run, node, data, float(capacity), context.run_id
+        ).items():
             content[name] = record
     return Message(content, reply_to=msg)
 
@@ -90,10 +113,10 @@ def measured_train(
 ) -> tuple[LocalUpdate, float | None, float, dict[str, float]]:
     """``method.client_train`` on ``got`` with the node's settings for ``got.round``, measured.
 
-    Returns the update (under ``dp-epsilon``: trained with DP-SGD and charged to the node's ledger, which raises
-    :class:`~common.privacy.accountant.BudgetSpent` when the budget is spent), the process's peak resident MiB
-    while it ran (``None`` where that cannot be read), its CPU seconds (all threads) and the metrics the
-    privacy ledger adds (none without ``dp-epsilon``).
+    Returns the update (under ``dp-epsilon``: trained with DP-SGD and charged to the node's ledger,
+    which raises :class:`~common.privacy.accountant.BudgetSpent` when the budget is spent), the
+    process's peak resident MiB while it ran (``None`` where that cannot be read), its CPU seconds
+    (all threads) and the metrics the privacy ledger adds (none without ``dp-epsilon``).
     """
     cpu0 = time.process_time()
     cfg = round_train_config(run, node, got.round)
@@ -107,32 +130,41 @@ def measured_train(
         update = method.client_train(got, train, cfg, pick_device(node.device))
     if attacker:
         update = poisoned_update(run, update)
-    extra = {} if ledger is None else charge_reply(ledger, update, method, run, node, cfg, len(data.train), run_id)
+    extra = (
+        {}
+        if ledger is None
+        else charge_reply(ledger, update, method, run, node, cfg, len(data.train), run_id)
+    )
     return update, peak.peak_mib if peak.peak_bytes else None, time.process_time() - cpu0, extra
 
 
 def opening_warmup(
     msg: Message, run: RunConfig, node: NodeConfig, data: LocalData, capacity: float, run_id: int
 ) -> RecordDict:
-    """The round-0 TRAIN reply's records for a QUERY carrying the initial model: the node's warm-up Fisher.
+    """The round-0 TRAIN reply's records for a QUERY carrying the initial model: the node's warm-up
+    Fisher.
 
-    The node builds the round-0 download it would have been sent (:meth:`opening_received`) and measures its
-    Fisher there as a round-0 TRAIN message would have it do. When it cannot, it says why (``opening-error``)
-    and the server ranks it by the prior until its first refresh. When the QUERY also asks for round 1
-    (``round-one``), :func:`opening_round_one` adds that round's reply.
+    The node builds the round-0 download it would have been sent (:meth:`opening_received`) and
+    measures its Fisher there as a round-0 TRAIN message would have it do. When it cannot, it says
+    why (``opening-error``) and the server ranks it by the prior until its first refresh. When the
+    QUERY also asks for round 1 (``round-one``), :func:`opening_round_one` adds that round's reply.
     """
     try:
         method = create_method(run)
         x0 = msg.content.array_records[P.OPENING][P.VALUES].numpy()
         got = method.opening_received(data.train, x0, capacity)
         update, peak_mib, cpu_seconds, extra = measured_train(method, got, run, node, data, run_id)
-    except Exception as err:  # the profile still goes back: the node takes part, ranked by the prior at first
+    except (
+        Exception
+    ) as err:  # the profile still goes back: the node takes part, ranked by the prior at first
         reason = f"{type(err).__name__}: {err}"
         log(WARNING, "no warm-up Fisher from the discovery message: %s", reason)
         return RecordDict({P.OPENING_ERROR: ConfigRecord({P.OPENING_ERROR: reason})})
     records = train_records(update, 0, got.digest, peak_mib, cpu_seconds, extra)
     if P.ROUND_ONE in msg.content.config_records:
-        records.update(opening_round_one(method, x0, capacity, got, update, run, node, data, run_id))
+        records.update(
+            opening_round_one(method, x0, capacity, got, update, run, node, data, run_id)
+        )
     return records
 
 
@@ -147,11 +179,12 @@ def opening_round_one(
     data: LocalData,
     run_id: int,
 ) -> dict[str, ConfigRecord | ArrayRecord | MetricRecord]:
-    """Round 1 trained in the discovery exchange: the records of its TRAIN reply, under the ``round-one-*`` names.
+    """Round 1 trained in the discovery exchange: the records of its TRAIN reply, under the
+    ``round-one-*`` names.
 
     The submodel is the one the server will rank by the warm-up Fisher just measured
-    (:meth:`~common.methods.base.Method.round_one_received`); when it cannot be built or trained, the reason
-    (``round-one-error``), and the server leaves the node out of round 1.
+    (:meth:`~common.methods.base.Method.round_one_received`); when it cannot be built or trained,
+    the reason (``round-one-error``), and the server leaves the node out of round 1.
     """
     try:
         got = method.round_one_received(data.train, x0, capacity, opening, warm_up)
@@ -160,9 +193,15 @@ def opening_round_one(
         reason = f"{type(err).__name__}: {err}"
         log(WARNING, "round 1 not trained with the discovery message: %s", reason)
         return {P.ROUND_ONE_ERROR: ConfigRecord({P.ROUND_ONE_ERROR: reason})}
-    time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
+    time.sleep(
+        node.bench_delay_s * run.local_epochs
+    )  # test/benchmark knob: emulate a slower device
     one = train_records(update, 1, got.digest, peak_mib, cpu_seconds, extra)
-    return {P.ROUND_ONE_UPDATE: one[P.UPDATE], P.ROUND_ONE_METRICS: one[P.METRICS], P.ROUND_ONE_META: one[P.META]}
+    return {
+        P.ROUND_ONE_UPDATE: one[P.UPDATE],
+        P.ROUND_ONE_METRICS: one[P.METRICS],
+        P.ROUND_ONE_META: one[P.META],
+    }
 
 
 @app.train()
@@ -170,14 +209,19 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received submodel with the run's method; reply with its update and metrics."""
     run, node, data = _setup(context)
     got = received(msg)
-    update, peak_mib, cpu_seconds, extra = measured_train(create_method(run), got, run, node, data, context.run_id)
-    time.sleep(node.bench_delay_s * run.local_epochs)  # test/benchmark knob: emulate a slower device
+    update, peak_mib, cpu_seconds, extra = measured_train(
+        create_method(run), got, run, node, data, context.run_id
+    )
+    time.sleep(
+        node.bench_delay_s * run.local_epochs
+    )  # test/benchmark knob: emulate a slower device
     return train_reply(msg, update, got.round, got.digest, peak_mib, cpu_seconds, extra)
 
 
 @app.evaluate()
 def evaluate_submodel(msg: Message, context: Context) -> Message:
-    """Evaluate the received submodel on the local test split; with ``adapt-steps``, also after adapting it."""
+    """Evaluate the received submodel on the local test split; with ``adapt-steps``, also after
+    adapting it."""
     run, node, data = _setup(context)
     got = received(msg)
     method, device = create_method(run), pick_device(node.device)

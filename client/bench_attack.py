@@ -1,11 +1,12 @@
 """A malicious node, for measuring robust aggregation (``bench-attack``; a test and benchmark knob).
 
-The nodes of partitions ``0, N, 2N, ...`` (``bench-attack-every = N``) attack every round they train:
+The nodes of partitions ``0, N, 2N, ...`` (``bench-attack-every = N``) attack every round they
+train:
 
-* ``scale:F``: they upload ``F`` times their honest update (``F = -1``: the sign flipped; ``F = 10``: a boosted
-  update that drags every position it holds);
-* ``labels:C``: they train on their examples all labelled ``C``, pulling the model toward predicting ``C``
-  (a targeted attack whose update looks like an honest one).
+* ``scale:F``: they upload ``F`` times their honest update (``F = -1``: the sign flipped; ``F =
+  10``: a boosted update that drags every position it holds);
+* ``labels:C``: they train on their examples all labelled ``C``, pulling the model toward predicting
+  ``C`` (a targeted attack whose update looks like an honest one).
 """
 
 from __future__ import annotations
@@ -23,17 +24,24 @@ from common.wire import protocol as P
 
 def attacks(run: RunConfig, node: NodeConfig) -> bool:
     """Whether this node attacks in this run."""
-    return bool(run.bench_attack) and node.partition_id is not None and node.partition_id % run.bench_attack_every == 0
+    return (
+        bool(run.bench_attack)
+        and node.partition_id is not None
+        and node.partition_id % run.bench_attack_every == 0
+    )
 
 
 def poisoned_data(run: RunConfig, train: ArrayDataset) -> ArrayDataset:
-    """``labels:C``: the training split with every label set to ``C``; otherwise ``train`` itself."""
+    """``labels:C``: the training split with every label set to ``C``; otherwise ``train``
+    itself."""
     kind, _, value = run.bench_attack.partition(":")
     if kind != "labels":
         return train
     target = int(value)
     if not 0 <= target < train.num_classes:
-        raise ValueError(f"bench-attack={run.bench_attack!r}: class {target} outside [0, {train.num_classes})")
+        raise ValueError(
+            f"bench-attack={run.bench_attack!r}: class {target} outside [0, {train.num_classes})"
+        )
     return replace(train, y=np.full_like(train.y, target))
 
 

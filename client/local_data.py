@@ -1,4 +1,5 @@
-"""A node's local data (its partition, split into train and test), derived once and cached on the node."""
+"""A node's local data (its partition, split into train and test), derived once and cached on the
+node."""
 
 from __future__ import annotations
 
@@ -28,14 +29,22 @@ def cache_dir() -> Path:
 
 
 def folder_fingerprint(path: str) -> str:
-    """A digest of every file's name, size and modification time under ``path`` (a folder or a file)."""
+    """A digest of every file's name, size and modification time under ``path`` (a folder or a
+    file)."""
     root = Path(path).expanduser()
     digest = hashlib.sha256()
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    files = (
+        [root]
+        if root.is_file()
+        else sorted(p for p in root.rglob("*") if p.is_file())
+        if root.is_dir()
+        else []
+    )
     for file in files:
         st = file.stat()
         digest.update(
-            f"{file.relative_to(root) if file != root else file.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode()
+            f"{file.relative_to(root) if file != root else file.name}\0{st.st_size}\0"
+            f"{st.st_mtime_ns}\n".encode()
         )
     return digest.hexdigest()
 
@@ -53,7 +62,9 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         "dataset": run.dataset,
         "data_path": run.data_path,
         # Text is encoded for the model: hashed words, or the tokens of the tokenizer at model-path.
-        "text": [run.model, run.model_path, run.text_length] if run.dataset in TEXT_DATASETS else None,
+        "text": [run.model, run.model_path, run.text_length]
+        if run.dataset in TEXT_DATASETS
+        else None,
         "test_fraction": run.test_fraction,
         "local_test_fraction": run.local_test_fraction,
         "seed": run.seed,
@@ -61,9 +72,14 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         "alpha": run.dirichlet_alpha,
         "classes": run.classes_per_client,
         "node": node.model_dump() | {"capacity": None, "device": None},
-        # The node's own data: the run's label space and input shape, and the folder as it is now (an edit
-        # to the folder is a new entry).
-        "node_data": [run.classes, run.image_size, run.image_channels, folder_fingerprint(node.data_path)]
+        # The node's own data: the run's label space and input shape, and the folder as it is now
+        # (an edit to the folder is a new entry).
+        "node_data": [
+            run.classes,
+            run.image_size,
+            run.image_channels,
+            folder_fingerprint(node.data_path),
+        ]
         if node.data_path
         else None,
     }

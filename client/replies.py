@@ -1,6 +1,7 @@
 """The TRAIN reply every method sends: the update arrays, the training metrics and the meta record.
 
-One builder for every method, so the records the server validates (:mod:`common.wire.validation`) have one shape.
+One builder for every method, so the records the server validates (:mod:`common.wire.validation`)
+have one shape.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def train_records(
     Parameters
     ----------
     update : LocalUpdate
-        Update arrays (delta and Fisher payload, or small-model tensors and channel scores) and metrics.
+        Update arrays (delta and Fisher payload, or small-model tensors and channel scores) and
+        metrics.
     server_round : int
         The round the submodel was sent for.
     mask_digest : str
@@ -47,8 +49,9 @@ def train_records(
     peak_rss_mib : float or None
         The client process's peak resident memory while it trained, in MiB; ``None`` sends no value.
     cpu_seconds : float or None
-        The client process's CPU seconds of training and Fisher estimation (all its threads; what the node
-        would take alone on one core per thread, whatever else shares the machine); ``None`` sends no value.
+        The client process's CPU seconds of training and Fisher estimation (all its threads; what
+        the node would take alone on one core per thread, whatever else shares the machine);
+        ``None`` sends no value.
     extra : dict[str, float], optional
         More metrics (the privacy ledger's ``dp-epsilon`` and ``dp-noise-multiplier``).
     """
@@ -65,7 +68,9 @@ def train_records(
     metrics.update(extra or {})
     return RecordDict(
         {
-            P.UPDATE: ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}),
+            P.UPDATE: ArrayRecord(
+                {k: Array(np.ascontiguousarray(v)) for k, v in update.arrays.items()}
+            ),
             P.METRICS: MetricRecord(metrics),
             P.META: ConfigRecord({"round": server_round, "mask-digest": mask_digest}),
         }

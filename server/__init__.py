@@ -1,5 +1,5 @@
 """The ServerApp and its strategies: rounds, replies, evaluation, records, checkpoints.
 
-Everything here is what the ServerApp imports and travels in the FAB; operator commands live in :mod:`cli`,
-benchmarks and analyses in :mod:`benchmarks`.
+Everything here is what the ServerApp imports and travels in the FAB; operator commands live in
+:mod:`cli`, benchmarks and analyses in :mod:`benchmarks`.
 """

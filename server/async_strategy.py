@@ -1,5 +1,5 @@
-"""The asynchronous strategy (FedGMR's ``gmr-mode = "async"``): no global rounds, every node kept busy,
-each reply applied on arrival.
+"""The asynchronous strategy (FedGMR's ``gmr-mode = "async"``): no global rounds, every node kept
+busy, each reply applied on arrival.
 
 The loop pushes a TRAIN message to every idle node (``Grid.push_messages``),
 polls ``Grid.pull_messages`` every ``poll-interval`` seconds, validates each reply
@@ -51,7 +51,13 @@ from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel
 from server.replies import ReplyParts, reply_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, local_figures
-from server.strategy_core.round_records import ClientRound, async_record, note_accepted, progress_line, update_line
+from server.strategy_core.round_records import (
+    ClientRound,
+    async_record,
+    note_accepted,
+    progress_line,
+    update_line,
+)
 
 # Seconds between checks of the SuperLink's node list (departed / new nodes).
 REFRESH_SECONDS = 5.0
@@ -92,7 +98,8 @@ class AsyncPlan:
     Parameters
     ----------
     total_updates : int
-        Applied updates after which the run stops (``num-rounds`` times the nodes found at discovery).
+        Applied updates after which the run stops (``num-rounds`` times the nodes found at
+        discovery).
     eval_every : int
         Applied updates between central evaluations.
     total_evals : int
@@ -105,11 +112,12 @@ class AsyncPlan:
 
 
 class AsyncSubmodelStrategy(SubmodelStrategyBase):
-    """Asynchronous rounds for a method that can apply one reply at a time (see the module docstring).
+    """Asynchronous rounds for a method that can apply one reply at a time (see the module
+    docstring).
 
-    A sibling of :class:`~server.strategy.SubmodelStrategy` (the same nodes, messages, records
-    and evaluations), not a Flower ``Strategy``: Flower's ``configure_train`` / ``aggregate_train`` are steps
-    of a round, and this loop has none.
+    A sibling of :class:`~server.strategy.SubmodelStrategy` (the same nodes, messages, records and
+    evaluations), not a Flower ``Strategy``: Flower's ``configure_train`` / ``aggregate_train`` are
+    steps of a round, and this loop has none.
 
     Parameters
     ----------
@@ -135,8 +143,12 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         if not isinstance(self.method, AsynchronousMethod):
             raise TypeError(f"method {self.method.name!r} cannot apply replies asynchronously")
         self.async_method: AsynchronousMethod = self.method
-        self.sent: dict[int, SentSubmodel] = {}  # each node's last dispatch, what its update must match
-        self.federated: dict[str, Any] | None = None  # the nodes' evaluation figures, for the next record
+        self.sent: dict[
+            int, SentSubmodel
+        ] = {}  # each node's last dispatch, what its update must match
+        self.federated: dict[str, Any] | None = (
+            None  # the nodes' evaluation figures, for the next record
+        )
         self.version = 0
         self.last_changed = np.zeros(layout.size, dtype=np.int64)
         self.in_flight: dict[str, Dispatch] = {}
@@ -159,9 +171,12 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
     def node_mask(
         self, node_id: int, server_round: int, x: NDArray[np.float32] | None = None
     ) -> tuple[NDArray[np.bool_], str]:
-        """The node's mask at the current :meth:`clock` (``server_round`` is only a dispatch number here)."""
+        """The node's mask at the current :meth:`clock` (``server_round`` is only a dispatch number
+        here)."""
         prof = self.registry.nodes[node_id]
-        return self.async_method.mask_at(prof.key, self.clock(), prof.capacity, self.x if x is None else x)
+        return self.async_method.mask_at(
+            prof.key, self.clock(), prof.capacity, self.x if x is None else x
+        )
 
     def level_mask(
         self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
@@ -182,7 +197,12 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
             seq = self.next_dispatch
             self.next_dispatch += 1
             msg, info = self.submodel_message(
-                node_id, seq, MessageType.TRAIN, self.sent, self.node_mask(node_id, seq), self.train_config
+                node_id,
+                seq,
+                MessageType.TRAIN,
+                self.sent,
+                self.node_mask(node_id, seq),
+                self.train_config,
             )
             msgs.append(msg)
             pending.append((node_id, self.sent[node_id], info))
@@ -191,8 +211,15 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
             return
         try:
             ids = list(self.grid.push_messages(msgs))
-        except Exception as err:  # a node that vanished between refresh and push must not end the run
-            log(WARNING, "push to nodes %s failed (%s); retried after the next node refresh", node_ids, err)
+        except (
+            Exception
+        ) as err:  # a node that vanished between refresh and push must not end the run
+            log(
+                WARNING,
+                "push to nodes %s failed (%s); retried after the next node refresh",
+                node_ids,
+                err,
+            )
             return
         now = time.monotonic()
         for msg_id, (node_id, sent, info) in zip(ids, pending):
@@ -217,21 +244,28 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
                 d.warned = True
                 log(
                     WARNING,
-                    "node %d has not answered dispatch %d for %.0f s (round-timeout); the others keep training",
+                    "node %d has not answered dispatch %d for %.0f s (round-timeout); the others "
+                    "keep training",
                     d.node_id,
                     d.sent.round,
                     now - d.sent_at,
                 )
 
     def drop_departed(self) -> None:
-        """Forget messages to nodes that left the federation (after :meth:`NodeRegistry.refresh`)."""
-        for mid in [mid for mid, d in self.in_flight.items() if d.node_id not in self.registry.nodes]:
+        """Forget messages to nodes that left the federation (after
+        :meth:`NodeRegistry.refresh`)."""
+        for mid in [
+            mid for mid, d in self.in_flight.items() if d.node_id not in self.registry.nodes
+        ]:
             d = self.in_flight.pop(mid)
             d.info.status = "no reply: node left"
-            self.window.append({**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version})
+            self.window.append(
+                {**asdict(d.info), "dispatch": d.sent.round, "sent_version": d.version}
+            )
 
     def refresh(self, timeout: float) -> None:
-        """Follow the SuperLink's node list, forget departed nodes' messages, and send work to every idle node."""
+        """Follow the SuperLink's node list, forget departed nodes' messages, and send work to every
+        idle node."""
         self.registry.refresh(self.grid, min(timeout, 60.0))
         self.drop_departed()
         self.dispatch(self.idle_participants())
@@ -244,18 +278,29 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         return self.apply_reply(reply_parts(msg, P.UPDATE, P.METRICS, P.META), d)
 
     def apply_reply(self, parts: ReplyParts, d: Dispatch) -> bool:
-        """Validate and apply one reply's records; a rejected reply is logged and changes nothing."""
+        """Validate and apply one reply's records; a rejected reply is logged and changes
+        nothing."""
         t0 = time.perf_counter()
         entry: dict[str, Any] = {"dispatch": d.sent.round, "sent_version": d.version}
         try:
             if parts.error:
                 raise ReplyError(parts.error)
             if parts.node_id != d.node_id:
-                raise ReplyError(f"reply comes from node {parts.node_id}, the message went to node {d.node_id}")
+                raise ReplyError(
+                    f"reply comes from node {parts.node_id}, the message went to node {d.node_id}"
+                )
             reply = self.method.validate(parts.records, d.sent, self.x)
-            step = self.async_method.apply_async(self.x, self.last_changed, self.version, reply.update, d.version)
+            step = self.async_method.apply_async(
+                self.x, self.last_changed, self.version, reply.update, d.version
+            )
         except (ReplyError, TooStale) as err:
-            log(WARNING, "update from node %d (dispatch %d) rejected: %s", d.node_id, d.sent.round, err)
+            log(
+                WARNING,
+                "update from node %d (dispatch %d) rejected: %s",
+                d.node_id,
+                d.sent.round,
+                err,
+            )
             d.info.status = f"rejected: {err}"
             self.window.append({**asdict(d.info), **entry})
             self.server_seconds += time.perf_counter() - t0
@@ -263,19 +308,30 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         self.x, self.last_changed, self.version = step.x, step.last_changed, step.version
         nodes = self.registry.nodes
         if d.node_id in nodes:
-            self.async_method.observe(Accepted(d.node_id, nodes[d.node_id].key, reply), int(self.clock()) + 1)
+            self.async_method.observe(
+                Accepted(d.node_id, nodes[d.node_id].key, reply), int(self.clock()) + 1
+            )
         note_accepted(d.info, parts.nbytes, reply)
-        entry.update(staleness=step.staleness, overlap=step.overlap, weight=step.weight, version=step.version)
+        entry.update(
+            staleness=step.staleness, overlap=step.overlap, weight=step.weight, version=step.version
+        )
         self.window.append({**asdict(d.info), **entry})
         self.server_seconds += time.perf_counter() - t0
         return True
 
     def on_reply(self, msg: Message, d: Dispatch, plan: AsyncPlan, timeout: float) -> None:
-        """Apply one reply; log it, record an evaluation when one is due, and give its node new work."""
+        """Apply one reply; log it, record an evaluation when one is due, and give its node new
+        work."""
         if self.handle(msg, d):
-            log(INFO, "%s", update_line(self.window[-1], self.version, plan.total_updates, self.elapsed()))
+            log(
+                INFO,
+                "%s",
+                update_line(self.window[-1], self.version, plan.total_updates, self.elapsed()),
+            )
             if self.version >= plan.total_updates:
-                t_end = time.perf_counter()  # before the local evaluation, which is not training time
+                t_end = (
+                    time.perf_counter()
+                )  # before the local evaluation, which is not training time
                 local = self.local_evaluation(timeout) if self.cfg.eval_every else None
                 self.record(plan.total_evals, local, t_end)
             elif self.version % plan.eval_every == 0:
@@ -299,7 +355,8 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         local : dict, optional
             Local (client-side) accuracy and loss, measured at the end of the run.
         now : float, optional
-            ``time.perf_counter()`` the record is stamped with (default: after the central evaluation).
+            ``time.perf_counter()`` the record is stamped with (default: after the central
+            evaluation).
         """
         t0 = time.perf_counter()
         central = self.central_evaluation(self.version)
@@ -418,9 +475,12 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         return time.perf_counter() - self.t_start
 
     def local_evaluation(self, timeout: float) -> dict[str, float] | None:
-        """Each node evaluates its current submodel on its local test split (after training ends)."""
+        """Each node evaluates its current submodel on its local test split (after training
+        ends)."""
         arrays = self.to_arrays(self.x)
-        metrics, self.federated = self.nodes_evaluate(self.evals, arrays, self.grid, timeout, self.evaluate_config)
+        metrics, self.federated = self.nodes_evaluate(
+            self.evals, arrays, self.grid, timeout, self.evaluate_config
+        )
         if metrics is None:
             return None
         local = local_figures(metrics)

@@ -1,8 +1,10 @@
-"""The round's figures measured on the nodes: each node's evaluation on its local test split, pooled by examples.
+"""The round's figures measured on the nodes: each node's evaluation on its local test split, pooled
+by examples.
 
-With the nodes' own data the server usually holds no test set, so these are the run's global figures: the
-full global model on the nodes that were sent all of it (capacity 1), and each capacity level's submodels on
-the nodes of that level. With a server test set they are reported beside the central figures.
+With the nodes' own data the server usually holds no test set, so these are the run's global
+figures: the full global model on the nodes that were sent all of it (capacity 1), and each capacity
+level's submodels on the nodes of that level. With a server test set they are reported beside the
+central figures.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class NodeEvaluation:
     accuracy : float
         Share of those examples classified correctly.
     adapted_loss, adapted_accuracy : float, optional
-        The same after the node adapted the submodel on its training split (``adapt-steps``; ``None``: off).
+        The same after the node adapted the submodel on its training split (``adapt-steps``;
+        ``None``: off).
     """
 
     capacity: float
@@ -45,9 +48,11 @@ class NodeEvaluation:
 
 
 def pooled(evals: Sequence[NodeEvaluation]) -> dict[str, Any] | None:
-    """Example-weighted accuracy and loss over ``evals``, with their examples and nodes; ``None`` if empty.
+    """Example-weighted accuracy and loss over ``evals``, with their examples and nodes; ``None`` if
+    empty.
 
-    With every node's adapted figures (``adapt-steps``), also ``adapted_accuracy`` and ``adapted_loss``.
+    With every node's adapted figures (``adapt-steps``), also ``adapted_accuracy`` and
+    ``adapted_loss``.
     """
     n = sum(e.num_examples for e in evals)
     if not evals or n == 0:
@@ -67,9 +72,9 @@ def pooled(evals: Sequence[NodeEvaluation]) -> dict[str, Any] | None:
 def federated_figures(evals: Sequence[NodeEvaluation]) -> dict[str, Any]:
     """The round's node-measured figures.
 
-    Returns ``{"full_model": pooled over the nodes that evaluated the whole model (or None), "per_capacity":
-    {level: pooled over that level's nodes}, "all": pooled over every node}``; levels are written ``f"{γ:g}"``,
-    largest first, as the central figures' ``per_capacity``.
+    Returns ``{"full_model": pooled over the nodes that evaluated the whole model (or None),
+    "per_capacity": {level: pooled over that level's nodes}, "all": pooled over every node}``;
+    levels are written ``f"{γ:g}"``, largest first, as the central figures' ``per_capacity``.
     """
     levels = sorted({e.capacity for e in evals}, reverse=True)
     return {
@@ -80,10 +85,12 @@ def federated_figures(evals: Sequence[NodeEvaluation]) -> dict[str, Any]:
 
 
 def global_figures(record: dict[str, Any]) -> dict[str, Any] | None:
-    """A round's global figures: on the server's test set, or else pooled over the nodes' own test splits.
+    """A round's global figures: on the server's test set, or else pooled over the nodes' own test
+    splits.
 
-    Returns ``{"accuracy", "loss", "per_capacity": {level: {"accuracy", ...}}, "source"}`` (``accuracy`` and
-    ``loss`` ``None`` when no node evaluated the whole model), or ``None`` for a round without any.
+    Returns ``{"accuracy", "loss", "per_capacity": {level: {"accuracy", ...}}, "source"}``
+    (``accuracy`` and ``loss`` ``None`` when no node evaluated the whole model), or ``None`` for a
+    round without any.
     """
     if record.get("global"):
         return {**record["global"], "source": "server test set"}

@@ -1,7 +1,8 @@
-"""The one place a run's federation is built: its method, initial global model, central evaluation and strategy.
+"""The one place a run's federation is built: its method, initial global model, central evaluation
+and strategy.
 
-:mod:`server.app` builds its run through :func:`build_federation`, and so does the in-process test harness
-(``tests/inprocess_grid.py``), so the two cannot drift apart.
+:mod:`server.app` builds its run through :func:`build_federation`, and so does the in-process test
+harness (``tests/inprocess_grid.py``), so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Federation:
 
 
 def central_evaluate_fn(evaluator: CentralEvaluator) -> EvaluateFn:
-    """Flower's ``evaluate_fn`` over the server's test set: accuracy and loss of the arrays given."""
+    """Flower's ``evaluate_fn`` over the server's test set: accuracy and loss of the arrays
+    given."""
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         flat = evaluator.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
@@ -67,7 +69,8 @@ def central_evaluate_fn(evaluator: CentralEvaluator) -> EvaluateFn:
 def global_model(
     cfg: RunConfig, method: Method, device: str
 ) -> tuple[NDArray[np.float32], ParamLayout, EvaluateFn | None]:
-    """The run's initial global model (flat), its layout, and central evaluation on the server's test set.
+    """The run's initial global model (flat), its layout, and central evaluation on the server's
+    test set.
 
     The evaluation is ``None`` when the server holds no test set (the nodes' own data without
     ``test-data-path``): the run's global figures then come from the nodes' evaluation rounds.
@@ -78,10 +81,16 @@ def global_model(
     layout = model_layout(model)
     x0 = layout.flatten(trainable_arrays(model))
     if data.test is None:
-        log(INFO, "no server test set: the global figures come from the nodes' evaluation (eval-every)")
+        log(
+            INFO,
+            "no server test set: the global figures come from the nodes' evaluation (eval-every)",
+        )
         return x0, layout, None
     evaluator = CentralEvaluator(
-        method.federated_model(build_run_model(cfg, data.num_classes, data.in_channels)), layout, data.test, device
+        method.federated_model(build_run_model(cfg, data.num_classes, data.in_channels)),
+        layout,
+        data.test,
+        device,
     )
     return x0, layout, central_evaluate_fn(evaluator)
 

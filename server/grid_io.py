@@ -14,7 +14,8 @@ from flwr.serverapp import Grid
 
 
 def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float, poll_interval: float) -> int:
-    """Wait until ``min_nodes`` SuperNodes are connected, or ``timeout`` seconds; returns how many are.
+    """Wait until ``min_nodes`` SuperNodes are connected, or ``timeout`` seconds; returns how many
+    are.
 
     SuperNodes started together with the SuperLink (``docker compose up``)
     connect over several seconds; discovering too early would leave the late
@@ -41,8 +42,11 @@ def wait_for_nodes(grid: Grid, min_nodes: int, timeout: float, poll_interval: fl
         time.sleep(max(poll_interval, 0.5))
 
 
-def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval: float) -> list[Message]:
-    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout`` s pass.
+def exchange(
+    grid: Grid, messages: list[Message], timeout: float, poll_interval: float
+) -> list[Message]:
+    """Push ``messages`` and pull replies every ``poll_interval`` s until all arrive or ``timeout``
+    s pass.
 
     Every reply comes back from the node it concerns: see :func:`attributed`.
     """
@@ -72,10 +76,12 @@ def exchange(grid: Grid, messages: list[Message], timeout: float, poll_interval:
 
 @dataclass
 class GridTime:
-    """Seconds :func:`ordered_replies` spent between its caller's requests for the next reply: in the grid
-    (pushing, pulling, waiting) and in its ``on_pushed``, work beside the nodes' that is not the caller's fold.
+    """Seconds :func:`ordered_replies` spent between its caller's requests for the next reply: in
+    the grid (pushing, pulling, waiting) and in its ``on_pushed``, work beside the nodes' that is
+    not the caller's fold.
 
-    ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads) over the same spans.
+    ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads) over the same
+    spans.
     """
 
     seconds: float = 0.0
@@ -93,7 +99,8 @@ class GridTime:
         self.cpu_seconds += time.process_time() - cpu
 
 
-#: Replies pulled ahead of the one the fold waits for, at most: the rest stay on the SuperLink until their turn.
+#: Replies pulled ahead of the one the fold waits for, at most: the rest stay on the SuperLink until
+#: their turn.
 REPLY_WINDOW = 8
 
 
@@ -106,23 +113,25 @@ def ordered_replies(
     spent: GridTime | None = None,
     on_pushed: Callable[[], None] | None = None,
 ) -> Iterator[Message]:
-    """Push ``messages``, then yield their replies in the order of ``messages``, each as soon as it can be.
+    """Push ``messages``, then yield their replies in the order of ``messages``, each as soon as it
+    can be.
 
     The caller folds each reply and drops it before asking for the next, so the server holds at most
-    ``window`` replies at a time, whatever the number of messages: only the replies of the next ``window``
-    messages still awaited are pulled; the others wait on the SuperLink (or the Simulation Engine's link
-    state) until their turn. A message whose reply has not arrived ``timeout`` s after the push is skipped:
-    after the deadline every remaining message is asked for once, in order, and what has arrived is yielded.
-    The order is the messages', never the arrival order, so a fold of the replies repeats to the bit
-    whatever order the nodes answered in. Every reply comes back from the node it concerns: see
-    :func:`attributed`.
+    ``window`` replies at a time, whatever the number of messages: only the replies of the next
+    ``window`` messages still awaited are pulled; the others wait on the SuperLink (or the
+    Simulation Engine's link state) until their turn. A message whose reply has not arrived
+    ``timeout`` s after the push is skipped: after the deadline every remaining message is asked for
+    once, in order, and what has arrived is yielded. The order is the messages', never the arrival
+    order, so a fold of the replies repeats to the bit whatever order the nodes answered in. Every
+    reply comes back from the node it concerns: see :func:`attributed`.
 
     Parameters
     ----------
     grid : Grid
         The ServerApp's grid.
     messages : list[Message]
-        What to send, in the order the replies are wanted. Only their metadata is kept once they are pushed.
+        What to send, in the order the replies are wanted. Only their metadata is kept once they are
+        pushed.
     timeout : float
         Seconds after the push after which a missing reply is not waited for.
     poll_interval : float
@@ -130,11 +139,11 @@ def ordered_replies(
     window : int
         Replies pulled at most ahead of the next one wanted (>= 1).
     spent : GridTime, optional
-        Receives the seconds spent here between the caller's requests for the next reply, ``on_pushed``'s
-        included.
+        Receives the seconds spent here between the caller's requests for the next reply,
+        ``on_pushed``'s included.
     on_pushed : Callable, optional
-        Called once the messages are pushed, before any reply is pulled: work that overlaps the nodes' (its
-        seconds are counted in ``spent``, not in the caller's).
+        Called once the messages are pushed, before any reply is pulled: work that overlaps the
+        nodes' (its seconds are counted in ``spent``, not in the caller's).
     """
     if not messages:
         return
@@ -268,17 +277,22 @@ def _last_call(
 
 
 def request_stub(request: Message) -> Message:
-    """``request`` without its content: the same metadata (message id, destination), for :func:`attributed`."""
+    """``request`` without its content: the same metadata (message id, destination), for
+    :func:`attributed`."""
     return Message(content=RecordDict(), metadata=copy.copy(request.metadata))
 
 
 def attributed(reply: Message, request: Message | None) -> Message:
     """``reply`` as coming from the node ``request`` was sent to.
 
-    An error reply that Flower generates itself (the SuperLink's "node unavailable" or "reply message
-    unavailable") carries the SuperLink's own id as its source; rebuilt as the destination's error
-    reply, it is logged against, and excludes, the node it concerns.
+    An error reply that Flower generates itself (the SuperLink's "node unavailable" or "reply
+    message unavailable") carries the SuperLink's own id as its source; rebuilt as the destination's
+    error reply, it is logged against, and excludes, the node it concerns.
     """
-    if request is None or reply.metadata.src_node_id == request.metadata.dst_node_id or not reply.has_error():
+    if (
+        request is None
+        or reply.metadata.src_node_id == request.metadata.dst_node_id
+        or not reply.has_error()
+    ):
         return reply
     return Message(reply.error, reply_to=request)

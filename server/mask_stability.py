@@ -24,7 +24,8 @@ def jaccard(a: NDArray[np.bool_], b: NDArray[np.bool_]) -> float:
 
 
 class MaskHistory:
-    """Each client's last mask (packed bits, ``d / 8`` bytes a client), to measure the next one against.
+    """Each client's last mask (packed bits, ``d / 8`` bytes a client), to measure the next one
+    against.
 
     Parameters
     ----------
@@ -37,7 +38,8 @@ class MaskHistory:
         self._last: dict[str, NDArray[np.uint8]] = {}
 
     def observe(self, key: str, mask: NDArray[np.bool_]) -> float | None:
-        """Record ``key``'s new mask; its overlap with the previous one (``None`` the first time)."""
+        """Record ``key``'s new mask; its overlap with the previous one (``None`` the first
+        time)."""
         if mask.shape != (self.d,):
             raise ValueError(f"mask has shape {mask.shape}, expected ({self.d},)")
         prev = self._last.get(key)
@@ -48,7 +50,8 @@ class MaskHistory:
 
 
 def per_capacity_means(rows: Iterable[tuple[float, float, float]]) -> dict[str, dict[str, float]]:
-    """``(capacity, accuracy, loss)`` per client -> per capacity level: mean accuracy, mean loss, clients.
+    """``(capacity, accuracy, loss)`` per client -> per capacity level: mean accuracy, mean loss,
+    clients.
 
     Levels are keyed as ``f"{gamma:g}"`` and ordered from the largest capacity down.
     """

@@ -19,7 +19,8 @@ import numpy as np
 
 
 def sample_size(n_eligible: int, fraction: float, min_nodes: int) -> int:
-    """Clients to train in a round: ``max(floor(n_eligible * fraction), min_nodes)``, at most ``n_eligible``.
+    """Clients to train in a round: ``max(floor(n_eligible * fraction), min_nodes)``, at most
+    ``n_eligible``.
 
     Parameters
     ----------
@@ -43,7 +44,9 @@ def sample_size(n_eligible: int, fraction: float, min_nodes: int) -> int:
     return min(n_eligible, max(share, min_nodes))
 
 
-def sample_clients(keys: Sequence[str], fraction: float, min_nodes: int, seed: int, server_round: int) -> list[str]:
+def sample_clients(
+    keys: Sequence[str], fraction: float, min_nodes: int, seed: int, server_round: int
+) -> list[str]:
     """The clients (by stable key) that train in ``server_round``, sorted.
 
     Parameters

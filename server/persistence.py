@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 
 def atomic_write(path: Path, data: bytes | memoryview, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` atomically (``sync_dir=False``: the caller flushes the folder afterwards)."""
+    """Write ``data`` to ``path`` atomically (``sync_dir=False``: the caller flushes the folder
+    afterwards)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -50,7 +51,8 @@ def atomic_write(path: Path, data: bytes | memoryview, sync_dir: bool = True) ->
 
 
 def fsync_dir(folder: Path) -> None:
-    """Make renames and deletions in ``folder`` durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    """Make renames and deletions in ``folder`` durable (a no-op where folders cannot be opened,
+    e.g. Windows)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -99,11 +101,16 @@ def chunk_store(path: Path) -> Path:
 
 
 def _digest(chunk: memoryview) -> str:
-    return hashlib.sha256(chunk).hexdigest()[:32]  # 128 bits; SHA-256 has CPU instructions on most servers
+    return hashlib.sha256(chunk).hexdigest()[
+        :32
+    ]  # 128 bits; SHA-256 has CPU instructions on most servers
 
 
-def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fisher_state: bytes) -> int:
-    """Everything a resumed run needs after ``server_round``: the global vector and the method's state.
+def save_checkpoint(
+    path: Path, server_round: int, x: NDArray[np.float32], fisher_state: bytes
+) -> int:
+    """Everything a resumed run needs after ``server_round``: the global vector and the method's
+    state.
 
     The server draws no random numbers (selection is deterministic and client
     seeds derive from the run seed and the round), so no RNG state is needed.
@@ -146,13 +153,16 @@ def save_checkpoint(path: Path, server_round: int, x: NDArray[np.float32], fishe
     )
     atomic_write(path, buf.getvalue())
     keep = set(names)
-    for f in store.iterdir():  # unreferenced now that the new checkpoint is in place (or a crashed write's)
+    for f in (
+        store.iterdir()
+    ):  # unreferenced now that the new checkpoint is in place (or a crashed write's)
         if f.name not in keep:
             f.unlink(missing_ok=True)
     return written
 
 
-#: What reading a damaged ``.npz`` raises: a truncated or garbled zip, an empty file, an unexpected member.
+#: What reading a damaged ``.npz`` raises: a truncated or garbled zip, an empty file, an unexpected
+#: member.
 UNREADABLE_NPZ = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
 
 
@@ -163,8 +173,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 def _refuse_non_zip(path: Path) -> None:
     """Raise ``ValueError`` naming ``path`` when it is non-empty but not a zip archive.
 
-    ``np.load`` takes a file with neither the zip nor the ``.npy`` signature for a pickle and says only that
-    it "contains pickled (object) data": true of nothing here, and no hint that the file is damaged.
+    ``np.load`` takes a file with neither the zip nor the ``.npy`` signature for a pickle and says
+    only that it "contains pickled (object) data": true of nothing here, and no hint that the file
+    is damaged.
     """
     try:
         with open(path, "rb") as f:
@@ -172,15 +183,19 @@ def _refuse_non_zip(path: Path) -> None:
     except OSError:
         return  # np.load reports it, naming the file
     if head and head != ZIP_MAGIC:
-        raise ValueError(f"{path} is unreadable (not an .npz archive: it begins with {head!r}, not {ZIP_MAGIC!r})")
+        raise ValueError(
+            f"{path} is unreadable (not an .npz archive: it begins with {head!r}, not "
+            f"{ZIP_MAGIC!r})"
+        )
 
 
 def check_checkpoint(path: Path) -> tuple[int, int]:
-    """``(round, parameters)`` of the checkpoint at ``path``, once it is known to be whole enough to load.
+    """``(round, parameters)`` of the checkpoint at ``path``, once it is known to be whole enough to
+    load.
 
-    Cheap next to a resumed run: reads the round, the global vector (its CRC is checked on reading) and the
-    list of chunks, and checks that every chunk is there with the bytes the checkpoint says, without reading
-    the chunks (:func:`load_checkpoint` checks their hashes).
+    Cheap next to a resumed run: reads the round, the global vector (its CRC is checked on reading)
+    and the list of chunks, and checks that every chunk is there with the bytes the checkpoint says,
+    without reading the chunks (:func:`load_checkpoint` checks their hashes).
 
     Raises ``ValueError`` naming the file and what is wrong with it.
     """
@@ -188,7 +203,9 @@ def check_checkpoint(path: Path) -> tuple[int, int]:
     try:
         with np.load(path) as z:
             server_round, x = int(z["round"]), z["x"]
-            if "fisher_state" in z.files:  # the earlier single-file layout: reading it checks its CRC
+            if (
+                "fisher_state" in z.files
+            ):  # the earlier single-file layout: reading it checks its CRC
                 _ = z["fisher_state"]
                 names, size = [], None
             else:
@@ -196,7 +213,9 @@ def check_checkpoint(path: Path) -> tuple[int, int]:
     except UNREADABLE_NPZ as err:
         raise ValueError(f"{path} is unreadable ({type(err).__name__}: {err})") from None
     if server_round < 1 or x.ndim != 1 or not np.issubdtype(x.dtype, np.floating):
-        raise ValueError(f"{path} is not a checkpoint of this app (round {server_round}, x {x.dtype} {x.shape})")
+        raise ValueError(
+            f"{path} is not a checkpoint of this app (round {server_round}, x {x.dtype} {x.shape})"
+        )
     store = chunk_store(path)
     stored = 0
     for name in names:
@@ -205,15 +224,18 @@ def check_checkpoint(path: Path) -> tuple[int, int]:
         except FileNotFoundError:
             raise ValueError(f"{path}: its state chunk {name} is missing from {store}") from None
     if size is not None and stored != size:
-        raise ValueError(f"{path}: its state chunks in {store} hold {stored} bytes, the checkpoint says {size}")
+        raise ValueError(
+            f"{path}: its state chunks in {store} hold {stored} bytes, the checkpoint says {size}"
+        )
     return server_round, int(x.size)
 
 
 def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
     """``(round, x, fisher_state_bytes)`` from :func:`save_checkpoint`.
 
-    Raises ``ValueError`` naming the file when it is unreadable, or the chunk when one is missing or does
-    not match its hash. Reads the earlier single-file layout (the state inside ``checkpoint.npz``) too.
+    Raises ``ValueError`` naming the file when it is unreadable, or the chunk when one is missing or
+    does not match its hash. Reads the earlier single-file layout (the state inside
+    ``checkpoint.npz``) too.
     """
     _refuse_non_zip(path)
     try:
@@ -243,7 +265,8 @@ def load_checkpoint(path: Path) -> tuple[int, NDArray[np.float32], bytes]:
 
 def save_model(path: Path, state_dict: dict[str, torch.Tensor]) -> None:
     """Save a ``state_dict`` atomically (``torch.load(path)`` reads it back)."""
-    import torch  # here, not above: the launcher checks a checkpoint (check_checkpoint) without loading torch
+    # here, not above: the launcher checks a checkpoint (check_checkpoint) without loading torch
+    import torch
 
     buf = io.BytesIO()
     torch.save(state_dict, buf)

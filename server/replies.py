@@ -52,11 +52,11 @@ class ReplyParts:
 def array_view(arr: Array) -> NDArray:
     """A Flower ``Array`` as a read-only numpy view of its received bytes (no copy).
 
-    ``Array.numpy()`` reads the ``.npy`` bytes through a file object, copying them twice; the array a reply
-    carries is only read by the server (validated, then folded), so it is viewed where it lies. The header is
-    read as ``np.load`` reads it (format versions 1.0 and 2.0, what ``np.save`` writes for a plain array; any
-    other goes through ``Array.numpy()``); object dtypes are refused (``np.load`` without pickles), and so is
-    a length other than the header's.
+    ``Array.numpy()`` reads the ``.npy`` bytes through a file object, copying them twice; the array
+    a reply carries is only read by the server (validated, then folded), so it is viewed where it
+    lies. The header is read as ``np.load`` reads it (format versions 1.0 and 2.0, what ``np.save``
+    writes for a plain array; any other goes through ``Array.numpy()``); object dtypes are refused
+    (``np.load`` without pickles), and so is a length other than the header's.
     """
     if arr.stype != SType.NUMPY:
         raise TypeError(f"unsupported serialisation type {arr.stype!r} for numpy")
@@ -74,8 +74,13 @@ def array_view(arr: Array) -> NDArray:
     count = math.prod(shape)
     offset = header.tell()
     if len(data) != offset + count * dtype.itemsize:
-        raise ValueError(f"array of {shape} {dtype} needs {count * dtype.itemsize} bytes, got {len(data) - offset}")
-    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)  # read-only: the buffer is bytes
+        raise ValueError(
+            f"array of {shape} {dtype} needs {count * dtype.itemsize} bytes, got "
+            f"{len(data) - offset}"
+        )
+    flat = np.frombuffer(
+        data, dtype=dtype, count=count, offset=offset
+    )  # read-only: the buffer is bytes
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
@@ -88,7 +93,9 @@ def record_arrays(record: ArrayRecord) -> dict[str, NDArray]:
     return {name: array_view(arr) for name, arr in record.items()}
 
 
-def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key: str | None) -> ReplyParts:
+def reply_parts(
+    msg: Message, arrays_key: str | None, metrics_key: str, meta_key: str | None
+) -> ReplyParts:
     """Extract records from a reply without trusting it (decode failures become ``error``)."""
     parts = ReplyParts(node_id=int(msg.metadata.src_node_id))
     if msg.has_error():
@@ -113,14 +120,17 @@ def reply_parts(msg: Message, arrays_key: str | None, metrics_key: str, meta_key
 
 
 def train_parts(replies: Iterable[Message]) -> Iterator[ReplyParts]:
-    """Each TRAIN reply taken apart (:func:`reply_parts`); the Message is let go before the next is pulled."""
+    """Each TRAIN reply taken apart (:func:`reply_parts`); the Message is let go before the next is
+    pulled."""
     for msg in replies:
         parts = reply_parts(msg, P.UPDATE, P.METRICS, P.META)
         del msg  # its serialised arrays go before the next reply is pulled
         yield parts
 
 
-def expected_sent(parts: ReplyParts, sent: dict[int, SentSubmodel], answered: Container[int]) -> SentSubmodel:
+def expected_sent(
+    parts: ReplyParts, sent: dict[int, SentSubmodel], answered: Container[int]
+) -> SentSubmodel:
     """What this reply answers; rejects error replies, replies nobody asked for, and duplicates."""
     if parts.error:
         raise ReplyError(parts.error)

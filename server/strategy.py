@@ -1,10 +1,11 @@
 """The ServerApp's Flower strategy: method-agnostic rounds of per-node submodels.
 
-``start`` is Flower's template with the steps this federation needs around it: the nodes join (and are
-refreshed before each round), the method may open with a Fisher warm-up, and every round is
-:meth:`~SubmodelStrategy.configure_train`, the exchange, :meth:`~SubmodelStrategy.aggregate_train`, central
-evaluation and, on evaluation rounds, :meth:`configure_evaluate` / :meth:`aggregate_evaluate`; each round ends
-with its record (:mod:`server.strategy_core.round_records`) and its progress line.
+``start`` is Flower's template with the steps this federation needs around it: the nodes join (and
+are refreshed before each round), the method may open with a Fisher warm-up, and every round is
+:meth:`~SubmodelStrategy.configure_train`, the exchange, :meth:`~SubmodelStrategy.aggregate_train`,
+central evaluation and, on evaluation rounds, :meth:`configure_evaluate` /
+:meth:`aggregate_evaluate`; each round ends with its record
+(:mod:`server.strategy_core.round_records`) and its progress line.
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ from server.strategy_core.server_clock import ServerClock
 
 @dataclass
 class TrainedRound:
-    """A round trained and aggregated whose record is not made yet: what its evaluation and record need.
+    """A round trained and aggregated whose record is not made yet: what its evaluation and record
+    need.
 
     Parameters
     ----------
     server_round : int
         The round.
     x : NDArray[float32]
-        The global model after the round (not written afterwards: the next round folds into a new vector).
+        The global model after the round (not written afterwards: the next round folds into a new
+        vector).
     capacities : list[float]
         The capacity levels present when it ended (central evaluation measures each).
     plan : TrainPlan
@@ -88,11 +91,11 @@ class TrainedRound:
         began: float,
         overlapped: bool,
     ) -> dict[str, Any]:
-        """The round's record, once evaluated: ``central`` and, on an evaluation round, the nodes' ``local``
-        metrics and ``federated`` figures; ``central_clock`` timed the central evaluation, begun at
-        ``perf_counter()`` time ``began``. ``overlapped``: it ran while the next round's nodes trained, so its
-        seconds are neither the round's nor its server's (they are ``central_seconds``, with
-        ``central_overlapped``)."""
+        """The round's record, once evaluated: ``central`` and, on an evaluation round, the nodes'
+        ``local`` metrics and ``federated`` figures; ``central_clock`` timed the central evaluation,
+        begun at ``perf_counter()`` time ``began``. ``overlapped``: it ran while the next round's
+        nodes trained, so its seconds are neither the round's nor its server's (they are
+        ``central_seconds``, with ``central_overlapped``)."""
         record = round_record(
             self.server_round,
             central=central,
@@ -107,9 +110,12 @@ class TrainedRound:
             trained_at=self.trained_at,
             method_entries=self.method_entries,
         )
-        # CPU seconds beside the wall-clock ones: what the server's work would take on a machine of its own,
-        # as the nodes' ``cpu_seconds`` are (on one machine, every process's wall-clock seconds share the cores).
-        record["server_cpu_seconds"] = self.clock.cpu_seconds + (0.0 if overlapped else central_clock.cpu_seconds)
+        # CPU seconds beside the wall-clock ones: what the server's work would take on a machine of
+        # its own, as the nodes' ``cpu_seconds`` are (on one machine, every process's wall-clock
+        # seconds share the cores).
+        record["server_cpu_seconds"] = self.clock.cpu_seconds + (
+            0.0 if overlapped else central_clock.cpu_seconds
+        )
         record["central_seconds"] = central_clock.seconds
         record["central_cpu_seconds"] = central_clock.cpu_seconds
         record["central_overlapped"] = overlapped
@@ -117,7 +123,8 @@ class TrainedRound:
 
 
 def train_metrics(metrics: list[dict[str, float]]) -> MetricRecord:
-    """The accepted replies' training metrics, example-weighted, with their total ``num-examples``."""
+    """The accepted replies' training metrics, example-weighted, with their total
+    ``num-examples``."""
     records = [RecordDict({P.METRICS: MetricRecord(m)}) for m in metrics]
     aggregated = aggregate_metricrecords(records, "num-examples")
     aggregated["num-examples"] = sum(m["num-examples"] for m in metrics)
@@ -146,8 +153,11 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         self.opening = Opening(self)
 
     # ------------------------------------------------------------------- train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> TrainPlan:
-        """One Message per participating node, each carrying only that node's submodel, and what each was sent."""
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> TrainPlan:
+        """One Message per participating node, each carrying only that node's submodel, and what
+        each was sent."""
         participants = self.registry.round_participants(server_round)
         return self.plan_train(server_round, self._flat(arrays), participants, config)
 
@@ -158,8 +168,8 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         node_ids: Iterable[int],
         config: ConfigRecord | None = None,
     ) -> TrainPlan:
-        """TRAIN messages of the model ``x`` for ``node_ids``, in the clients' key order (the order their replies
-        are folded in), with what each node was sent."""
+        """TRAIN messages of the model ``x`` for ``node_ids``, in the clients' key order (the order
+        their replies are folded in), with what each node was sent."""
         plan = TrainPlan(server_round, x)
         for node_id in self.registry.in_key_order(node_ids):
             msg, plan.clients[node_id] = self.submodel_message(
@@ -171,31 +181,42 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message], plan: TrainPlan
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate each reply against ``plan`` and fold it into the round as it comes (in the clients' key order).
+        """Validate each reply against ``plan`` and fold it into the round as it comes (in the
+        clients' key order).
 
-        ``replies`` may be a generator (:func:`server.grid_io.ordered_replies`): each reply is taken apart,
-        validated, folded and dropped before the next is asked for.
+        ``replies`` may be a generator (:func:`server.grid_io.ordered_replies`): each reply is taken
+        apart, validated, folded and dropped before the next is asked for.
         """
         return self.train_result(self.fold_train_replies(plan, train_parts(replies)))
 
-    def train_result(self, metrics: list[dict[str, float]]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The round's model and its example-weighted training metrics, from the accepted replies' ``metrics``."""
+    def train_result(
+        self, metrics: list[dict[str, float]]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The round's model and its example-weighted training metrics, from the accepted replies'
+        ``metrics``."""
         return (self.to_arrays(self.x), train_metrics(metrics)) if metrics else (None, None)
 
-    def apply_train_replies(self, plan: TrainPlan, parts: list[ReplyParts]) -> list[dict[str, float]]:
-        """:meth:`fold_train_replies` of replies received in any order: they are folded in the clients' key order."""
-        rank = {nid: i for i, nid in enumerate(self.registry.in_key_order({p.node_id for p in parts}))}
+    def apply_train_replies(
+        self, plan: TrainPlan, parts: list[ReplyParts]
+    ) -> list[dict[str, float]]:
+        """:meth:`fold_train_replies` of replies received in any order: they are folded in the
+        clients' key order."""
+        rank = {
+            nid: i for i, nid in enumerate(self.registry.in_key_order({p.node_id for p in parts}))
+        }
         return self.fold_train_replies(plan, sorted(parts, key=lambda p: rank[p.node_id]))
 
     def fold_train_replies(
         self, plan: TrainPlan, parts: Iterable[ReplyParts], warm_up: bool = False
     ) -> list[dict[str, float]]:
-        """Validate each reply and fold the accepted ones into the model and the method's state, in the given order.
+        """Validate each reply and fold the accepted ones into the model and the method's state, in
+        the given order.
 
-        Each reply is validated against what ``plan`` sent and the model the round started from, folded
-        (:meth:`~common.methods.base.Method.round_fold`) and dropped; a rejected one is logged with its reason and
-        changes nothing. With fewer than ``min-replies`` valid replies the round is skipped: the model and the
-        method's state stay as they were. Otherwise the folded model becomes the strategy's model (``self.x``).
+        Each reply is validated against what ``plan`` sent and the model the round started from,
+        folded (:meth:`~common.methods.base.Method.round_fold`) and dropped; a rejected one is
+        logged with its reason and changes nothing. With fewer than ``min-replies`` valid replies
+        the round is skipped: the model and the method's state stay as they were. Otherwise the
+        folded model becomes the strategy's model (``self.x``).
 
         Parameters
         ----------
@@ -204,11 +225,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         parts : Iterable[ReplyParts]
             The replies, taken apart, in the order to fold them (the clients' key order).
         warm_up : bool
-            Round 0's Fisher-only replies: :meth:`~common.methods.base.Method.warm_up` takes them; the model stays.
+            Round 0's Fisher-only replies: :meth:`~common.methods.base.Method.warm_up` takes them;
+            the model stays.
 
         Returns
         -------
-        The accepted replies' metrics, in fold order (empty when none was accepted or the round was skipped).
+        The accepted replies' metrics, in fold order (empty when none was accepted or the round was
+        skipped).
         """
         min_replies, server_round = self.cfg.min_replies, plan.server_round
         if warm_up:
@@ -223,7 +246,13 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
                 reply = self.method.validate(p.records, sent, plan.x)
                 fold.add(Accepted(p.node_id, self.registry.nodes[p.node_id].key, reply))
             except (ReplyError, ValueError) as err:
-                log(WARNING, "round %d: reply from node %d rejected: %s", server_round, p.node_id, err)
+                log(
+                    WARNING,
+                    "round %d: reply from node %d rejected: %s",
+                    server_round,
+                    p.node_id,
+                    err,
+                )
                 if info is not None and info.status in ("no reply",):
                     info.status = f"rejected: {err}"
                 continue
@@ -252,15 +281,18 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         result: Result,
         on_pushed: Callable[[], None] | None = None,
     ) -> TrainedRound:
-        """Train and aggregate ``server_round`` into ``result``; :meth:`complete_round` evaluates it.
+        """Train and aggregate ``server_round`` into ``result``; :meth:`complete_round` evaluates
+        it.
 
-        ``train_config`` goes to every node with its TRAIN message; ``on_pushed`` is called once the round's
-        messages are out, while the nodes train (the previous round's central evaluation, :meth:`start`).
+        ``train_config`` goes to every node with its TRAIN message; ``on_pushed`` is called once the
+        round's messages are out, while the nodes train (the previous round's central evaluation,
+        :meth:`start`).
         """
         t_round, clock, waited = time.perf_counter(), ServerClock(), GridTime()
         held = self.opening.take_round_one()
         if held is not None:
-            # Round 1 went out with discovery: its replies are here, and the round began when those were pushed.
+            # Round 1 went out with discovery: its replies are here, and the round began when those
+            # were pushed.
             assert self.opening.pushed_at is not None
             t_round = self.opening.pushed_at[1]
             clock.start()
@@ -274,8 +306,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             result.arrays = new_arrays
         if train_metrics is not None:
             result.train_metrics_clientapp[server_round] = train_metrics
-        # Before central evaluation, which may reuse what they compute (FedFIbOS' prior_influence sorts the
-        # clients' Fisher, and that sort also caches the prior the level masks are ranked by).
+        # Before central evaluation, which may reuse what they compute (FedFIbOS' prior_influence
+        # sorts the clients' Fisher, and that sort also caches the prior the level masks are ranked
+        # by).
         capacities = self.registry.capacities()
         method_entries = self.method.round_entries(self.x, capacities)
         clock.stop()
@@ -307,21 +340,24 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         clock: ServerClock,
         waited: GridTime,
     ) -> tuple[TrainPlan, tuple[ArrayRecord | None, MetricRecord | None]]:
-        """Send round ``server_round`` of the model ``arrays`` and fold its replies as they come: the plan, and
-        :meth:`aggregate_train`'s result. ``clock`` runs over the server's work (left running after the fold);
-        ``waited`` gets the seconds spent waiting for replies and in ``on_pushed``."""
+        """Send round ``server_round`` of the model ``arrays`` and fold its replies as they come:
+        the plan, and :meth:`aggregate_train`'s result. ``clock`` runs over the server's work (left
+        running after the fold); ``waited`` gets the seconds spent waiting for replies and in
+        ``on_pushed``."""
         if server_round > self.first_round:
             self.registry.refresh(grid, min(timeout, 60.0))
         self.registry.await_train_nodes(grid, timeout)
         clock.start()
         plan = self.configure_train(server_round, arrays, train_config, grid)
         clock.stop()
-        # Replies are folded as they come, in the clients' key order; the seconds spent waiting for them, and
-        # in ``on_pushed`` (the previous round's evaluation, beside the nodes' training, recorded as that
-        # round's ``central_seconds``), are not this round's server work. The plan lets its messages go with
-        # the stream, which lets the submodels go once pushed.
+        # Replies are folded as they come, in the clients' key order; the seconds spent waiting for
+        # them, and in ``on_pushed`` (the previous round's evaluation, beside the nodes' training,
+        # recorded as that round's ``central_seconds``), are not this round's server work. The plan
+        # lets its messages go with the stream, which lets the submodels go once pushed.
         messages = plan.take_messages()
-        replies = ordered_replies(grid, messages, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed)
+        replies = ordered_replies(
+            grid, messages, timeout, self.cfg.poll_interval, spent=waited, on_pushed=on_pushed
+        )
         del messages
         clock.start()
         return plan, self.aggregate_train(server_round, replies, plan)
@@ -335,10 +371,12 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         result: Result,
         overlapped: bool = False,
     ) -> dict[str, Any]:
-        """Evaluate a trained round centrally (and on the nodes, on an evaluation round); returns its record.
+        """Evaluate a trained round centrally (and on the nodes, on an evaluation round); returns
+        its record.
 
-        ``overlapped``: this runs while the next round's nodes train, so its seconds are neither the round's nor
-        its server's (they are the record's ``central_seconds``, with ``central_overlapped``).
+        ``overlapped``: this runs while the next round's nodes train, so its seconds are neither the
+        round's nor its server's (they are the record's ``central_seconds``, with
+        ``central_overlapped``).
         """
         began, central_clock = time.perf_counter(), ServerClock()
         central_clock.start()
@@ -351,7 +389,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
             )
         local, federated = None, None
         if self.cfg.eval_every and done.evaluation_round:
-            metrics, federated = self.nodes_evaluate(done.server_round, result.arrays, grid, timeout, evaluate_config)
+            metrics, federated = self.nodes_evaluate(
+                done.server_round, result.arrays, grid, timeout, evaluate_config
+            )
             if metrics is not None:
                 result.evaluate_metrics_clientapp[done.server_round] = metrics
                 local = local_figures(metrics)
@@ -368,17 +408,19 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
     ) -> Result:
-        """Discovery, then ``num_rounds`` of train / aggregate / evaluate; the Result holds every round's metrics.
+        """Discovery, then ``num_rounds`` of train / aggregate / evaluate; the Result holds every
+        round's metrics.
 
-        Parameters as Flower's ``Strategy.start``: ``num_rounds`` is the last round to run (a resumed run starts
-        at ``first_round``); ``timeout`` the seconds to wait for each round's replies (and for nodes and
-        discovery); ``evaluate_fn`` is called for the full model and for the submodel (zeros outside its mask) of
-        each capacity level present, after every round.
+        Parameters as Flower's ``Strategy.start``: ``num_rounds`` is the last round to run (a
+        resumed run starts at ``first_round``); ``timeout`` the seconds to wait for each round's
+        replies (and for nodes and discovery); ``evaluate_fn`` is called for the full model and for
+        the submodel (zeros outside its mask) of each capacity level present, after every round.
 
-        Unlike Flower's base loop this pushes messages and pulls replies every ``poll-interval`` seconds (instead
-        of a fixed 3 s), logs one line per round and reports every round through ``on_round``. A round's central
-        evaluation runs once the next round's messages are out, while its nodes train (the last round, and rounds
-        of the nodes' own evaluation, are evaluated at once): its record, and so its checkpoint, are made then.
+        Unlike Flower's base loop this pushes messages and pulls replies every ``poll-interval``
+        seconds (instead of a fixed 3 s), logs one line per round and reports every round through
+        ``on_round``. A round's central evaluation runs once the next round's messages are out,
+        while its nodes train (the last round, and rounds of the nodes' own evaluation, are
+        evaluated at once): its record, and so its checkpoint, are made then.
         """
         self.evaluate_fn = evaluate_fn
         self.summary()
@@ -391,7 +433,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         if self.first_round == 1:
             self.opening.round_zero(grid, num_rounds, timeout)
         progress = RoundProgress(num_rounds)
-        waiting: list[TrainedRound] = []  # a round whose central evaluation waits for the next round's push
+        waiting: list[
+            TrainedRound
+        ] = []  # a round whose central evaluation waits for the next round's push
 
         def report(done: TrainedRound, overlapped: bool) -> None:
             record = self.complete_round(done, grid, timeout, evaluate_config, result, overlapped)
@@ -404,13 +448,17 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
                 report(waiting.pop(), overlapped=True)
 
         for server_round in range(self.first_round, num_rounds + 1):
-            done = self.run_round(grid, server_round, num_rounds, timeout, train_config, result, evaluate_waiting)
-            evaluate_waiting()  # a round that sent nothing (its replies came with discovery, or no node trained)
+            done = self.run_round(
+                grid, server_round, num_rounds, timeout, train_config, result, evaluate_waiting
+            )
+            # a round that sent nothing (its replies came with discovery, or no node trained)
+            evaluate_waiting()
             if done.evaluation_round:
                 report(done, overlapped=False)
             else:
-                # Evaluated once the next round's messages are out: the server's evaluation of every capacity
-                # level then overlaps the nodes' training instead of delaying the next round.
+                # Evaluated once the next round's messages are out: the server's evaluation of every
+                # capacity level then overlaps the nodes' training instead of delaying the next
+                # round.
                 waiting.append(done)
         evaluate_waiting()
         return result

@@ -1,9 +1,10 @@
-"""TensorBoard scalars of each round under ``<results-dir>/tensorboard/`` (run-config key ``tensorboard``).
+"""TensorBoard scalars of each round under ``<results-dir>/tensorboard/`` (run-config key
+``tensorboard``).
 
-Off by default: the ``tensorboard`` package is an extra (``pip install 'fibos-fl[tensorboard]'``), and
-``torch.utils.tensorboard`` is imported only when a run asks for it. :func:`check_tensorboard` refuses
-``tensorboard=true`` where the package is missing, before any process starts (the local launcher) or
-before anything is built (the ServerApp), instead of failing after the first round.
+Off by default: the ``tensorboard`` package is an extra (``pip install 'fibos-fl[tensorboard]'``),
+and ``torch.utils.tensorboard`` is imported only when a run asks for it. :func:`check_tensorboard`
+refuses ``tensorboard=true`` where the package is missing, before any process starts (the local
+launcher) or before anything is built (the ServerApp), instead of failing after the first round.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ INSTALL_HINT = "pip install 'fibos-fl[tensorboard]'"
 
 
 def tensorboard_available() -> bool:
-    """Whether the ``tensorboard`` package (what ``torch.utils.tensorboard`` writes through) can be imported."""
+    """Whether the ``tensorboard`` package (what ``torch.utils.tensorboard`` writes through) can be
+    imported."""
     return importlib.util.find_spec("tensorboard") is not None
 
 
@@ -41,24 +43,26 @@ def check_tensorboard(cfg: RunConfig) -> None:
     """
     if cfg.tensorboard and not tensorboard_available():
         raise ConfigError(
-            f"tensorboard=true: the tensorboard package is not installed; {INSTALL_HINT}, or set tensorboard=false"
+            f"tensorboard=true: the tensorboard package is not installed; {INSTALL_HINT}, or set "
+            "tensorboard=false"
         )
 
 
 def round_scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The TensorBoard scalars of one round record (tag -> value); what the record lacks is left out.
+    """The TensorBoard scalars of one round record (tag -> value); what the record lacks is left
+    out.
 
     Parameters
     ----------
     record : dict
-        A round record as ``SubmodelStrategy.on_round`` receives it (round 0 has no clients nor timings;
-        a round without federated evaluation has no ``local``).
+        A round record as ``SubmodelStrategy.on_round`` receives it (round 0 has no clients nor
+        timings; a round without federated evaluation has no ``local``).
 
-    Tags: ``global/accuracy``, ``global/loss``, ``local/accuracy``, ``bytes/down`` and ``bytes/up`` (summed
-    over the round's clients), ``time/round_seconds``, and ``per_capacity/<gamma>/accuracy`` for each
-    capacity level of the central evaluation (``global.per_capacity``); from the nodes' own test splits
-    (``federated``): ``federated/accuracy`` and ``federated/loss`` (the full model, on the nodes that hold it)
-    and ``federated/per_capacity/<gamma>/accuracy``.
+    Tags: ``global/accuracy``, ``global/loss``, ``local/accuracy``, ``bytes/down`` and ``bytes/up``
+    (summed over the round's clients), ``time/round_seconds``, and ``per_capacity/<gamma>/accuracy``
+    for each capacity level of the central evaluation (``global.per_capacity``); from the nodes' own
+    test splits (``federated``): ``federated/accuracy`` and ``federated/loss`` (the full model, on
+    the nodes that hold it) and ``federated/per_capacity/<gamma>/accuracy``.
     """
     out: dict[str, float] = {}
     g = record.get("global") or {}
@@ -88,22 +92,26 @@ def round_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardLog:
-    """Writes each round's scalars (:func:`round_scalars`) as TensorBoard events, at step = the round number.
+    """Writes each round's scalars (:func:`round_scalars`) as TensorBoard events, at step = the
+    round number.
 
     Parameters
     ----------
     folder : Path
         The event files' folder, ``<results-dir>/tensorboard`` (created if missing).
     resume_after : int, optional
-        A resumed run's checkpoint round: events of later rounds already written by the interrupted run are
-        hidden from TensorBoard (the writer's ``purge_step``), as ``metrics.json`` drops those rounds.
-        ``None``: a fresh run.
+        A resumed run's checkpoint round: events of later rounds already written by the interrupted
+        run are hidden from TensorBoard (the writer's ``purge_step``), as ``metrics.json`` drops
+        those rounds. ``None``: a fresh run.
 
-    Each round's events are flushed to disk as the round ends, so ``tensorboard --logdir`` shows it at once.
+    Each round's events are flushed to disk as the round ends, so ``tensorboard --logdir`` shows it
+    at once.
     """
 
     def __init__(self, folder: Path, resume_after: int | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # here: torch's tensorboard needs the optional package
+        from torch.utils.tensorboard import (
+            SummaryWriter,
+        )  # here: torch's tensorboard needs the optional package
 
         folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder

@@ -43,8 +43,11 @@ import yaml
 from cli.launcher import ProcessGroup
 
 VENV_BIN = Path(sys.executable).parent
-# ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR, $$, and ${VAR:?message} / ${VAR?message} (required: an error).
-_VAR = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(?::?-([^}]*))|(?::?\?([^}]*)))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+# ${VAR}, ${VAR:-default}, ${VAR-default}, $VAR, $$, and ${VAR:?message} / ${VAR?message} (required:
+# an error).
+_VAR = re.compile(
+    r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(?::?-([^}]*))|(?::?\?([^}]*)))?\}|([A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 class TopologyError(RuntimeError):
@@ -90,7 +93,9 @@ class Service:
     name: str
     argv: list[str]
     environment: dict[str, str]
-    volumes: list[tuple[str, str, bool]]  # (source: volume name or ./path, container path, read-only)
+    volumes: list[
+        tuple[str, str, bool]
+    ]  # (source: volume name or ./path, container path, read-only)
     networks: list[str]
     depends_on: dict[str, str]
     healthcheck: list[str] | None
@@ -99,10 +104,13 @@ class Service:
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
 
-def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | frozenset = frozenset()) -> dict:
+def load_services(
+    compose_file: Path, env: dict[str, str], profiles: set[str] | frozenset = frozenset()
+) -> dict:
     """Parse ``compose_file`` into :class:`Service` objects (only the active profiles)."""
     doc = interpolate(yaml.safe_load(compose_file.read_text()), env)
-    # Services that run an image another service builds (Compose builds it once) hold the project too.
+    # Services that run an image another service builds (Compose builds it once) hold the project
+    # too.
     built_images = {spec.get("image") for spec in doc["services"].values() if "build" in spec}
     services = {}
     for name, spec in doc["services"].items():
@@ -110,7 +118,9 @@ def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | 
             continue
         entrypoint = _argv(spec.get("entrypoint"))
         if not entrypoint:
-            raise TopologyError(f"service {name!r} has no explicit entrypoint: its command line would be unknown")
+            raise TopologyError(
+                f"service {name!r} has no explicit entrypoint: its command line would be unknown"
+            )
         environment = spec.get("environment") or {}
         if isinstance(environment, list):
             environment = dict(item.split("=", 1) for item in environment)
@@ -131,7 +141,9 @@ def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | 
         test = (spec.get("healthcheck") or {}).get("test")
         if test:
             kind, *rest = test
-            health = rest if kind == "CMD" else ["sh", "-c", rest[0]] if kind == "CMD-SHELL" else None
+            health = (
+                rest if kind == "CMD" else ["sh", "-c", rest[0]] if kind == "CMD-SHELL" else None
+            )
         services[name] = Service(
             name=name,
             argv=entrypoint + _argv(spec.get("command")),
@@ -146,14 +158,18 @@ def load_services(compose_file: Path, env: dict[str, str], profiles: set[str] | 
     for svc in services.values():
         missing = set(svc.depends_on) - set(services)
         if missing:
-            raise TopologyError(f"service {svc.name!r} depends on inactive or unknown services {sorted(missing)}")
+            raise TopologyError(
+                f"service {svc.name!r} depends on inactive or unknown services {sorted(missing)}"
+            )
     return services
 
 
 def _run(*cmd: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise TopologyError(f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise TopologyError(
+            f"`{' '.join(cmd)}` failed: {done.stderr.strip() or done.stdout.strip()}"
+        )
 
 
 def namespace_support() -> str | None:
@@ -162,7 +178,10 @@ def namespace_support() -> str | None:
         return "network namespaces need root (CI runs the tests as root)"
     for tool in ("ip", "mount", "nginx", "wget"):
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (Debian: apt-get install iproute2 mount nginx-light wget)"
+            return (
+                f"`{tool}` is not installed (Debian: apt-get install iproute2 mount nginx-light "
+                "wget)"
+            )
     probe = f"fbprobe{os.getpid()}"
     try:
         _run("ip", "netns", "add", probe)
@@ -192,7 +211,9 @@ class ComposeTopology:
 
     SUBNET = "10.77"
 
-    def __init__(self, compose_file: Path, workdir: Path, env: dict[str, str], service_env: dict[str, str]):
+    def __init__(
+        self, compose_file: Path, workdir: Path, env: dict[str, str], service_env: dict[str, str]
+    ):
         self.repo = compose_file.parent.resolve()
         self.workdir = workdir
         self.services = load_services(compose_file, env)
@@ -269,7 +290,9 @@ class ComposeTopology:
             if source.startswith((".", "/")):
                 host = (self.repo / source).resolve()
                 if not host.exists():
-                    raise TopologyError(f"service {svc.name!r}: bind-mount source {source!r} does not exist")
+                    raise TopologyError(
+                        f"service {svc.name!r}: bind-mount source {source!r} does not exist"
+                    )
             else:
                 host = self.workdir / "volumes" / source
                 host.mkdir(parents=True, exist_ok=True)
@@ -291,7 +314,17 @@ class ComposeTopology:
                 script.append(f"mount -o remount,bind,ro {shlex.quote(target)}")
         script.append(f"cd {shlex.quote(svc.working_dir)}")
         script.append('exec "$@"')
-        return ["ip", "netns", "exec", self.netns[svc.name], "sh", "-c", "\n".join(script), svc.name, *argv]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns[svc.name],
+            "sh",
+            "-c",
+            "\n".join(script),
+            svc.name,
+            *argv,
+        ]
 
     def env_for(self, svc: Service) -> dict[str, str]:
         home = self.workdir / "home" / svc.name
@@ -313,18 +346,28 @@ class ComposeTopology:
 
     def tail(self, name: str, lines: int = 40) -> str:
         path = self.log(name)
-        text = path.read_text(errors="replace").splitlines()[-lines:] if path.exists() else ["(no log)"]
+        text = (
+            path.read_text(errors="replace").splitlines()[-lines:]
+            if path.exists()
+            else ["(no log)"]
+        )
         return f"--- {name} ---\n" + "\n".join(text)
 
     def start(self, name: str) -> None:
         svc = self.services[name]
         svc.proc = self.group.start(self.wrapped(svc, svc.argv), self.log(name), self.env_for(svc))
 
-    def exec(self, name: str, argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def exec(
+        self, name: str, argv: list[str], timeout: float = 30.0
+    ) -> subprocess.CompletedProcess:
         """Run ``argv`` inside a service's namespaces (like ``docker compose exec``)."""
         svc = self.services[name]
         return subprocess.run(
-            self.wrapped(svc, argv), env=self.env_for(svc), capture_output=True, text=True, timeout=timeout
+            self.wrapped(svc, argv),
+            env=self.env_for(svc),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     def healthy(self, name: str) -> bool:
@@ -348,11 +391,15 @@ class ComposeTopology:
                 if rc is not None:
                     raise TopologyError(f"{dep} exited with {rc}\n{self.tail(dep)}")
             elif rc is not None:
-                raise TopologyError(f"{dep} stopped (exit {rc}) while others depend on it\n{self.tail(dep)}")
+                raise TopologyError(
+                    f"{dep} stopped (exit {rc}) while others depend on it\n{self.tail(dep)}"
+                )
             elif condition == "service_started" or self.healthy(dep):
                 return
             if time.monotonic() > deadline:
-                raise TopologyError(f"{dep} did not reach {condition} within {timeout:.0f} s\n{self.tail(dep)}")
+                raise TopologyError(
+                    f"{dep} did not reach {condition} within {timeout:.0f} s\n{self.tail(dep)}"
+                )
             time.sleep(1.0)
 
     def up(self, timeout: float = 300.0, echo=print) -> None:
@@ -378,7 +425,9 @@ class ComposeTopology:
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise TopologyError(f"{name} did not finish within {timeout:.0f} s\n{self.tail(name)}") from None
+            raise TopologyError(
+                f"{name} did not finish within {timeout:.0f} s\n{self.tail(name)}"
+            ) from None
 
     def __exit__(self, *exc: object) -> None:
         self.group.stop()

@@ -1,8 +1,10 @@
-"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder, the tiny text model.
+"""Shared fixtures: Flower's telemetry off, caches inside the test's temp folder, the tiny text
+model.
 
-Also the order of the suite: modules marked ``federation`` (multi-process federations, minutes each) are
-collected first, so that ``make test``'s two workers (pytest-xdist, one module per unit) start the longest
-units first and finish together instead of one worker running a five-minute federation alone at the end.
+Also the order of the suite: modules marked ``federation`` (multi-process federations, minutes each)
+are collected first, so that ``make test``'s two workers (pytest-xdist, one module per unit) start
+the longest units first and finish together instead of one worker running a five-minute federation
+alone at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def text_setup(tmp_path_factory):
-    """``(model-path, data-path)`` of the tiny BERT (hidden 16, 2 layers) and the generated news set."""
+    """``(model-path, data-path)`` of the tiny BERT (hidden 16, 2 layers) and the generated news
+    set."""
     from tests.tiny_text import news_dataset, tiny_bert
 
     root = tmp_path_factory.mktemp("text")

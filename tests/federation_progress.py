@@ -27,7 +27,8 @@ def wait_for_round(results: Path, rnd: int, timeout: float = 300) -> None:
 
 
 def wait_until(condition: Callable[[], object], timeout: float, poll: float = 0.1) -> bool:
-    """Whether ``condition()`` became true within ``timeout`` s (polled every ``poll`` s, and once at the end)."""
+    """Whether ``condition()`` became true within ``timeout`` s (polled every ``poll`` s, and once
+    at the end)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -37,7 +38,8 @@ def wait_until(condition: Callable[[], object], timeout: float, poll: float = 0.
 
 
 def checkpointed_round(results: Path) -> int:
-    """The round of the checkpoint in ``results`` once it is whole enough to load; 0 while there is none."""
+    """The round of the checkpoint in ``results`` once it is whole enough to load; 0 while there is
+    none."""
     from server.persistence import CHECKPOINT, check_checkpoint
 
     try:

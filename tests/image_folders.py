@@ -1,4 +1,5 @@
-"""Generated node data for the tests: scikit-learn's digits written out as an image folder, a table, text lines."""
+"""Generated node data for the tests: scikit-learn's digits written out as an image folder, a table,
+text lines."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def digits_arrays() -> tuple[NDArray[np.uint8], NDArray[np.int64]]:
 
 
 def write_image_folder(root: Path, per_class: Mapping[int, int], offset: int = 0) -> Path:
-    """``root/<digit>/<i>.png`` with ``per_class[digit]`` images of that digit (from ``offset`` on in the data)."""
+    """``root/<digit>/<i>.png`` with ``per_class[digit]`` images of that digit (from ``offset`` on
+    in the data)."""
     from PIL import Image
 
     images, labels = digits_arrays()

@@ -43,12 +43,15 @@ class InProcessGrid(Grid):
         The run config every node's Context carries.
     """
 
-    def __init__(self, node_configs: Mapping[int, Mapping[str, Any]], run_config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, node_configs: Mapping[int, Mapping[str, Any]], run_config: Mapping[str, Any]
+    ) -> None:
         TaskIdentity.run_id = RUN_ID
         TaskIdentity.node_id = SERVER_NODE_ID
         TaskIdentity.task_id = 0
         self.contexts = {
-            nid: Context(RUN_ID, nid, dict(cfg), RecordDict(), dict(run_config)) for nid, cfg in node_configs.items()
+            nid: Context(RUN_ID, nid, dict(cfg), RecordDict(), dict(run_config))
+            for nid, cfg in node_configs.items()
         }
         self.replies: dict[str, Message] = {}
         self.handled: list[Message] = []  # every message answered, in order
@@ -97,19 +100,27 @@ class InProcessGrid(Grid):
         return Run.create_empty(TaskIdentity.run_id)
 
     def create_message(
-        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
     ) -> Message:
         """A message to ``dst_node_id`` (``group_id`` and ``ttl`` have no meaning in process)."""
         return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
 
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         """Push, then pull everything (every reply is ready at once)."""
         return self.pull_messages(list(self.push_messages(messages)))
 
 
 @dataclass
 class InProcessFederation:
-    """A strategy wired to an :class:`InProcessGrid` of nodes with given capacities, ready to ``start``."""
+    """A strategy wired to an :class:`InProcessGrid` of nodes with given capacities, ready to
+    ``start``."""
 
     cfg: RunConfig
     grid: InProcessGrid
@@ -124,12 +135,14 @@ def inprocess_federation(
     capacities: Mapping[int, float],
     node_configs: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> InProcessFederation:
-    """Nodes ``{node id: capacity}`` (partition ``i`` of ``len(capacities)``), the run's strategy and evaluator.
+    """Nodes ``{node id: capacity}`` (partition ``i`` of ``len(capacities)``), the run's strategy
+    and evaluator.
 
-    ``node_configs``: each node's own ``--node-config`` instead (e.g. a ``data-path``; ``capacities`` then only
-    names the node ids). Every round's record is appended to ``records``; ``x0`` is the run's initial flat model;
-    ``evaluate_fn`` is ``None`` when the server holds no test set. The federation is the ServerApp's own
-    (:func:`server.federation.build_federation`): an asynchronous method gets the asynchronous strategy.
+    ``node_configs``: each node's own ``--node-config`` instead (e.g. a ``data-path``;
+    ``capacities`` then only names the node ids). Every round's record is appended to ``records``;
+    ``x0`` is the run's initial flat model; ``evaluate_fn`` is ``None`` when the server holds no
+    test set. The federation is the ServerApp's own (:func:`server.federation.build_federation`): an
+    asynchronous method gets the asynchronous strategy.
     """
     from common.config.parse import parse_run_config
     from server.federation import build_federation
@@ -142,4 +155,6 @@ def inprocess_federation(
     grid = InProcessGrid(nodes, run_config)
     records: list[dict] = []
     federation = build_federation(cfg, "cpu", on_round=records.append)
-    return InProcessFederation(cfg, grid, federation.strategy, records, federation.x0, federation.evaluate_fn)
+    return InProcessFederation(
+        cfg, grid, federation.strategy, records, federation.x0, federation.evaluate_fn
+    )

@@ -1,4 +1,5 @@
-"""Mask-aware aggregation: x_j + eta * sum_n w_n M_j delta_j / sum_n w_n M_j over the holders of j."""
+"""Mask-aware aggregation: x_j + eta * sum_n w_n M_j delta_j / sum_n w_n M_j over the holders of
+j."""
 
 from __future__ import annotations
 
@@ -57,7 +58,9 @@ def test_aggregate_matches_brute_force(case):
     assert out.dtype == np.float32
     assert out.shape == x.shape
     assert out is not x
-    np.testing.assert_allclose(out, expected.astype(np.float32), rtol=2e-6, atol=1e-6 * (1 + np.abs(expected).max()))
+    np.testing.assert_allclose(
+        out, expected.astype(np.float32), rtol=2e-6, atol=1e-6 * (1 + np.abs(expected).max())
+    )
     # nobody held j -> bit-identical
     held = np.zeros(x.size, dtype=bool)
     for m in masks:
@@ -176,7 +179,10 @@ def test_average_held_is_weighted_mean_over_holders(d, n, seed):
 
 def test_average_held_constructed():
     current = np.array([1.0, 2.0, 3.0], dtype=np.float32)
-    values = [np.array([10.0, 20.0, 30.0], dtype=np.float32), np.array([0.0, 0.0, 0.0], dtype=np.float32)]
+    values = [
+        np.array([10.0, 20.0, 30.0], dtype=np.float32),
+        np.array([0.0, 0.0, 0.0], dtype=np.float32),
+    ]
     masks = [np.array([True, True, False]), np.array([False, True, False])]
     out = average_held(current, values, masks, [1.0, 4.0])
     # j=0: only client 0 -> 10; j=1: (1*20 + 4*0) / 5 = 4; j=2: nobody -> 3
@@ -196,7 +202,9 @@ def test_blocked_accumulation_is_bit_identical_to_one_block(case, block):
     import common.aggregation.masked as agg
 
     x, masks, deltas, weights, eta = case
-    masks = [m if i % 2 else np.ones_like(m) for i, m in enumerate(masks)]  # mix in full masks (the slice path)
+    masks = [
+        m if i % 2 else np.ones_like(m) for i, m in enumerate(masks)
+    ]  # mix in full masks (the slice path)
     updates = _updates(masks, deltas, weights)
     saved = agg.AGGREGATION_BLOCK
     try:
@@ -208,4 +216,6 @@ def test_blocked_accumulation_is_bit_identical_to_one_block(case, block):
         agg.AGGREGATION_BLOCK = saved
     assert whole.tobytes() == blocked.tobytes()
     expected = _brute(x, masks, deltas, weights, eta)
-    np.testing.assert_allclose(whole, expected.astype(np.float32), rtol=2e-6, atol=1e-6 * (1 + np.abs(expected).max()))
+    np.testing.assert_allclose(
+        whole, expected.astype(np.float32), rtol=2e-6, atol=1e-6 * (1 + np.abs(expected).max())
+    )

@@ -1,4 +1,5 @@
-"""cli.app_bundle: the staged folder gives ``flwr run`` the bundle the checkout would, byte for byte."""
+"""cli.app_bundle: the staged folder gives ``flwr run`` the bundle the checkout would, byte for
+byte."""
 
 from __future__ import annotations
 
@@ -44,16 +45,22 @@ def _names(fab: bytes) -> list[str]:
 def test_a_staged_app_holds_the_bundles_files_and_nothing_else(tmp_path: Path) -> None:
     app = tmp_path / "app"
     for name in [
-        "pkg/__init__.py", "pkg/server.py", "pkg/client.py", "pkg/sub/deep.py", "results.py",  # the bundle
-        ".venv/lib/site.py", "results/run/metrics.py", "build/stale.py", "notes.txt", "pkg/__pycache__/x.py",
+        # the bundle
+        "pkg/__init__.py", "pkg/server.py", "pkg/client.py", "pkg/sub/deep.py", "results.py",
+        ".venv/lib/site.py", "results/run/metrics.py", "build/stale.py", "notes.txt",
+        "pkg/__pycache__/x.py",
     ]:  # fmt: skip
         (app / name).parent.mkdir(parents=True, exist_ok=True)
         (app / name).write_text(f"# {name}\n")
     (app / "pyproject.toml").write_text(PYPROJECT)
     (app / ".gitignore").write_text("build/\n")
-    (app / "pkg" / "linked.py").symlink_to(app / "pkg" / "server.py")  # Flower's walk skips symlinks too
+    (app / "pkg" / "linked.py").symlink_to(
+        app / "pkg" / "server.py"
+    )  # Flower's walk skips symlinks too
     # Pruned folders are never walked: none of their files is even a candidate.
-    assert not any(p.startswith((".venv/", "results/")) or "__pycache__" in p for p in app_files(app))
+    assert not any(
+        p.startswith((".venv/", "results/")) or "__pycache__" in p for p in app_files(app)
+    )
 
     staged = stage_app(app, tmp_path / "staged")
     held = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
@@ -65,10 +72,14 @@ def test_a_staged_app_holds_the_bundles_files_and_nothing_else(tmp_path: Path) -
         "pyproject.toml",
         "results.py",
     ]
-    assert (staged / "pyproject.toml").read_text() == PYPROJECT  # as it is, not as Flower rewrites it
+    assert (
+        staged / "pyproject.toml"
+    ).read_text() == PYPROJECT  # as it is, not as Flower rewrites it
     assert build_fab_from_disk(staged) == build_fab_from_disk(app)
 
-    (app / "pkg" / "server.py").write_text("# changed\n")  # staging again reflects the app as it is now
+    (app / "pkg" / "server.py").write_text(
+        "# changed\n"
+    )  # staging again reflects the app as it is now
     assert (stage_app(app, tmp_path / "staged") / "pkg" / "server.py").read_text() == "# changed\n"
 
 
@@ -84,7 +95,9 @@ def test_this_checkouts_staged_bundle_is_the_one_flwr_builds_from_it(tmp_path: P
 def test_an_app_flower_refuses_is_named_and_nothing_is_staged(tmp_path: Path) -> None:
     app = tmp_path / "app"
     app.mkdir()
-    (app / "pyproject.toml").write_text(PYPROJECT.replace('publisher = "tests"\n', ""))  # a required key gone
+    (app / "pyproject.toml").write_text(
+        PYPROJECT.replace('publisher = "tests"\n', "")
+    )  # a required key gone
     with pytest.raises(BundleError, match=f"the app in {app} cannot be bundled: "):
         stage_app(app, tmp_path / "staged")
     assert not (tmp_path / "staged").exists()

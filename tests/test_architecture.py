@@ -1,5 +1,5 @@
-"""The package structure: neither side imports the other, common imports neither, the apps import no operator
-tool or benchmark, no import cycle, and no function on the app path over sixty lines."""
+"""The package structure: neither side imports the other, common imports neither, the apps import no
+operator tool or benchmark, no import cycle, and no function on the app path over sixty lines."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _imports(tree: ast.AST, modules: set[str], type_only: bool = False) -> set[str]:
-    """Project modules imported anywhere in ``tree`` (functions included); under ``if TYPE_CHECKING`` too with
-    ``type_only``."""
+    """Project modules imported anywhere in ``tree`` (functions included); under ``if
+    TYPE_CHECKING`` too with ``type_only``."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -49,7 +49,10 @@ def _imports(tree: ast.AST, modules: set[str], type_only: bool = False) -> set[s
 def _graph(type_only: bool = False) -> dict[str, set[str]]:
     files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     modules = set(files)
-    return {name: _imports(ast.parse(path.read_text()), modules, type_only) - {name} for name, path in files.items()}
+    return {
+        name: _imports(ast.parse(path.read_text()), modules, type_only) - {name}
+        for name, path in files.items()
+    }
 
 
 def test_server_and_client_do_not_import_each_other_and_common_imports_neither():
@@ -79,7 +82,9 @@ def test_the_apps_import_no_operator_tool_and_no_benchmark():
 def test_fab_include_is_globs_over_the_app_packages():
     import tomllib
 
-    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["fab-include"]
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "fab-include"
+    ]
     assert sorted(include) == sorted(f"{pkg}/**/*.py" for pkg in APP_PACKAGES)
 
 
@@ -107,12 +112,15 @@ def test_no_import_cycle(type_only):
 def test_the_cycle_check_sees_function_level_imports():
     tree = ast.parse("def f():\n    from common.data.datasets import load_dataset\n")
     assert _imports(tree, {"common.data.datasets"}) == {"common.data.datasets"}
-    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config.run\n")
+    guarded = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import common.config.run\n"
+    )
     assert _imports(guarded, {"common.config.run"}) == set()
 
 
 def test_the_fab_holds_exactly_what_the_server_and_client_apps_import():
-    """Flower's own FAB builder, on this checkout: the apps' import closure, and no operator tool."""
+    """Flower's own FAB builder, on this checkout: the apps' import closure, and no operator
+    tool."""
     import io
     import zipfile
 
@@ -125,19 +133,25 @@ def test_the_fab_holds_exactly_what_the_server_and_client_apps_import():
         if mod not in needed:
             needed.add(mod)
             todo.extend(graph[mod])
-    # A package's __init__ runs before any of its modules; the methods package imports its modules dynamically.
+    # A package's __init__ runs before any of its modules; the methods package imports its modules
+    # dynamically.
     needed |= {m.rsplit(".", 1)[0] for m in needed if "." in m}
     needed |= {m for m in graph if m.startswith("common.methods.")}
     names = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(ROOT))).namelist()
     included = {_module_name(ROOT / n) for n in names if n.endswith(".py")}
     assert needed - included == set(), "the apps import modules the FAB lacks"
-    assert {m for m in included - needed if not m.startswith("common")} == set(), "operator tools in the FAB"
+    assert {m for m in included - needed if not m.startswith("common")} == set(), (
+        "operator tools in the FAB"
+    )
 
 
 def test_no_folder_holds_more_than_fifteen_modules():
     crowded = {}
     for pkg in PACKAGES:
-        for folder in [ROOT / pkg, *(p for p in (ROOT / pkg).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        for folder in [
+            ROOT / pkg,
+            *(p for p in (ROOT / pkg).rglob("*") if p.is_dir() and p.name != "__pycache__"),
+        ]:
             modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
             if len(modules) > 15:
                 crowded[str(folder.relative_to(ROOT))] = len(modules)
@@ -151,7 +165,8 @@ MAX_STRATEGY_LINES = 300
 
 
 def _functions_over(limit: int) -> dict[str, int]:
-    """``module:function`` -> lines, for every function of the app packages longer than ``limit`` lines."""
+    """``module:function`` -> lines, for every function of the app packages longer than ``limit``
+    lines."""
     long = {}
     for pkg in APP_PACKAGES:
         for path in sorted((ROOT / pkg).rglob("*.py")):
@@ -178,7 +193,8 @@ def test_the_synchronous_strategy_is_at_most_three_hundred_lines():
 
 
 def test_the_shared_layers_hold_nothing_method_specific():
-    """The wire format, the training loop and the config schema import no method and no submodel rule."""
+    """The wire format, the training loop and the config schema import no method and no submodel
+    rule."""
     graph = _graph(type_only=True)
     shared = [m for m in graph if m.startswith(("common.wire", "common.training", "common.config"))]
     bad = {
@@ -187,7 +203,9 @@ def test_the_shared_layers_hold_nothing_method_specific():
         if m != "common.config.parse"  # parsing needs the registry (and only the registry)
     }
     assert {m: d for m, d in bad.items() if d} == {}
-    assert {d for d in graph["common.config.parse"] if d.startswith("common.methods")} == {"common.methods"}
+    assert {d for d in graph["common.config.parse"] if d.startswith("common.methods")} == {
+        "common.methods"
+    }
 
 
 def test_the_config_schema_loads_neither_torch_nor_the_methods():
@@ -196,16 +214,21 @@ def test_the_config_schema_loads_neither_torch_nor_the_methods():
         "from common.config.run import RunConfig; RunConfig.model_validate({'lr': 0.05});"
         "print(sorted(m for m in ('torch', 'numpy', 'common.methods', 'flwr') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
 def test_every_method_spec_loads_without_torch_and_names_an_implementation_of_its_name():
     code = (
         "import sys; from common.methods import registry;"
-        "print(len(registry()), sorted(m for m in ('torch', 'common.methods.base') if m in sys.modules))"
+        "print(len(registry()), sorted(m for m in ('torch', 'common.methods.base') if m in "
+        "sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split(" ", 1)[1].strip() == "[]"
     from common.methods import method_class, registry
 

@@ -1,4 +1,5 @@
-"""FedGMR asynchronous aggregation arithmetic and the staleness bound (common/aggregation/asynchronous.py)."""
+"""FedGMR asynchronous aggregation arithmetic and the staleness bound
+(common/aggregation/asynchronous.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.time_to_accuracy import accuracy_curve, time_to_target
-from common.aggregation.asynchronous import TooStale, apply_async_update, mask_overlap, staleness_weight
+from common.aggregation.asynchronous import (
+    TooStale,
+    apply_async_update,
+    mask_overlap,
+    staleness_weight,
+)
 from common.aggregation.masked import MaskedUpdate
 
 
 def _update(indices, delta):
-    return MaskedUpdate(np.asarray(indices, dtype=np.int64), np.asarray(delta, dtype=np.float32), 10.0)
+    return MaskedUpdate(
+        np.asarray(indices, dtype=np.int64), np.asarray(delta, dtype=np.float32), 10.0
+    )
 
 
 def test_staleness_weight_values():
@@ -40,7 +48,9 @@ def test_stale_reply_is_weighted_by_overlap_times_staleness():
     changed = np.zeros(8, dtype=np.int64)
     # three updates applied after version 0 (the version the late reply was sent at), touching 0..5
     for idx in ([0, 1], [2, 3], [4, 5]):
-        step = apply_async_update(x, changed, int(changed.max()), _update(idx, [1.0, 1.0]), int(changed.max()), 1, 1, 9)
+        step = apply_async_update(
+            x, changed, int(changed.max()), _update(idx, [1.0, 1.0]), int(changed.max()), 1, 1, 9
+        )
         x, changed = step.x, step.last_changed
     assert changed.tolist() == [1, 1, 2, 2, 3, 3, 0, 0]
     # the late reply held 4..7: half of its positions (4, 5) changed since version 0
@@ -50,7 +60,9 @@ def test_stale_reply_is_weighted_by_overlap_times_staleness():
     assert step.overlap == 0.5
     s = (1 + 0.5 * 3) ** -1.0
     assert step.weight == pytest.approx(s)
-    expected = np.array([1, 1, 1, 1, 1 + 0.5 * s * 2, 1 + 0.5 * s * 2, 0.5 * s * 2, 0.5 * s * 2], dtype=np.float32)
+    expected = np.array(
+        [1, 1, 1, 1, 1 + 0.5 * s * 2, 1 + 0.5 * s * 2, 0.5 * s * 2, 0.5 * s * 2], dtype=np.float32
+    )
     np.testing.assert_array_equal(step.x, expected)
     # a stale reply whose mask nobody touched is not discounted
     untouched = apply_async_update(x, changed, 3, _update([6, 7], [1.0, 1.0]), 0, 1.0, 1.0, 9)

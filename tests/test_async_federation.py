@@ -1,4 +1,5 @@
-"""A real multi-process ASYNC FedGMR federation: flower-superlink + 3 flower-supernode processes of different speeds."""
+"""A real multi-process ASYNC FedGMR federation: flower-superlink + 3 flower-supernode processes of
+different speeds."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ def federation(tmp_path_factory):
         {
             "method": "fedgmr",
             "gmr-mode": "async",
-            "gmr-schedule": "linear",  # a fixed schedule, so the masks grow within these few updates
+            # a fixed schedule, so the masks grow within these few updates
+            "gmr-schedule": "linear",
             "gmr-restore-rounds": 2,
-            "gmr-start": 0.25,  # start below the capacity (the published start is at it), so there is room to grow
+            # start below the capacity (the published start is at it), so there is room to grow
+            "gmr-start": 0.25,
             "capacity-kind": "memory",  # capacities are hard caps here, checked below
             "num-rounds": ROUNDS,
             "eval-every": 0,
@@ -47,7 +50,8 @@ def test_updates_applied_asynchronously(federation):
     applied = [c for r in records for c in r["clients"] if c["status"] == "ok"]
     assert len(applied) == total
     assert [c["version"] for c in applied] == list(range(1, total + 1))
-    # asynchrony: some reply was trained on a model that others had changed meanwhile, and weighted down
+    # asynchrony: some reply was trained on a model that others had changed meanwhile, and weighted
+    # down
     assert max(c["staleness"] for c in applied) > 0
     assert any(c["weight"] < 1 for c in applied)
     # the fast node is not held back by the slow one: it contributes more updates
@@ -55,7 +59,9 @@ def test_updates_applied_asynchronously(federation):
     for c in applied:
         per_node[c["capacity"]] = per_node.get(c["capacity"], 0) + 1
     assert per_node[1.0] > per_node.get(0.0625, 0), per_node
-    assert sum(line.startswith("[update") for line in lines) == total  # one progress line per applied update
+    assert (
+        sum(line.startswith("[update") for line in lines) == total
+    )  # one progress line per applied update
 
 
 def test_masks_grow_and_respect_capacity(federation):

@@ -1,4 +1,5 @@
-"""Async FedGMR with a SuperNode killed mid-run and restarted: the loop does not hang, the node trains again."""
+"""Async FedGMR with a SuperNode killed mid-run and restarted: the loop does not hang, the node
+trains again."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def _wait_until_training(log: Path, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         text = log.read_text()
-        if text.count("Receiving: train") > start and text.rfind("Receiving: train") > text.rfind("Sending: train"):
+        if text.count("Receiving: train") > start and text.rfind("Receiving: train") > text.rfind(
+            "Sending: train"
+        ):
             time.sleep(3.0)  # inside the handler now; it holds the message at least SLOW seconds
             return
         time.sleep(0.2)
@@ -35,7 +38,9 @@ def test_killed_node_does_not_stall_the_async_loop(tmp_path):
     out = tmp_path / "run"
     result: dict = {}
     # node 2 holds each message for at least SLOW seconds, so it can be killed with one in flight
-    with LocalFederation(CAPACITIES, tmp_path / "federation", echo=lambda line: None, delays=(0, 0, SLOW)) as fed:
+    with LocalFederation(
+        CAPACITIES, tmp_path / "federation", echo=lambda line: None, delays=(0, 0, SLOW)
+    ) as fed:
         config = {
             "method": "fedgmr",
             "gmr-mode": "async",
@@ -51,7 +56,9 @@ def test_killed_node_does_not_stall_the_async_loop(tmp_path):
         _wait_until_training(fed.logs / "supernode-2.log")
         fed.kill_node(2)
         wait_for_round(out, 2)
-        fed.delays[2] = 0.0  # it comes back at full speed, so it can take part in the remaining updates
+        fed.delays[2] = (
+            0.0  # it comes back at full speed, so it can take part in the remaining updates
+        )
         fed.start_node(2)
         thread.join(timeout=900)
     assert result, "the run did not finish"
@@ -59,9 +66,12 @@ def test_killed_node_does_not_stall_the_async_loop(tmp_path):
     assert records[-1]["updates"] == ROUNDS * len(CAPACITIES)
     small = [c for r in records for c in r["clients"] if c["capacity"] == 0.0625]
     applied = sorted((c for c in small if c["status"] == "ok"), key=lambda c: c["dispatch"])
-    assert len({c["node_id"] for c in applied}) == 2, "the restarted node (a new node id) never trained again"
-    # The dead node's in-flight message did not hold the run up (it finished above). If the SuperLink
-    # declared the node gone before the end, that message is recorded as lost, never as anything else.
+    assert len({c["node_id"] for c in applied}) == 2, (
+        "the restarted node (a new node id) never trained again"
+    )
+    # The dead node's in-flight message did not hold the run up (it finished above). If the
+    # SuperLink declared the node gone before the end, that message is recorded as lost, never as
+    # anything else.
     ended = ("ok", "no reply: node left", "rejected: node returned an error")
     assert all(c["status"].startswith(ended) for c in small), [c["status"] for c in small]
     for node_id in {c["node_id"] for c in applied}:

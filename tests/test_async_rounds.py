@@ -1,4 +1,5 @@
-"""The async loop's reply handling without a federation: valid replies applied, bad ones dropped untouched."""
+"""The async loop's reply handling without a federation: valid replies applied, bad ones dropped
+untouched."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ LAYOUT = ParamLayout.from_arrays({"w": np.zeros((6, 10)), "b": np.zeros(6)})
 
 @pytest.fixture
 def loop():
-    cfg = parse_run_config({"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "server-lr": 0.5})
+    cfg = parse_run_config(
+        {"method": "fedgmr", "gmr-mode": "async", "gmr-max-staleness": 3, "server-lr": 0.5}
+    )
     strategy = AsyncSubmodelStrategy(cfg, LAYOUT)
-    strategy.registry.nodes = {1: NodeProfile(1.0, "cpu", 50, 10, "a"), 2: NodeProfile(0.5, "cpu", 50, 10, "b")}
+    strategy.registry.nodes = {
+        1: NodeProfile(1.0, "cpu", 50, 10, "a"),
+        2: NodeProfile(0.5, "cpu", 50, 10, "b"),
+    }
     strategy.x = np.random.default_rng(0).normal(size=LAYOUT.size).astype(np.float32)
     return strategy
 
@@ -29,9 +35,20 @@ def _dispatch(loop, node_id, seq):
     mask, source = loop.node_mask(node_id, seq)
     k = int(mask.sum())
     info = ClientRound(
-        node_id, loop.registry.nodes[node_id].capacity, "cpu", source, k, k / LAYOUT.size, 0, 0, 0, "bits"
+        node_id,
+        loop.registry.nodes[node_id].capacity,
+        "cpu",
+        source,
+        k,
+        k / LAYOUT.size,
+        0,
+        0,
+        0,
+        "bits",
     )
-    return Dispatch(node_id, SentSubmodel(node_id, seq, mask, f"digest-{seq}", 50), loop.version, 0.0, info)
+    return Dispatch(
+        node_id, SentSubmodel(node_id, seq, mask, f"digest-{seq}", 50), loop.version, 0.0, info
+    )
 
 
 def _parts(d, delta=None, **meta):
@@ -39,7 +56,12 @@ def _parts(d, delta=None, **meta):
     return ReplyParts(
         node_id=d.node_id,
         arrays={"delta": np.full(k, 0.1, dtype=np.float32) if delta is None else delta},
-        metrics={"num-examples": 50, "train-loss": 1.0, "train-seconds": 2.0, "fisher-seconds": 0.0},
+        metrics={
+            "num-examples": 50,
+            "train-loss": 1.0,
+            "train-seconds": 2.0,
+            "fisher-seconds": 0.0,
+        },
         meta={"round": d.sent.round, "mask-digest": d.sent.digest, **meta},
         nbytes=4 * k,
     )
@@ -52,7 +74,11 @@ def test_valid_reply_is_applied_on_its_mask_only(loop):
     m = d.sent.mask
     np.testing.assert_allclose(loop.x[m], x0[m] + np.float32(0.5 * 0.1), rtol=1e-6)
     np.testing.assert_array_equal(loop.x[~m], x0[~m])
-    assert loop.version == 1 and loop.window[-1]["staleness"] == 0 and loop.window[-1]["status"] == "ok"
+    assert (
+        loop.version == 1
+        and loop.window[-1]["staleness"] == 0
+        and loop.window[-1]["status"] == "ok"
+    )
 
 
 @pytest.mark.parametrize(

@@ -20,9 +20,15 @@ class _Row:
 def test_json_and_csv_hold_the_rows_in_order(tmp_path):
     rows = [_Row("a", 0.5), _Row("b", 1.25)]
     json_path, csv_path = write_rows(rows, tmp_path / "out", "t")
-    assert json.loads(json_path.read_text()) == [{"name": "a", "value": 0.5}, {"name": "b", "value": 1.25}]
+    assert json.loads(json_path.read_text()) == [
+        {"name": "a", "value": 0.5},
+        {"name": "b", "value": 1.25},
+    ]
     with open(csv_path) as f:
-        assert [(r["name"], float(r["value"])) for r in csv.DictReader(f)] == [("a", 0.5), ("b", 1.25)]
+        assert [(r["name"], float(r["value"])) for r in csv.DictReader(f)] == [
+            ("a", 0.5),
+            ("b", 1.25),
+        ]
 
 
 def test_no_rows_is_an_error(tmp_path):

@@ -14,7 +14,8 @@ from common.fisher.selection import budget
 
 
 def test_every_k_over_d_up_to_2000_gives_exactly_k():
-    """``ceil((k/d) * d)`` is ``k``; the floating-point product overshot it for 74,789 of these pairs."""
+    """``ceil((k/d) * d)`` is ``k``; the floating-point product overshot it for 74,789 of these
+    pairs."""
     wrong = [(k, d) for d in range(1, 2001) for k in range(1, d + 1) if budget(k / d, d) != k]
     assert wrong == []
 
@@ -50,14 +51,21 @@ def test_simplest_between_matches_brute_force():
     values = sorted({Fraction(p, q) for q in range(1, 13) for p in range(0, 3 * q + 1)})
     for i, lo in enumerate(values):
         for hi in values[i + 1 : i + 12]:
-            inside = [Fraction(p, q) for q in range(1, 40) for p in range(0, 3 * q + 1) if lo < Fraction(p, q) < hi]
+            inside = [
+                Fraction(p, q)
+                for q in range(1, 40)
+                for p in range(0, 3 * q + 1)
+                if lo < Fraction(p, q) < hi
+            ]
             best = min(inside, key=lambda f: (f.denominator, f.numerator))
             assert simplest_between(lo, hi) == best, (lo, hi)
     assert simplest_between(Fraction(5, 2), None) == 3
     assert simplest_between(Fraction(0), Fraction(1, 1000)) == Fraction(1, 1001)
 
 
-@pytest.mark.parametrize("bad", [0.0, -0.25, 1.5, float("nan"), float("inf"), "1/0", "half", "2/3x", True, 0, "3/2"])
+@pytest.mark.parametrize(
+    "bad", [0.0, -0.25, 1.5, float("nan"), float("inf"), "1/0", "half", "2/3x", True, 0, "3/2"]
+)
 def test_capacities_outside_0_1_are_refused(bad):
     with pytest.raises(ValueError):
         budget(bad, 100)
@@ -66,4 +74,6 @@ def test_capacities_outside_0_1_are_refused(bad):
 def test_capacity_fraction_keeps_exact_inputs():
     assert capacity_fraction(Fraction(1, 7)) == Fraction(1, 7)
     assert capacity_fraction(" 0.0625 ") == Fraction(1, 16)
-    assert capacity_fraction(5 / 7) == Fraction(5, 7)  # its shortest decimal, 0.7142857142857143, is above 5/7
+    assert capacity_fraction(5 / 7) == Fraction(
+        5, 7
+    )  # its shortest decimal, 0.7142857142857143, is above 5/7

@@ -1,8 +1,10 @@
 """The by-hand steps of docs/guide/deployment.md ("By hand"), run as written on loopback.
 
-The documentation's fenced blocks marked ``<!-- by-hand NAME: ... -->`` are taken from the file and run with
-bash: only the values of the settings block are replaced (loopback, free ports, this test's folders), every
-other line runs verbatim. So a step that is wrong, missing or out of order in the docs fails here.
+The documentation's fenced blocks marked ``<!-- by-hand NAME: ... -->`` are taken from the file and
+run with
+bash: only the values of the settings block are replaced (loopback, free ports, this test's
+folders), every other line runs verbatim. So a step that is wrong, missing or out of order in the
+docs fails here.
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ def doc_blocks(path: Path) -> dict[str, str]:
 def with_values(settings: str, values: dict[str, str]) -> str:
     """The settings block with each assignment's value replaced by ``values[name]``.
 
-    Every line must be a plain assignment (or a comment), and the block must assign exactly the names in
-    ``values``: a setting the docs add or drop would otherwise go unnoticed here.
+    Every line must be a plain assignment (or a comment), and the block must assign exactly the
+    names in ``values``: a setting the docs add or drop would otherwise go unnoticed here.
     """
     out, names = [], []
     for line in settings.splitlines():
@@ -55,7 +57,9 @@ def with_values(settings: str, values: dict[str, str]) -> str:
         assert match, f"settings line is not NAME=value: {line!r}"
         names.append(match["name"])
         out.append(f"{match['name']}={shlex.quote(values[match['name']])}{match['comment'] or ''}")
-    assert sorted(names) == sorted(values), f"the docs' settings are {names}, the test sets {sorted(values)}"
+    assert sorted(names) == sorted(values), (
+        f"the docs' settings are {names}, the test sets {sorted(values)}"
+    )
     return "\n".join(out) + "\n"
 
 
@@ -63,21 +67,29 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
 
-@pytest.mark.timeout(1200)  # a federation takes 30-90 s on a quiet 2-core machine; much longer under load
+@pytest.mark.timeout(
+    1200
+)  # a federation takes 30-90 s on a quiet 2-core machine; much longer under load
 def test_by_hand_steps_run_as_written(tmp_path: Path) -> None:
     blocks = doc_blocks(DEPLOYMENT)
     assert set(blocks) == {"settings", *STEPS}, f"by-hand blocks in deployment.md: {sorted(blocks)}"
 
-    superlink_dir, node_dir, logs = tmp_path / "superlink-host", tmp_path / "node-host", tmp_path / "logs"
+    superlink_dir, node_dir, logs = (
+        tmp_path / "superlink-host",
+        tmp_path / "node-host",
+        tmp_path / "logs",
+    )
     port = free_port()
     settings = with_values(
         blocks["settings"],
         {
-            # A name where LISTEN is an address: the nodes check the certificate for the one, the SuperLink's
-            # own ServerApp executor (which dials LISTEN) for the other, so both documented SANs are needed.
+            # A name where LISTEN is an address: the nodes check the certificate for the one, the
+            # SuperLink's own ServerApp executor (which dials LISTEN) for the other, so both
+            # documented SANs are needed.
             "SUPERLINK_HOST": "localhost",
             "SUPERLINK_PORT": str(port),
-            "LISTEN": "127.0.0.1",  # the docs' 0.0.0.0 would open the test's SuperLink to the network
+            # the docs' 0.0.0.0 would open the test's SuperLink to the network
+            "LISTEN": "127.0.0.1",
             "SUPERLINK_DIR": str(superlink_dir),
             "NODE_DIR": str(node_dir),
             "APP": str(APP_DIR),
@@ -89,9 +101,10 @@ def test_by_hand_steps_run_as_written(tmp_path: Path) -> None:
     # user's Flower config is never touched; one intra-op thread per process on a shared machine.
     work = tmp_path / "cwd"
     work.mkdir()
-    # Every process a step starts (Flower's detached executors included) inherits the marker entry: stopping
-    # the group ends them all, and its guard does it should pytest itself be killed. TMPDIR keeps what the
-    # steps leave in temporary folders (`fibos control`'s run log) inside the test's folder.
+    # Every process a step starts (Flower's detached executors included) inherits the marker entry:
+    # stopping the group ends them all, and its guard does it should pytest itself be killed. TMPDIR
+    # keeps what the steps leave in temporary folders (`fibos control`'s run log) inside the test's
+    # folder.
     (tmp_path / "tmp").mkdir()
     env = {
         **flower_env(tmp_path / "flwr-home"),
@@ -109,17 +122,26 @@ def test_by_hand_steps_run_as_written(tmp_path: Path) -> None:
     def check_daemons() -> None:
         for name, proc in daemons.items():
             if proc.poll() is not None:
-                pytest.fail(f"step {name!r} exited with {proc.returncode}:\n{_tail(logs / f'{name}.log')}")
+                pytest.fail(
+                    f"step {name!r} exited with {proc.returncode}:\n{_tail(logs / f'{name}.log')}"
+                )
 
     def run_to_end(name: str, timeout: float) -> None:
         proc = start(name)
         deadline = time.monotonic() + timeout
-        while proc.poll() is None:  # a daemon that dies meanwhile would leave this step waiting for it
+        while (
+            proc.poll() is None
+        ):  # a daemon that dies meanwhile would leave this step waiting for it
             check_daemons()
             if time.monotonic() > deadline:
-                pytest.fail(f"step {name!r} did not finish within {timeout:.0f} s:\n{_tail(logs / f'{name}.log')}")
+                pytest.fail(
+                    f"step {name!r} did not finish within {timeout:.0f} "
+                    f"s:\n{_tail(logs / f'{name}.log')}"
+                )
             time.sleep(0.5)
-        assert proc.returncode == 0, f"step {name!r} exited with {proc.returncode}:\n{_tail(logs / f'{name}.log')}"
+        assert proc.returncode == 0, (
+            f"step {name!r} exited with {proc.returncode}:\n{_tail(logs / f'{name}.log')}"
+        )
 
     try:
         run_to_end("certificates", 120)
@@ -149,5 +171,7 @@ def test_by_hand_steps_run_as_written(tmp_path: Path) -> None:
     assert "lab-1: registered" in (logs / "join.log").read_text()
     assert "lab-2: registered" in (logs / "node-key.log").read_text()
     link_log = (logs / "superlink.log").read_text()
-    assert "No SuperNode found" not in link_log  # registration came before each SuperNode, as documented
+    assert (
+        "No SuperNode found" not in link_log
+    )  # registration came before each SuperNode, as documented
     assert (superlink_dir / "results" / "check" / "model.pt").exists()

@@ -1,4 +1,5 @@
-"""A capacity in bytes: the ledger, the capped Fisher upload, ``F^a x^2`` and a budgeted federation."""
+"""A capacity in bytes: the ledger, the capped Fisher upload, ``F^a x^2`` and a budgeted
+federation."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from common.wire import protocol as P
 from common.wire.byte_budget import BYTES_SLACK, ByteLedger, byte_ratios
 from common.wire.validation import TrainReply
 
-LAYOUT = ParamLayout.from_arrays({"w": np.zeros((40, 50)), "b": np.zeros(40), "c": np.zeros((6, 5))})
+LAYOUT = ParamLayout.from_arrays(
+    {"w": np.zeros((40, 50)), "b": np.zeros(40), "c": np.zeros((6, 5))}
+)
 
 
 # ---------------------------------------------------------------- the ledger
@@ -64,11 +67,20 @@ def test_the_ledger_survives_its_arrays() -> None:
         assert ByteLedger.from_arrays(z, 2.0).clients == {}
 
 
-def test_byte_ratios_sum_a_clients_bytes_over_its_shares_and_count_an_opening_as_bytes_only() -> None:
+def test_byte_ratios_sum_a_clients_bytes_over_its_shares_and_count_an_opening_as_bytes_only() -> (
+    None
+):
     d = 1000
     k = budget(0.25, d)
     entries = [
-        {"client_key": "a", "node_id": 1, "capacity": 0.25, "bytes_down": 4 * d, "mask_bytes": 0, "train": False},
+        {
+            "client_key": "a",
+            "node_id": 1,
+            "capacity": 0.25,
+            "bytes_down": 4 * d,
+            "mask_bytes": 0,
+            "train": False,
+        },
         {
             "client_key": "a",
             "node_id": 1,
@@ -110,7 +122,9 @@ def test_payload_bytes_is_what_each_encoding_sends(mode: str, density: float) ->
 
 @settings(max_examples=60, deadline=None)
 @given(cap=st.integers(0, 6000), seed=st.integers(0, 2**16))
-def test_a_ranked_payload_keeps_within_its_cap_and_sends_the_largest_values(cap: int, seed: int) -> None:
+def test_a_ranked_payload_keeps_within_its_cap_and_sends_the_largest_values(
+    cap: int, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     mask = rng.random(LAYOUT.size) < 0.4
     fisher = rng.lognormal(0, 2, LAYOUT.size).astype(np.float32)
@@ -127,13 +141,21 @@ def test_a_ranked_payload_keeps_within_its_cap_and_sends_the_largest_values(cap:
 
 # ---------------------------------------------------------------- F^a x^2
 @settings(max_examples=60, deadline=None)
-@given(power=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]), seed=st.integers(0, 2**16), gamma=st.floats(0.01, 0.9))
-def test_powered_fisher_ranks_as_f_to_the_power_times_x_squared(power: float, seed: int, gamma: float) -> None:
+@given(
+    power=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0]),
+    seed=st.integers(0, 2**16),
+    gamma=st.floats(0.01, 0.9),
+)
+def test_powered_fisher_ranks_as_f_to_the_power_times_x_squared(
+    power: float, seed: int, gamma: float
+) -> None:
     layout = ParamLayout.from_arrays({"w": np.zeros((9, 11))})
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(layout.size).astype(np.float32)
     fisher = rng.lognormal(0, 1.5, layout.size).astype(np.float32)
-    mask = select_mask(layout, x, gamma, "fisher", powered(fisher, power), min_per_row=0, keep_vectors=False)
+    mask = select_mask(
+        layout, x, gamma, "fisher", powered(fisher, power), min_per_row=0, keep_vectors=False
+    )
     score = fisher.astype(np.float64) ** power * x.astype(np.float64) ** 2
     k = budget(gamma, layout.size)
     assert mask.sum() == k
@@ -151,7 +173,9 @@ def test_power_two_is_the_estimate_itself_and_a_negative_power_is_refused() -> N
 
 # ---------------------------------------------------------------- the method's gate
 def _budgeted(budget_multiple: float = 1.05):
-    method = create_method(parse_run_config({"fedfibos-byte-budget": budget_multiple, "fisher-every": 2}))
+    method = create_method(
+        parse_run_config({"fedfibos-byte-budget": budget_multiple, "fisher-every": 2})
+    )
     method.start_server(LAYOUT)
     return method
 
@@ -162,7 +186,8 @@ def test_a_refresh_goes_only_to_a_client_that_can_afford_the_rest_of_the_model()
     x = rng.standard_normal(LAYOUT.size).astype(np.float32)
     full = np.ones(LAYOUT.size, dtype=bool)
     small = select_mask(LAYOUT, x, 1 / 16, "magnitude", min_per_row=0, keep_vectors=False)
-    # capacity 1: nothing outside its mask, so its refresh costs only the Fisher upload, capped to what is left
+    # capacity 1: nothing outside its mask, so its refresh costs only the Fisher upload, capped to
+    # what is left
     request = method.fisher_request("big", 1, x, full)
     assert request is not None
     cap = int(request.arrays[P.FISHER_BYTES][0])
@@ -191,7 +216,9 @@ def test_a_fisher_larger_than_its_cap_is_not_folded_in_and_its_bytes_count(caplo
     x = np.ones(LAYOUT.size, dtype=np.float32)
     full = np.ones(LAYOUT.size, dtype=bool)
     cap = int(method.fisher_request("big", 1, x, full).arrays[P.FISHER_BYTES][0])
-    update = MaskedUpdate(np.arange(LAYOUT.size, dtype=np.int32), np.zeros(LAYOUT.size, dtype=np.float32), 10.0)
+    update = MaskedUpdate(
+        np.arange(LAYOUT.size, dtype=np.int32), np.zeros(LAYOUT.size, dtype=np.float32), 10.0
+    )
     fisher = np.ones(LAYOUT.size, dtype=np.float32)
     reply = TrainReply(update, fisher, {}, fisher_bytes=cap + 1)
     method.observe(Accepted(7, "big", reply), 1)
@@ -220,7 +247,9 @@ def _upload(method, key: str, rnd: int, fisher: np.ndarray) -> None:
     x = np.ones(LAYOUT.size, dtype=np.float32)
     full = np.ones(LAYOUT.size, dtype=bool)
     method.fisher_request(key, rnd, x, full)
-    update = MaskedUpdate(np.arange(LAYOUT.size, dtype=np.int32), np.zeros(LAYOUT.size, dtype=np.float32), 10.0)
+    update = MaskedUpdate(
+        np.arange(LAYOUT.size, dtype=np.int32), np.zeros(LAYOUT.size, dtype=np.float32), 10.0
+    )
     method.observe(Accepted(7, key, TrainReply(update, fisher, {}, fisher_bytes=10)), rnd)
     assert key in method.fisher.clients
 
@@ -234,15 +263,21 @@ def test_a_prior_ranked_mask_is_held_until_the_prior_changes_when_asked(hold: bo
     x2, x3 = (rng.standard_normal(LAYOUT.size).astype(np.float32) for _ in range(2))
     first, source = method.mask_for("small", 2, 1 / 4, x2)
     assert source == "prior"
-    second, source = method.mask_for("small", 3, 1 / 4, x3)  # the global values moved, the prior did not
-    fresh = method.mask_for(None, 3, 1 / 4, x3)[0]  # what a client with no key (central evaluation) is given
+    second, source = method.mask_for(
+        "small", 3, 1 / 4, x3
+    )  # the global values moved, the prior did not
+    fresh = method.mask_for(None, 3, 1 / 4, x3)[
+        0
+    ]  # what a client with no key (central evaluation) is given
     assert not np.array_equal(first, fresh)
     if hold:
         assert source == "held" and np.array_equal(second, first)
     else:
         assert source == "prior" and np.array_equal(second, fresh)
     # A resumed run holds the same mask; a new upload changes the prior, and the mask with it.
-    restored = create_method(parse_run_config({"fisher-every": 2, "fedfibos-hold-prior-masks": hold}))
+    restored = create_method(
+        parse_run_config({"fisher-every": 2, "fedfibos-hold-prior-masks": hold})
+    )
     restored.start_server(LAYOUT)
     restored.load_state(method.state_bytes())
     assert np.array_equal(restored.mask_for("small", 3, 1 / 4, x3)[0], second)
@@ -257,10 +292,18 @@ def test_a_budgeted_federation_keeps_every_client_within_its_bytes(tmp_path, mon
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     caps = {51: 1.0, 52: 0.25, 53: 0.0625}
-    config = {"num-rounds": 4, "local-epochs": 1, "eval-every": 0, "fisher-examples": 8, "fisher-every": 2}
+    config = {
+        "num-rounds": 4,
+        "local-epochs": 1,
+        "eval-every": 0,
+        "fisher-examples": 8,
+        "fisher-every": 2,
+    }
 
     fed = inprocess_federation(config, caps)  # the default budget
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 4, 60.0, evaluate_fn=fed.evaluate_fn)
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 4, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     records = fed.records
     entries = [c for r in records if r["round"] > 0 for c in r["clients"]]
     ratios = byte_ratios(entries, fed.strategy.layout.size)
@@ -270,7 +313,9 @@ def test_a_budgeted_federation_keeps_every_client_within_its_bytes(tmp_path, mon
         assert down <= BYTES_SLACK and up <= BYTES_SLACK
     sources = {c["capacity"]: c["mask_source"] for c in records[-1]["clients"]}
     assert sources[0.25] == sources[0.0625] == "prior"  # ranked by the full client's Fisher
-    asked = {(r["round"], c["capacity"]) for r in records[1:] for c in r["clients"] if c["fisher_asked"]}
+    asked = {
+        (r["round"], c["capacity"]) for r in records[1:] for c in r["clients"] if c["fisher_asked"]
+    }
     assert (1, 1.0) in asked and all(g == 1.0 for _, g in asked)
 
 

@@ -80,7 +80,10 @@ def test_probe_is_cached_per_node(tmp_path) -> None:
     again = cached_probe(torch.device("cpu"), tmp_path, probe_seconds=0.05)
     assert isinstance(again, DeviceProbe) and again.gflops == 12345.0
     file.write_text("{not json")  # a damaged cache is measured again, not trusted
-    assert cached_probe(torch.device("cpu"), tmp_path, probe_seconds=0.05).memory_gib == first.memory_gib
+    assert (
+        cached_probe(torch.device("cpu"), tmp_path, probe_seconds=0.05).memory_gib
+        == first.memory_gib
+    )
 
 
 def test_node_config_accepts_auto_and_names_it_in_errors() -> None:

@@ -26,14 +26,16 @@ from common.submodels.width import TensorChannels, channel_graph, channel_mask, 
 
 
 def _dropped_sum(layout, graph, values, group, channel):
-    """Brute force: sum of ``values`` over the positions that vanish when one channel alone is dropped."""
+    """Brute force: sum of ``values`` over the positions that vanish when one channel alone is
+    dropped."""
     keep = {g: np.ones(n, dtype=bool) for g, n in group_sizes(layout, graph).items()}
     keep[group][channel] = False
     return float(values[~channel_mask(layout, graph, keep)].sum())
 
 
 def _toy(a: int, b: int, rep: int, k: int) -> tuple[ParamLayout, dict[str, TensorChannels]]:
-    """A small graph with every feature: 1-D tensors, a group mapped to itself, in_repeat, ungrouped outputs."""
+    """A small graph with every feature: 1-D tensors, a group mapped to itself, in_repeat, ungrouped
+    outputs."""
     layout = ParamLayout(
         (
             TensorSpec("l1.weight", (a, 2, k, k)),
@@ -81,7 +83,9 @@ def test_channel_sums_equal_brute_force_on_the_real_graphs(name, in_channels):
     sums = channel_sums(layout, graph, values)
     for group, n in group_sizes(layout, graph).items():
         for c in rng.choice(n, size=2, replace=False):
-            assert sums[group][c] == pytest.approx(_dropped_sum(layout, graph, values, group, c), rel=1e-9, abs=1e-9)
+            assert sums[group][c] == pytest.approx(
+                _dropped_sum(layout, graph, values, group, c), rel=1e-9, abs=1e-9
+            )
 
 
 @pytest.mark.parametrize("name,in_channels", [("cnn", 1), ("resnet18", 3)])
@@ -95,7 +99,9 @@ def test_channel_score_is_abs_first_order_sum_plus_curvature_sum(name, in_channe
     for group, n in group_sizes(layout, graph).items():
         assert np.all(scores[group] >= 0)
         for c in rng.choice(n, size=2, replace=False):
-            brute = abs(_dropped_sum(layout, graph, g * w, group, c)) + _dropped_sum(layout, graph, h * w * w, group, c)
+            brute = abs(_dropped_sum(layout, graph, g * w, group, c)) + _dropped_sum(
+                layout, graph, h * w * w, group, c
+            )
             assert scores[group][c] == pytest.approx(brute, rel=1e-9)
 
 
@@ -131,7 +137,11 @@ def test_top_channels_keeps_k_highest_with_lower_index_on_ties(scores, data):
 def test_top_channels_ranks_flagged_channels_first_and_rejects_bad_input():
     priority = np.array([9.0, 1.0, 5.0, 2.0])
     assert top_channels(priority, 2, first=np.array([False, True, False, True])).tolist() == [1, 3]
-    assert top_channels(priority, 3, first=np.array([False, True, False, False])).tolist() == [0, 1, 2]
+    assert top_channels(priority, 3, first=np.array([False, True, False, False])).tolist() == [
+        0,
+        1,
+        2,
+    ]
     with pytest.raises(ValueError, match="keep"):
         top_channels(priority, 0)
     with pytest.raises(ValueError, match="finite"):
@@ -152,8 +162,14 @@ def test_state_first_selects_by_norm_then_by_weighted_scores_and_keeps_unheld_va
     assert first["A"].tolist() == [1, 2] and first["B"].tolist() == [1]
     state.update(
         [
-            ChannelReport({"A": np.array([1, 2]), "B": np.array([1])}, {"A": [1.0, 5.0], "B": [2.0]}, 1.0),
-            ChannelReport({"A": np.array([2, 3]), "B": np.array([0, 1])}, {"A": [2.0, 7.0], "B": [1.0, 5.0]}, 3.0),
+            ChannelReport(
+                {"A": np.array([1, 2]), "B": np.array([1])}, {"A": [1.0, 5.0], "B": [2.0]}, 1.0
+            ),
+            ChannelReport(
+                {"A": np.array([2, 3]), "B": np.array([0, 1])},
+                {"A": [2.0, 7.0], "B": [1.0, 5.0]},
+                3.0,
+            ),
         ]
     )
     assert state.score["A"].tolist() == [0.0, 1.0, (5.0 + 3 * 2.0) / 4, 7.0]
@@ -162,8 +178,15 @@ def test_state_first_selects_by_norm_then_by_weighted_scores_and_keeps_unheld_va
     # channel 0 of A was never held: it is handed out first so that it gets measured once
     assert state.select(norms, 0.25)["A"].tolist() == [0, 3]
     assert state.select(norms, 0.25)["B"].tolist() == [1]
-    state.update([ChannelReport({"A": np.array([0]), "B": np.array([0])}, {"A": [0.5], "B": [9.0]}, 2.0)])
-    assert state.score["A"].tolist() == [0.5, 1.0, 2.75, 7.0]  # unheld channels keep their last value
+    state.update(
+        [ChannelReport({"A": np.array([0]), "B": np.array([0])}, {"A": [0.5], "B": [9.0]}, 2.0)]
+    )
+    assert state.score["A"].tolist() == [
+        0.5,
+        1.0,
+        2.75,
+        7.0,
+    ]  # unheld channels keep their last value
     assert state.select(norms, 0.25)["A"].tolist() == [2, 3]
     assert state.select(norms, 0.25)["B"].tolist() == [0]
 
@@ -188,16 +211,24 @@ def test_client_states_are_their_own_and_fall_back_to_the_pooled_scores():
     clients = ClientChannelScores({"A": 4}, max_clients=3)
     clients.update("a", _report([1, 3], [9.0, 0.5]))
     own = personal_state(clients.get("a"), pooled)
-    # own where measured; elsewhere the pooled score on the client's scale: channel 1 is the only one both
-    # measured, 9.0 (own) against 2.0 (pooled), so pooled scores count 4.5 times
+    # own where measured; elsewhere the pooled score on the client's scale: channel 1 is the only
+    # one both measured, 9.0 (own) against 2.0 (pooled), so pooled scores count 4.5 times
     assert own.score["A"].tolist() == [4.5, 9.0, 13.5, 0.5]
     assert own.measured["A"].tolist() == [True, True, True, True]
     assert personal_state(None, pooled) is pooled
     norms = {"A": np.zeros(4)}
     assert own.select(norms, 0.25)["A"].tolist() == [1, 2]
-    assert pooled.select(norms, 0.25)["A"].tolist() == [2, 3]  # channel 3 unmeasured in the pool: first
+    assert pooled.select(norms, 0.25)["A"].tolist() == [
+        2,
+        3,
+    ]  # channel 3 unmeasured in the pool: first
     clients.update("a", _report([0], [4.0]))
-    assert clients.get("a").score["A"].tolist() == [4.0, 9.0, 0.0, 0.5]  # its last report per channel
+    assert clients.get("a").score["A"].tolist() == [
+        4.0,
+        9.0,
+        0.0,
+        0.5,
+    ]  # its last report per channel
 
 
 def test_client_states_evict_the_least_recent_within_the_budget():
@@ -209,7 +240,9 @@ def test_client_states_evict_the_least_recent_within_the_budget():
     for i in range(cap + 3):
         clients.update(f"c{i}", both)
         if i == cap - 1:
-            clients.update("c0", both)  # c0 reported again just before the state is full: c1 is the least recent
+            clients.update(
+                "c0", both
+            )  # c0 reported again just before the state is full: c1 is the least recent
     assert len(clients.clients) == cap and clients.evictions == 3
     assert [k for k in ("c0", "c1", "c2", "c3", "c4") if clients.get(k) is not None] == ["c0", "c4"]
     assert clients.memory_bytes() <= 0.01 * 2**20

@@ -43,12 +43,24 @@ def test_recall_and_largest_holder_per_class():
 
 
 def test_runs_of_one_method_pool_their_class_pairs_per_tier():
-    seed0 = [ClassCoverage(0, 1.0, 1.0, 1), ClassCoverage(1, 0.0, 0.25, 1), ClassCoverage(2, float("nan"), 0.25, 1)]
-    seed1 = [ClassCoverage(0, 0.5, 1.0, 2), ClassCoverage(1, 0.5, 0.25, 1), ClassCoverage(2, 0.0, 0.0, 0)]
+    seed0 = [
+        ClassCoverage(0, 1.0, 1.0, 1),
+        ClassCoverage(1, 0.0, 0.25, 1),
+        ClassCoverage(2, float("nan"), 0.25, 1),
+    ]
+    seed1 = [
+        ClassCoverage(0, 0.5, 1.0, 2),
+        ClassCoverage(1, 0.5, 0.25, 1),
+        ClassCoverage(2, 0.0, 0.0, 0),
+    ]
     other = [ClassCoverage(0, 0.25, 0.0625, 1)]
-    table = coverage_table([("fedfibos", 0.4, seed0), ("fiarse", 0.2, other), ("fedfibos", 0.6, seed1)])
+    table = coverage_table(
+        [("fedfibos", 0.4, seed0), ("fiarse", 0.2, other), ("fedfibos", 0.6, seed1)]
+    )
     assert (
-        table[0] == "| method | at capacity 1 | at capacity 1/4 | at capacity 1/16 | held by no client | global acc |"
+        table[0]
+        == "| method | at capacity 1 | at capacity 1/4 | at capacity 1/16 | held by no client | "
+        "global acc |"
     )
     # (1.0 + 0.5) / 2 pairs at capacity 1; the NaN recall (no test example) is not a pair
     assert table[2] == "| fedfibos | 0.75 (2) | 0.25 (2) | - | 0.00 (1) | 0.500 |"
@@ -70,7 +82,9 @@ def test_dead_units_are_the_hidden_channels_that_never_fire():
     with torch.no_grad():
         dead_before = model.conv2(torch.relu(model.conv1(x))).amax(dim=(0, 2, 3)) <= 0
         model.conv2.bias[:5] = -1e6  # five conv2 channels can never be positive
-        model.fc1.bias[:] = -1e6  # every fc1 unit dead: the model answers one class whatever it sees
+        model.fc1.bias[
+            :
+        ] = -1e6  # every fc1 unit dead: the model answers one class whatever it sees
     dead = dead_units(model, x)
     assert dead["conv2"] == (5 + int(dead_before[5:].sum()), 64) and dead["fc1"] == (128, 128)
     assert alive["conv2"][0] == int(dead_before.sum())

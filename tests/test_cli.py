@@ -1,4 +1,5 @@
-"""``fibos``: every subcommand's message reaches stderr with a non-zero exit, and its help names it."""
+"""``fibos``: every subcommand's message reaches stderr with a non-zero exit, and its help names
+it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from cli import control, fibos, launcher  # noqa: F401 (imported here: torch's i
 
 
 def test_an_override_without_a_value_is_named_on_stderr(tmp_path: Path, capsys, no_process) -> None:
-    code = fibos.main(["local", "--capacities", "1,1/4", "--results", str(tmp_path / "run"), "-c", "lr"])
+    code = fibos.main(
+        ["local", "--capacities", "1,1/4", "--results", str(tmp_path / "run"), "-c", "lr"]
+    )
     assert code != 0
     assert "run-config override 'lr' is not key=value" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
@@ -30,7 +33,10 @@ def test_a_registration_without_trust_says_what_to_give(tmp_path: Path, capsys, 
     [
         (["local", "--help"], "usage: fibos local [-h] [--capacities CAPACITIES]"),
         (["control", "--help"], "usage: fibos control [-h] {register,submit}"),
-        (["control", "register", "--help"], "usage: fibos control register [-h] --superlink SUPERLINK"),
+        (
+            ["control", "register", "--help"],
+            "usage: fibos control register [-h] --superlink SUPERLINK",
+        ),
     ],
 )
 def test_a_subcommands_help_names_it(argv: list[str], usage: str, capsys) -> None:
@@ -48,4 +54,6 @@ def test_an_unknown_or_missing_subcommand_is_said_without_a_traceback(capsys) ->
     assert "No such command 'nosuch'" in err and "Traceback" not in err
     assert fibos.main([]) == 2  # the help, as `fibos --help` shows it
     shown = capsys.readouterr()
-    assert "Usage: fibos [OPTIONS] COMMAND" in shown.out + shown.err and "Traceback" not in shown.err
+    assert (
+        "Usage: fibos [OPTIONS] COMMAND" in shown.out + shown.err and "Traceback" not in shown.err
+    )

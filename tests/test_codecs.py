@@ -83,7 +83,14 @@ def test_empty_model_mask():
 
 @pytest.mark.parametrize(
     ("d", "dtype"),
-    [(1, np.uint8), (256, np.uint8), (257, np.uint16), (65536, np.uint16), (65537, np.uint32), (2**32, np.uint32)],
+    [
+        (1, np.uint8),
+        (256, np.uint8),
+        (257, np.uint16),
+        (65536, np.uint16),
+        (65537, np.uint32),
+        (2**32, np.uint32),
+    ],
 )
 def test_index_dtype_is_narrowest(d, dtype):
     assert index_dtype(d) == np.dtype(dtype)
@@ -185,12 +192,16 @@ def test_decode_indices_rejects_huge_uint64_indices(idx):
 def test_decode_submodel_rejects_wrapped_uint64_index():
     """A single index 2**64 - 1 would otherwise land on position d - 1 (it wraps to -1)."""
     with pytest.raises(ValueError):
-        decode_submodel(np.ones(1, dtype=np.float32), "indices", np.array([2**64 - 1], dtype=np.uint64), 10)
+        decode_submodel(
+            np.ones(1, dtype=np.float32), "indices", np.array([2**64 - 1], dtype=np.uint64), 10
+        )
 
 
 def test_decode_indices_requires_the_canonical_dtype():
     # The encoder always uses the narrowest dtype for d; anything else is a malformed reply.
-    np.testing.assert_array_equal(np.flatnonzero(decode_mask("indices", np.array([1, 4], np.uint8), 10)), [1, 4])
+    np.testing.assert_array_equal(
+        np.flatnonzero(decode_mask("indices", np.array([1, 4], np.uint8), 10)), [1, 4]
+    )
     with pytest.raises(ValueError, match="uint8"):
         decode_mask("indices", np.array([1, 4], dtype=np.uint32), 10)
 
@@ -209,7 +220,11 @@ def test_mask_digest_stable_and_distinct():
 
 
 @settings(max_examples=60, deadline=None)
-@given(d=st.integers(1, 600), density=st.sampled_from([0.0, 0.01, 0.2, 0.7, 1.0]), seed=st.integers(0, 2**32 - 1))
+@given(
+    d=st.integers(1, 600),
+    density=st.sampled_from([0.0, 0.01, 0.2, 0.7, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_submodel_round_trip(d, density, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(d).astype(np.float32)
@@ -425,7 +440,9 @@ def test_fisher_payload_sizes_scale_with_gamma(cnn):
     sizes = {}
     for gamma in (1 / 16, 1 / 2):
         mask = select_mask(layout, x, gamma, "fisher", fisher, 1)
-        sizes[gamma] = {mode: _nbytes(encode_fisher(fisher, mask, layout, mode)) for mode in FISHER_ENCODINGS}
+        sizes[gamma] = {
+            mode: _nbytes(encode_fisher(fisher, mask, layout, mode)) for mode in FISHER_ENCODINGS
+        }
         k = int(mask.sum())
         assert sizes[gamma]["masked"] == 4 * k + 4 * layout.num_rows
         assert sizes[gamma]["topm"] == k * (4 + index_dtype(layout.size).itemsize) + 4
@@ -658,7 +675,8 @@ def test_elias_fano_round_trip_and_size(d, k_frac, seed):
 
 @pytest.mark.parametrize("gamma", [1 / 4, 1 / 16, 1 / 64, 1 / 256])
 def test_download_near_information_limit_on_a_large_model(gamma):
-    """Values plus mask within 1.1x of 4k + log2 C(d, k) / 8 bytes at every capacity down to 1/64 and below."""
+    """Values plus mask within 1.1x of 4k + log2 C(d, k) / 8 bytes at every capacity down to 1/64
+    and below."""
     d = 1_000_003
     k = math.ceil(gamma * d)
     mask = np.zeros(d, dtype=bool)
@@ -679,7 +697,11 @@ def _ef(idx, d):
         (_ef([1, 5, 9], 100)[:-1], 100, "bytes"),
         (np.concatenate([_ef([1, 5, 9], 100), [0]]).astype(np.uint8), 100, "bytes"),
         (np.concatenate([np.array([0] * 8, np.uint8), _ef([1, 5, 9], 100)[8:]]), 100, "k=0"),
-        (np.concatenate([np.array([200] + [0] * 7, np.uint8), _ef([1, 5, 9], 100)[8:]]), 100, "k=200"),
+        (
+            np.concatenate([np.array([200] + [0] * 7, np.uint8), _ef([1, 5, 9], 100)[8:]]),
+            100,
+            "k=200",
+        ),
     ],
 )
 def test_elias_fano_rejects_malformed_data(data, d, why):
@@ -702,7 +724,10 @@ def test_elias_fano_rejects_padding_extra_high_bits_and_disorder():
     # equal high parts with decreasing low bits: 41 then 40 is not increasing
     swapped = _ef([3, 40, 41, 90], d)
     lows = np.unpackbits(swapped[8 : 8 + (4 * low + 7) // 8])
-    lows[low : 2 * low], lows[2 * low : 3 * low] = lows[2 * low : 3 * low].copy(), lows[low : 2 * low].copy()
+    lows[low : 2 * low], lows[2 * low : 3 * low] = (
+        lows[2 * low : 3 * low].copy(),
+        lows[low : 2 * low].copy(),
+    )
     swapped[8 : 8 + (4 * low + 7) // 8] = np.packbits(lows)
     with pytest.raises(ValueError, match="strictly increasing"):
         decode_mask("elias-fano", swapped, d)

@@ -74,10 +74,23 @@ def test_launcher_argument_parsing():
     for bad in ("0", "2", "x", "1/0x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_capacities(bad)
-    assert parse_overrides("lr=0.1 method='fiarse' num-rounds=3") == {"lr": 0.1, "method": "fiarse", "num-rounds": 3}
-    values = {"lr": 0.1, "method": "fiarse", "results-dir": "/tmp/run-1", "flag": True, "num-rounds": 4}
+    assert parse_overrides("lr=0.1 method='fiarse' num-rounds=3") == {
+        "lr": 0.1,
+        "method": "fiarse",
+        "num-rounds": 3,
+    }
+    values = {
+        "lr": 0.1,
+        "method": "fiarse",
+        "results-dir": "/tmp/run-1",
+        "flag": True,
+        "num-rounds": 4,
+    }
     assert parse_overrides(toml_overrides(values)) == values
-    assert parse_overrides(["lr=0.1 seed=1", "lr=0.2"]) == {"lr": 0.2, "seed": 1}  # repeated -c, later wins
+    assert parse_overrides(["lr=0.1 seed=1", "lr=0.2"]) == {
+        "lr": 0.2,
+        "seed": 1,
+    }  # repeated -c, later wins
 
 
 def test_manifest_readme_tables_and_layout_are_generated_from_the_code():

@@ -1,4 +1,5 @@
-"""``--wait`` waits for a SuperLink that answers (unreachable, ``flwr`` exits 0 with ``{"success": false}``)."""
+"""``--wait`` waits for a SuperLink that answers (unreachable, ``flwr`` exits 0 with ``{"success":
+false}``)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,20 @@ from cli.launcher import free_port
 
 UNREACHABLE = {
     "success": False,
-    "error-message": "Using SuperLink: fibos (127.0.0.1:28000)\n Listing all nodes...\n\nConnection to the "
-    "SuperLink is unavailable. Please check your network connection",
+    "error-message": "Using SuperLink: fibos (127.0.0.1:28000)\n Listing all "
+    "nodes...\n\nConnection to the SuperLink is unavailable. Please check your network connection",
 }
 
 
 def _replies(monkeypatch, *replies: dict) -> list[tuple[str, ...]]:
-    """Make ``flwr`` answer with ``replies`` in turn (exit status 0, as flwr 1.42 does); returns the calls."""
+    """Make ``flwr`` answer with ``replies`` in turn (exit status 0, as flwr 1.42 does); returns the
+    calls."""
     calls: list[tuple[str, ...]] = []
     queue = list(replies)
 
-    def flwr(env: dict[str, str], *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def flwr(
+        env: dict[str, str], *argv: str, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess:
         calls.append(argv)
         return subprocess.CompletedProcess(["flwr", *argv], 0, json.dumps(queue.pop(0)), "")
 
@@ -53,12 +57,27 @@ def test_the_wait_ends_after_its_bound_naming_the_superlink(monkeypatch) -> None
     assert "Connection to the SuperLink is unavailable" in message
 
 
-def test_join_waits_for_a_superlink_that_is_not_up_then_starts_nothing(tmp_path: Path, capfd) -> None:
-    """The real ``flwr`` against a port nobody listens on: ``fibos join`` waits ``--wait`` s, then gives up."""
+def test_join_waits_for_a_superlink_that_is_not_up_then_starts_nothing(
+    tmp_path: Path, capfd
+) -> None:
+    """The real ``flwr`` against a port nobody listens on: ``fibos join`` waits ``--wait`` s, then
+    gives up."""
     assert credentials_main(["--out", str(tmp_path / "certs"), "--san", "127.0.0.1"]) == 0
     port = free_port()
-    argv = ["--name", "edge-07", "--superlink", f"127.0.0.1:{port}", "--control-api", f"127.0.0.1:{port}"]
-    argv += ["--root-certificates", str(tmp_path / "certs" / "ca.crt"), "--keys", str(tmp_path / "keys")]
+    argv = [
+        "--name",
+        "edge-07",
+        "--superlink",
+        f"127.0.0.1:{port}",
+        "--control-api",
+        f"127.0.0.1:{port}",
+    ]
+    argv += [
+        "--root-certificates",
+        str(tmp_path / "certs" / "ca.crt"),
+        "--keys",
+        str(tmp_path / "keys"),
+    ]
     argv += ["--partition-id", "0", "--num-partitions", "1", "--capacity", "1", "--wait", "4"]
     started = time.monotonic()
     code = join_main(argv)
@@ -66,7 +85,7 @@ def test_join_waits_for_a_superlink_that_is_not_up_then_starts_nothing(tmp_path:
     assert code != 0
     assert elapsed >= 4.0  # it used to give up at once
     err = capfd.readouterr().err  # the registration's own messages come from its process
-    # No "waiting up to 4 s" line is asserted: on a loaded machine flwr's first try alone can take 4 s, and then
-    # the wait ends after it (the line itself is checked above, with a fake flwr).
+    # No "waiting up to 4 s" line is asserted: on a loaded machine flwr's first try alone can take 4
+    # s, and then the wait ends after it (the line itself is checked above, with a fake flwr).
     assert f"the SuperLink's Control API at 127.0.0.1:{port} did not answer within 4 s" in err
     assert "registration failed; nothing was started" in err

@@ -18,7 +18,9 @@ def test_digits_split_is_stratified_and_deterministic():
     b = load_dataset("digits", 0.2, 7)
     assert len(a.train) + len(a.test) == 1797
     assert np.array_equal(a.test.y, b.test.y) and np.array_equal(a.train.x, b.train.x)
-    assert a.train.x.shape[1:] == (1, 8, 8) and a.train.x.dtype == np.float32 and a.train.x.max() <= 1
+    assert (
+        a.train.x.shape[1:] == (1, 8, 8) and a.train.x.dtype == np.float32 and a.train.x.max() <= 1
+    )
     assert np.all(np.bincount(a.test.y, minlength=10) >= 30)
 
 

@@ -1,15 +1,18 @@
-"""The GPU executor image, built for real from PyPI's CUDA torch, checked on a machine without a GPU.
+"""The GPU executor image, built for real from PyPI's CUDA torch, checked on a machine without a
+GPU.
 
-Runs only when requested (``FIBOS_DOCKER_CUDA=1``, as ``make test-docker-cuda`` sets it; the image is several
-gigabytes, so it is not part of ``make test-docker``). Then a missing engine fails the test, it never skips:
+Runs only when requested (``FIBOS_DOCKER_CUDA=1``, as ``make test-docker-cuda`` sets it; the image
+is several gigabytes, so it is not part of ``make test-docker``). Then a missing engine fails the
+test, it never skips:
 
-* ``docker compose --profile gpu build clientapp-gpu``: the compose file's own build of ``fibos-fl/app:cuda``
-  (``docker/app.Dockerfile`` with torch from pip's default index and ``REQUIRE_CUDA=1``, no NVIDIA base image);
+* ``docker compose --profile gpu build clientapp-gpu``: the compose file's own build of
+  ``fibos-fl/app:cuda`` (``docker/app.Dockerfile`` with torch from pip's default index and
+  ``REQUIRE_CUDA=1``, no NVIDIA base image);
 * in the image, torch is a CUDA build (``torch.version.cuda`` set) and, with no GPU, sees none;
-* in the image, ``fibos check-gpu`` checks the CPU side and a node configured with ``device="cuda"`` refuses at
-  discovery with the reason instead of crashing (exit status 0);
-* the seconds a fresh process of the image takes to import the ClientApp (what each Flower message pays), and
-  how much of it is torch, Flower and the project, printed for the deployment docs.
+* in the image, ``fibos check-gpu`` checks the CPU side and a node configured with ``device="cuda"``
+  refuses at discovery with the reason instead of crashing (exit status 0);
+* the seconds a fresh process of the image takes to import the ClientApp (what each Flower message
+  pays), and how much of it is torch, Flower and the project, printed for the deployment docs.
 """
 
 from __future__ import annotations
@@ -31,25 +34,46 @@ pytestmark = [
     pytest.mark.docker,
     pytest.mark.skipif(
         os.environ.get("FIBOS_DOCKER_CUDA") != "1",
-        reason="the CUDA image (gigabytes): `make test-docker-cuda` runs it (sets FIBOS_DOCKER_CUDA=1; root)",
+        reason="the CUDA image (gigabytes): `make test-docker-cuda` runs it (sets "
+        "FIBOS_DOCKER_CUDA=1; root)",
     ),
 ]
 
 
-def _docker(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, env=env)
+def _docker(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     if done.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args[:4])} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        raise AssertionError(
+            f"docker {' '.join(args[:4])} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
     return done
 
 
-def _in_image(*argv: str, entrypoint: str = "python", timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``argv`` in a fresh container of the image, without a network (nothing it checks needs one)."""
-    return _docker("run", "--rm", "--network", "none", "--entrypoint", entrypoint, IMAGE, *argv, timeout=timeout)
+def _in_image(
+    *argv: str, entrypoint: str = "python", timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in a fresh container of the image, without a network (nothing it checks needs
+    one)."""
+    return _docker(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        entrypoint,
+        IMAGE,
+        *argv,
+        timeout=timeout,
+    )
 
 
 def import_breakdown(stderr: str) -> dict[str, float]:
-    """Cumulative import seconds of ``torch``, ``flwr`` and the whole ``client.app`` from ``-X importtime`` output."""
+    """Cumulative import seconds of ``torch``, ``flwr`` and the whole ``client.app`` from ``-X
+    importtime`` output."""
     out: dict[str, float] = {}
     for line in stderr.splitlines():
         m = re.match(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)$", line)
@@ -75,7 +99,10 @@ def image() -> str:
 
 
 def test_the_image_holds_a_cuda_build_of_torch(image: str) -> None:
-    probe = "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, torch.cuda.is_available()]))"
+    probe = (
+        "import json, torch; print(json.dumps([torch.__version__, torch.version.cuda, "
+        "torch.cuda.is_available()]))"
+    )
     version, cuda, available = json.loads(_in_image("-c", probe).stdout.strip().splitlines()[-1])
     assert cuda, f"torch {version} in {image} is not a CUDA build"
     assert available is False  # no GPU here, and none reserved for the container
@@ -88,7 +115,11 @@ def test_check_gpu_in_the_image_refuses_a_cuda_node_and_passes_the_cpu_side(imag
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
     assert len(lines) == 5 and all(line.startswith("[   pass]") for line in lines), done.stdout
     refusal = next(line for line in lines if "discovery" in line)
-    assert "refuses at discovery" in refusal and "built for CUDA" in refusal and "Container Toolkit" in refusal
+    assert (
+        "refuses at discovery" in refusal
+        and "built for CUDA" in refusal
+        and "Container Toolkit" in refusal
+    )
 
 
 def test_a_fresh_process_imports_the_clientapp_in_seconds(image: str) -> None:
@@ -102,6 +133,7 @@ def test_a_fresh_process_imports_the_clientapp_in_seconds(image: str) -> None:
     assert parts["client.app"] >= parts["torch"]
     own = parts["client.app"] - parts["torch"] - parts["flwr"]
     print(
-        f"ClientApp import in {image}: {parts['client.app']:.2f} s (torch {parts['torch']:.2f} s, flwr "
-        f"{parts['flwr']:.2f} s, the rest {own:.2f} s); container start to exit {min(walls):.1f}-{max(walls):.1f} s"
+        f"ClientApp import in {image}: {parts['client.app']:.2f} s (torch {parts['torch']:.2f} s, "
+        f"flwr {parts['flwr']:.2f} s, the rest {own:.2f} s); container start to exit "
+        f"{min(walls):.1f}-{max(walls):.1f} s"
     )

@@ -1,5 +1,5 @@
-"""One factory builds the federation for the ServerApp and the in-process harness; regrouping the strategy kept runs
-bit for bit."""
+"""One factory builds the federation for the ServerApp and the in-process harness; regrouping the
+strategy kept runs bit for bit."""
 
 from __future__ import annotations
 
@@ -20,10 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_serverapp_builds_its_federation_with_the_factory():
     tree = ast.parse((ROOT / "server" / "app.py").read_text())
-    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    called = {
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
     assert "build_federation" in called
     # Nothing the factory builds is built a second way beside it.
-    assert not called & {"SubmodelStrategy", "AsyncSubmodelStrategy", "create_method", "global_model"}
+    assert not called & {
+        "SubmodelStrategy",
+        "AsyncSubmodelStrategy",
+        "create_method",
+        "global_model",
+    }
 
 
 @pytest.mark.parametrize(
@@ -47,22 +56,30 @@ def test_the_inprocess_harness_builds_its_federation_with_the_factory(
     monkeypatch.setattr(federation, "build_federation", spy)
     fed = inprocess_federation({**run_config, "num-rounds": 1}, {1: 1.0, 2: 0.25})
     assert len(built) == 1 and fed.strategy is built[0].strategy and fed.x0 is built[0].x0
-    assert type(fed.strategy) is strategy_class  # the app's choice of strategy, not the harness's own
+    assert (
+        type(fed.strategy) is strategy_class
+    )  # the app's choice of strategy, not the harness's own
 
 
 def test_fedavg_drop_names_its_rule_when_no_node_can_take_part(tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    fed = inprocess_federation({"method": "fedavg-drop", "num-rounds": 1, "eval-every": 0}, {1: 0.5, 2: 0.25})
+    fed = inprocess_federation(
+        {"method": "fedavg-drop", "num-rounds": 1, "eval-every": 0}, {1: 0.5, 2: 0.25}
+    )
     with pytest.raises(
-        RuntimeError, match=r"^method 'fedavg-drop' found no node that can take part \(needs capacity 1\)$"
+        RuntimeError,
+        match=r"^method 'fedavg-drop' found no node that can take part \(needs capacity 1\)$",
     ):
-        fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 1, 30.0, evaluate_fn=fed.evaluate_fn)
+        fed.strategy.start(
+            fed.grid, fed.strategy.to_arrays(fed.x0), 1, 30.0, evaluate_fn=fed.evaluate_fn
+        )
 
 
 # (run config, capacities, sha256 of the final flat model, each record's global accuracy)
 RUNS = [
     pytest.param(
-        # fedfibos as it was when pinned (no byte budget, F^2 x^2): the pin is of the strategy, not of the defaults
+        # fedfibos as it was when pinned (no byte budget, F^2 x^2): the pin is of the strategy, not
+        # of the defaults
         {
             "method": "fedfibos",
             "num-rounds": 2,
@@ -101,22 +118,28 @@ RUNS = [
 def test_a_two_round_run_gives_the_model_it_gave_before_the_strategy_was_regrouped(
     run_config, capacities, digest, accuracies, tmp_path, monkeypatch
 ):
-    """The digests and accuracies were measured on commit 21a4dbc, before the strategy was split into
-    ``server/strategy_core`` and ``server/federation.py``: these same in-process runs, started as here (a fresh
-    cache, ``round-timeout`` 60 s), three times under different hash seeds, the same every time; and after the
-    split, equal again, with the same metrics records (timings aside) and progress lines.
+    """The digests and accuracies were measured on commit 21a4dbc, before the strategy was split
+    into ``server/strategy_core`` and ``server/federation.py``: these same in-process runs, started
+    as here (a fresh cache, ``round-timeout`` 60 s), three times under different hash seeds, the
+    same every time; and after the split, equal again, with the same metrics records (timings aside)
+    and progress lines.
 
-    They also pin that machine's float arithmetic (torch's CPU kernels): on another processor the same code
-    gives other last bits (seen: an AVX-512/AMX Xeon gave other digests and moved one round-1 accuracy by 2 of
-    360 test images). So a run that does not reproduce the reference digest and accuracies must be
-    deterministic (the same digest and accuracies twice) and within 1 % of every reference accuracy.
+    They also pin that machine's float arithmetic (torch's CPU kernels): on another processor the
+    same code gives other last bits (seen: an AVX-512/AMX Xeon gave other digests and moved one
+    round-1 accuracy by 2 of 360 test images). So a run that does not reproduce the reference digest
+    and accuracies must be deterministic (the same digest and accuracies twice) and within 1 % of
+    every reference accuracy.
     """
 
     def run() -> tuple[str, list[float]]:
         monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / f"cache-{len(digests)}"))
         fed = inprocess_federation(run_config, capacities)
         fed.strategy.start(
-            fed.grid, fed.strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn
+            fed.grid,
+            fed.strategy.to_arrays(fed.x0),
+            fed.cfg.num_rounds,
+            60.0,
+            evaluate_fn=fed.evaluate_fn,
         )
         return hashlib.sha256(np.ascontiguousarray(fed.strategy.x).tobytes()).hexdigest(), [
             r["global"]["accuracy"] for r in fed.records

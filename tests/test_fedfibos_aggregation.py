@@ -1,4 +1,5 @@
-"""``fedfibos-aggregation``: the participant mean (default) against the holder mean, on a hand-computed case."""
+"""``fedfibos-aggregation``: the participant mean (default) against the holder mean, on a
+hand-computed case."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from common.wire.validation import TrainReply
 LAYOUT = ParamLayout((TensorSpec("fc.weight", (2, 2)), TensorSpec("fc.bias", (2,))))
 
 
-def _reply(key: str, indices: list[int], delta: list[float], weight: float, fisher: float) -> Accepted:
+def _reply(
+    key: str, indices: list[int], delta: list[float], weight: float, fisher: float
+) -> Accepted:
     update = MaskedUpdate(np.array(indices, np.int64), np.array(delta, np.float32), weight)
     return Accepted(1, key, TrainReply(update, np.full(LAYOUT.size, fisher, np.float32), {}))
 
@@ -36,7 +39,8 @@ def _aggregate(aggregation: str | None) -> tuple[np.ndarray, object]:
 
 def test_holder_mean_moves_each_position_by_its_holders_mean():
     new, method = _aggregate("holders")
-    # position 0: (30*0.4 + 10*-0.4)/40 = 0.2; position 1 only the big client held: its delta in full.
+    # position 0: (30*0.4 + 10*-0.4)/40 = 0.2; position 1 only the big client held: its delta in
+    # full.
     np.testing.assert_allclose(new, [1.2, 2.4, 2.2, 4.0, 0.5 + 0.3, -0.3], rtol=1e-6)
     assert "aggregation=holders" in method.describe()
 
@@ -44,7 +48,8 @@ def test_holder_mean_moves_each_position_by_its_holders_mean():
 @pytest.mark.parametrize("aggregation", [None, "participants"])  # None: the default
 def test_participant_mean_damps_positions_few_clients_held(aggregation):
     new, method = _aggregate(aggregation)
-    # every position divides by all 40 examples: position 1 moves by 30/40 of the big client's delta.
+    # every position divides by all 40 examples: position 1 moves by 30/40 of the big client's
+    # delta.
     np.testing.assert_allclose(new, [1.2, 2.3, 2.4, 4.0, 0.5 + 0.3, -0.35], rtol=1e-6)
     assert set(method.fisher.clients) == {"big", "small"}  # both replies' Fisher observed
     assert "aggregation=participants" in method.describe()

@@ -29,20 +29,30 @@ def test_fedgmr_is_a_method_with_validated_keys():
         }
     )
     gmr = cfg.options("fedgmr")
-    assert (gmr.schedule, gmr.mode, gmr.selection, gmr.max_staleness) == ("step", "async", "fisher", 4)
+    assert (gmr.schedule, gmr.mode, gmr.selection, gmr.max_staleness) == (
+        "step",
+        "async",
+        "fisher",
+        4,
+    )
     assert gmr.step_factor == 3.0 and cfg.server_lr == 0.7
 
 
 def test_server_lr_auto_is_half_for_the_async_loop_and_one_otherwise():
     assert parse_run_config({"method": "fedgmr", "gmr-mode": "async"}).server_lr == 0.5
     assert parse_run_config({"method": "fedgmr"}).server_lr == 1.0
-    assert parse_run_config({"method": "fedfibos", "gmr-mode": "async"}).server_lr == 1.0  # not FedGMR's loop
+    assert (
+        parse_run_config({"method": "fedfibos", "gmr-mode": "async"}).server_lr == 1.0
+    )  # not FedGMR's loop
 
 
 def test_clients_upload_fisher_only_when_a_rule_reads_it():
     gmr = method_class("fedgmr")
     assert gmr.upload_encoding(parse_run_config({"method": "fedgmr"})) == "none"
-    assert gmr.upload_encoding(parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"})) == "ranked"
+    assert (
+        gmr.upload_encoding(parse_run_config({"method": "fedgmr", "gmr-selection": "fisher"}))
+        == "ranked"
+    )
 
 
 @pytest.mark.parametrize(
@@ -111,7 +121,12 @@ def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
     model = build_model("cnn", 10, 1, 0)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
-    run = {"method": "fedgmr", "gmr-schedule": "linear", "gmr-selection": "random", "gmr-start": 0.25}
+    run = {
+        "method": "fedgmr",
+        "gmr-schedule": "linear",
+        "gmr-selection": "random",
+        "gmr-start": 0.25,
+    }
     method = create_method(parse_run_config({**run, "gmr-restore-rounds": 4}))
     method.start_server(layout)
     method.node_joined("mem", {"capacity-kind": "memory"})
@@ -119,15 +134,24 @@ def test_restoration_grows_past_capacity_only_for_bandwidth_nodes():
     method.node_joined("default", {})
     method.node_joined("odd", {"capacity-kind": "disk"})  # logged, the run's default used
     keys = ("mem", "bw", "default", "odd")
-    density = {k: [float(method.mask_for(k, r, 0.25, x)[0].mean()) for r in (1, 3, 5, 9)] for k in keys}
-    assert 0.24 < density["mem"][-1] < 0.27  # capped at the capacity (plus the guards' few positions)
+    density = {
+        k: [float(method.mask_for(k, r, 0.25, x)[0].mean()) for r in (1, 3, 5, 9)] for k in keys
+    }
+    assert (
+        0.24 < density["mem"][-1] < 0.27
+    )  # capped at the capacity (plus the guards' few positions)
     for key in ("bw", "default", "odd"):
-        assert density[key][-1] == 1.0 and density[key][0] == density["mem"][0]  # same start, grows to full
+        assert (
+            density[key][-1] == 1.0 and density[key][0] == density["mem"][0]
+        )  # same start, grows to full
         assert all(b >= a for a, b in zip(density[key], density[key][1:]))
     method.node_joined("mem", {})  # the node restarted without the key: the default applies again
     assert method.capacity_kind("mem") == "bandwidth"
     memory_run = create_method(parse_run_config({"method": "fedgmr", "capacity-kind": "memory"}))
-    assert memory_run.capacity_kind("anyone") == "memory" and memory_run.capacity_kind(None) == "memory"
+    assert (
+        memory_run.capacity_kind("anyone") == "memory"
+        and memory_run.capacity_kind(None) == "memory"
+    )
 
 
 def test_the_discovery_reply_carries_the_node_capacity_kind():
@@ -137,8 +161,13 @@ def test_the_discovery_reply_carries_the_node_capacity_kind():
 
     node = {"partition-id": 0, "num-partitions": 2, "capacity": 0.25, "device": "cpu"}
     run = {"method": "fedgmr", "dataset": "digits"}
-    grid = InProcessGrid({1: {**node, "capacity-kind": "memory"}, 2: node, 3: {**node, "capacity-kind": "disk"}}, run)
-    msgs = [Message(content=RecordDict(), dst_node_id=n, message_type=MessageType.QUERY) for n in (1, 2, 3)]
+    grid = InProcessGrid(
+        {1: {**node, "capacity-kind": "memory"}, 2: node, 3: {**node, "capacity-kind": "disk"}}, run
+    )
+    msgs = [
+        Message(content=RecordDict(), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in (1, 2, 3)
+    ]
     replies = {m.metadata.src_node_id: m.content for m in grid.send_and_receive(msgs)}
     assert replies[1].config_records["device"]["capacity-kind"] == "memory"
     assert "capacity-kind" not in replies[2].config_records["device"]
@@ -153,7 +182,8 @@ def test_discovery_hands_each_node_capacity_kind_to_the_method():
     node = {"num-partitions": 2, "capacity": 0.25, "device": "cpu"}
     run = {"method": "fedgmr", "dataset": "digits", "capacity-kind": "bandwidth"}
     grid = InProcessGrid(
-        {1: {**node, "partition-id": 0, "capacity-kind": "memory"}, 2: {**node, "partition-id": 1}}, run
+        {1: {**node, "partition-id": 0, "capacity-kind": "memory"}, 2: {**node, "partition-id": 1}},
+        run,
     )
     strategy = SubmodelStrategy(parse_run_config(run), model_layout(build_model("cnn", 10, 1, 0)))
     strategy.registry.discover(grid, 30.0)

@@ -11,7 +11,16 @@ from benchmarks.fisher_cost_bench import main
 
 def test_cost_rows_relate_estimate_and_encoding_to_training(tmp_path, capsys):
     out = tmp_path / "cost"
-    argv = ["--dataset", "digits", "--models", "cnn", "--capacities", "1/4,1/16", "--local-epochs", "1"]
+    argv = [
+        "--dataset",
+        "digits",
+        "--models",
+        "cnn",
+        "--capacities",
+        "1/4,1/16",
+        "--local-epochs",
+        "1",
+    ]
     assert main([*argv, "--repeat", "1", "--out", str(out)]) == 0
     with open(out / "fisher_cost.csv") as f:
         rows = list(csv.DictReader(f))
@@ -24,7 +33,9 @@ def test_cost_rows_relate_estimate_and_encoding_to_training(tmp_path, capsys):
         ("path", 0.0625),
     ]
     for r in rows:
-        train, estimate, encode = (float(r[k]) for k in ("train_seconds", "estimate_seconds", "encode_seconds"))
+        train, estimate, encode = (
+            float(r[k]) for k in ("train_seconds", "estimate_seconds", "encode_seconds")
+        )
         assert train > 0 and estimate >= 0 and encode > 0
         assert float(r["overhead"]) == pytest.approx((estimate + encode) / train)
         assert r["encoding"] == "ranked" and int(r["examples"]) > 32
@@ -33,7 +44,8 @@ def test_cost_rows_relate_estimate_and_encoding_to_training(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--estimators", "exact"), ("--encoding", "zip"), ("--fisher-examples", "0")]
+    ("flag", "value"),
+    [("--estimators", "exact"), ("--encoding", "zip"), ("--fisher-examples", "0")],
 )
 def test_bad_flags_fail_naming_the_flag(flag, value, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -17,7 +17,9 @@ def _uploads(n, seed=0):
 
 def test_capacity_from_budget():
     assert fisher_capacity(1, 2**18, "fp32") == 3  # floor of 3 keeps a trimmed prior possible
-    assert fisher_capacity(1024, 11_173_962, "fp16") == 42  # ResNet-18: 22 MB per client, 134 MB fixed
+    assert (
+        fisher_capacity(1024, 11_173_962, "fp16") == 42
+    )  # ResNet-18: 22 MB per client, 134 MB fixed
     assert fisher_capacity(1024, 11_173_962, "fp32") == 21
 
 
@@ -28,7 +30,9 @@ def test_memory_stays_within_the_client_limit_and_stalest_are_evicted():
     assert len(s.clients) == 5 and s.evictions == 45
     assert set(s.clients) == {f"c{i}" for i in range(45, 50)}  # the most recent stay
     assert s.memory_bytes() <= 5 * D * 2 + D * 8 + D * 4
-    assert s.estimate("c0", 60) is not None and np.array_equal(s.estimate("c0", 60), s.global_prior())
+    assert s.estimate("c0", 60) is not None and np.array_equal(
+        s.estimate("c0", 60), s.global_prior()
+    )
 
 
 def test_eviction_keeps_the_weighted_prior_exact():

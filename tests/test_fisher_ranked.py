@@ -36,12 +36,19 @@ def test_ranked_count_is_the_largest_m_that_fits(d, budget, seed):
 
 
 @settings(max_examples=80, deadline=None)
-@given(d=st.integers(1, 400), m=st.integers(0, 420), levels=st.integers(1, 6), seed=st.integers(0, 10**6))
+@given(
+    d=st.integers(1, 400),
+    m=st.integers(0, 420),
+    levels=st.integers(1, 6),
+    seed=st.integers(0, 10**6),
+)
 def test_ranked_set_is_the_head_of_a_stable_descending_sort(d, m, levels, seed):
     values = np.random.default_rng(seed).integers(0, levels, d).astype(np.float64)  # many ties
     want = np.zeros(d, dtype=bool)
     want[np.argsort(-values, kind="stable")[:m]] = True
-    np.testing.assert_array_equal(topk_mask(values, min(m, d)), want)  # the selection ranked encodes with
+    np.testing.assert_array_equal(
+        topk_mask(values, min(m, d)), want
+    )  # the selection ranked encodes with
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,7 +96,8 @@ def test_ranked_fits_the_bytes_of_masked_and_sends_the_largest_values(cnn, gamma
 
 
 def test_ranked_keeps_the_ranking_the_row_means_of_masked_lose():
-    """A client whose large Fisher lies outside its mask: masked hides it in a row mean, ranked sends it."""
+    """A client whose large Fisher lies outside its mask: masked hides it in a row mean, ranked
+    sends it."""
     layout = ParamLayout.from_arrays({n: np.zeros(s) for n, s in SMALL.items()})
     d = layout.size
     fisher = np.full(d, 1e-3)

@@ -1,4 +1,5 @@
-"""The Fisher at the global model: inert parameters, held masks, mask stability and the refresh exchange."""
+"""The Fisher at the global model: inert parameters, held masks, mask stability and the refresh
+exchange."""
 
 from __future__ import annotations
 
@@ -59,11 +60,15 @@ def test_a_submodel_spends_no_budget_on_inert_positions(keep_vectors: bool) -> N
     rng = np.random.default_rng(0)
     x = rng.normal(size=layout.size).astype(np.float32)
     fisher = rng.random(layout.size).astype(np.float32)
-    fisher[layout.inert_mask] = 1e6  # a bias that cannot learn must not win on its (meaningless) score
+    fisher[layout.inert_mask] = (
+        1e6  # a bias that cannot learn must not win on its (meaningless) score
+    )
     mask = select_mask(layout, x, 0.5, "fisher", fisher, min_per_row=0, keep_vectors=keep_vectors)
     assert not mask[layout.inert_mask].any()
     assert mask.sum() == int(np.ceil(0.5 * layout.size))
-    assert select_mask(layout, x, 1.0, "fisher", fisher, min_per_row=0, keep_vectors=keep_vectors).all()
+    assert select_mask(
+        layout, x, 1.0, "fisher", fisher, min_per_row=0, keep_vectors=keep_vectors
+    ).all()
 
 
 # ---------------------------------------------------------------- held masks
@@ -80,7 +85,10 @@ def test_a_held_mask_is_given_back_only_for_its_estimate_and_capacity() -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 70), st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(0, 99)), max_size=5))
+@given(
+    st.integers(1, 70),
+    st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(0, 99)), max_size=5),
+)
 def test_held_masks_survive_the_state_archive(d: int, clients: list[tuple[str, int]]) -> None:
     rng = np.random.default_rng(d)
     held = HeldMasks(d)
@@ -89,7 +97,9 @@ def test_held_masks_survive_the_state_archive(d: int, clients: list[tuple[str, i
     state = FisherState(d)
     state.update(1, rng.random(d).astype(np.float32), 2.0, 1)
     archive = state.to_bytes(extra=held.arrays())
-    assert FisherState.from_bytes(archive).to_bytes() == state.to_bytes()  # the state's own members untouched
+    assert (
+        FisherState.from_bytes(archive).to_bytes() == state.to_bytes()
+    )  # the state's own members untouched
     with np.load(io.BytesIO(archive)) as z:
         back = HeldMasks.from_arrays(z)
     assert len(back) == len(held)
@@ -128,7 +138,9 @@ def test_per_capacity_means_average_the_clients_of_each_level() -> None:
 
 
 # ---------------------------------------------------------------- the refresh exchange
-def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_mask(tmp_path, monkeypatch) -> None:
+def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_mask(
+    tmp_path, monkeypatch
+) -> None:
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
@@ -142,17 +154,27 @@ def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_ma
     }
     fed = inprocess_federation(run_config, {51: 1.0, 52: 0.25, 53: 0.0625})
     estimator = fed.cfg.options("fisher").estimator
-    assert estimator == "global" and fed.strategy.method.runs_warmup()  # the defaults this test is about
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 3, 60.0, evaluate_fn=fed.evaluate_fn)
+    assert (
+        estimator == "global" and fed.strategy.method.runs_warmup()
+    )  # the defaults this test is about
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 3, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     records = fed.records
     assert records[0]["fisher_warmup"]["replies"] == 3
     by_round = {r["round"]: {c["capacity"]: c for c in r["clients"]} for r in records[1:]}
     d = fed.strategy.layout.size
-    for rnd, asked in ((1, False), (2, True), (3, False)):  # estimates of round 0, then 2: refresh at age 2
+    for rnd, asked in (
+        (1, False),
+        (2, True),
+        (3, False),
+    ):  # estimates of round 0, then 2: refresh at age 2
         for gamma, c in by_round[rnd].items():
             assert c["status"] == "ok", c
             assert c["fisher_asked"] is asked, (rnd, gamma)
-            if gamma < 1:  # ranked by its own estimate (``held``: the mask that estimate gave before)
+            if (
+                gamma < 1
+            ):  # ranked by its own estimate (``held``: the mask that estimate gave before)
                 assert c["mask_source"] in ("client", "held"), (rnd, gamma)
             if asked and gamma < 1:
                 # the global values outside its mask, counted in the bytes down
@@ -163,7 +185,8 @@ def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_ma
             if rnd > 1:
                 assert c["mask_overlap"] is not None
             assert sum(c["layer_positions"].values()) == c["selected"]
-    # between refreshes the mask is held: round 2's mask was ranked by the round-0 estimate like round 1's
+    # between refreshes the mask is held: round 2's mask was ranked by the round-0 estimate like
+    # round 1's
     assert by_round[2][0.0625]["mask_overlap"] == by_round[2][0.25]["mask_overlap"] == 1.0
     trained = records[3]["global"]["trained_per_capacity"]
     assert set(trained) == {"1", "0.25", "0.0625"}
@@ -172,18 +195,28 @@ def test_a_refresh_every_two_rounds_sends_the_rest_of_the_model_and_holds_the_ma
         assert trained[f"{gamma:g}"]["accuracy"] == pytest.approx(c["submodel_accuracy"])
 
 
-def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estimate(tmp_path, monkeypatch) -> None:
+def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estimate(
+    tmp_path, monkeypatch
+) -> None:
     from common.methods.masked import MaskedMethod
     from common.wire import protocol as P
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    run = {"num-rounds": 2, "eval-every": 0, "fisher-every": 2, "fisher-examples": 8, "fedfibos-byte-budget": 0}
+    run = {
+        "num-rounds": 2,
+        "eval-every": 0,
+        "fisher-every": 2,
+        "fisher-examples": 8,
+        "fedfibos-byte-budget": 0,
+    }
     fed = inprocess_federation(run, {61: 0.25})
     real = MaskedMethod.client_train
     refreshes: list[int] = []
 
-    def forgetful(self, received, train, cfg, device):  # drops the Fisher of its second refresh (round 2)
+    def forgetful(
+        self, received, train, cfg, device
+    ):  # drops the Fisher of its second refresh (round 2)
         update = real(self, received, train, cfg, device)
         if P.FISHER_AT not in received.records:
             return update
@@ -204,7 +237,9 @@ def test_a_refresh_reply_without_its_fisher_is_rejected_and_keeps_the_old_estima
         return fold
 
     monkeypatch.setattr(fed.strategy.method, "round_fold", recording_fold)
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn)
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     assert len(refreshes) == 2
     (client,) = fed.records[2]["clients"]
     assert client["fisher_asked"] and client["status"].startswith("rejected")

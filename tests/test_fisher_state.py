@@ -1,4 +1,5 @@
-"""The server's Fisher state: normalisation, the example-weighted prior, staleness, EMA, checkpoints."""
+"""The server's Fisher state: normalisation, the example-weighted prior, staleness, EMA,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ BIG_IDS = [0, 1, 2**32, 2**63 - 1, 2**63, 2**63 + 5, 2**64 - 1]
 
 
 def _fisher(rng, d=D, zeros=0.2):
-    return (rng.exponential(size=d) * (rng.random(d) >= zeros)).astype(np.float32) + np.float32(1e-3)
+    return (rng.exponential(size=d) * (rng.random(d) >= zeros)).astype(np.float32) + np.float32(
+        1e-3
+    )
 
 
 def _norm(f):
@@ -47,7 +50,14 @@ def test_normalise_to_mean_one(scale):
 
 
 @pytest.mark.parametrize(
-    "f", [np.zeros(D), np.zeros(D, dtype=np.float32), np.full(D, np.nan), np.r_[np.zeros(D - 1), np.inf], -np.ones(D)]
+    "f",
+    [
+        np.zeros(D),
+        np.zeros(D, dtype=np.float32),
+        np.full(D, np.nan),
+        np.r_[np.zeros(D - 1), np.inf],
+        -np.ones(D),
+    ],
 )
 def test_normalise_uninformative_is_none(f):
     assert FisherState.normalise(f) is None
@@ -102,9 +112,14 @@ def test_stored_estimate_is_normalised():
 
 
 def test_mean64_sums_blocks_pairwise_in_order():
-    """The documented summation, to the bit: float64 blocks of PRIOR_BLOCK summed pairwise, then in order."""
+    """The documented summation, to the bit: float64 blocks of PRIOR_BLOCK summed pairwise, then in
+    order."""
     rng = np.random.default_rng(14)
-    for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
+    for f in (
+        _fisher(rng, d=3_000_001),
+        rng.lognormal(0, 3, 1000).astype(np.float16),
+        rng.lognormal(0, 3, 77),
+    ):
         total = 0.0
         for start in range(0, f.size, PRIOR_BLOCK):
             total += float(np.add.reduce(f[start : start + PRIOR_BLOCK].astype(np.float64)))
@@ -116,7 +131,11 @@ def test_mean64_sums_blocks_pairwise_in_order():
 def test_normalise_divides_in_float64_and_rounds_once():
     """Bit-equal to dividing each value by the float64 mean in float64, then rounding to float32."""
     rng = np.random.default_rng(12)
-    for f in (_fisher(rng, d=3_000_001), rng.lognormal(0, 3, 1000).astype(np.float16), rng.lognormal(0, 3, 77)):
+    for f in (
+        _fisher(rng, d=3_000_001),
+        rng.lognormal(0, 3, 1000).astype(np.float16),
+        rng.lognormal(0, 3, 77),
+    ):
         want = (f.astype(np.float64) / mean64(f)).astype(np.float32)
         assert FisherState.normalise(f).tobytes() == want.tobytes()
 
@@ -124,13 +143,16 @@ def test_normalise_divides_in_float64_and_rounds_once():
 @settings(max_examples=40, deadline=None)
 @given(
     plan=st.lists(
-        st.tuples(st.integers(0, 6), st.floats(0.5, 500.0), st.integers(0, 2**31 - 1)), min_size=1, max_size=12
+        st.tuples(st.integers(0, 6), st.floats(0.5, 500.0), st.integers(0, 2**31 - 1)),
+        min_size=1,
+        max_size=12,
     ),
     cap=st.one_of(st.none(), st.integers(1, 4)),
     fp16=st.booleans(),
 )
 def test_mean_prior_is_the_float64_sum_over_the_stored_estimates_to_the_bit(plan, cap, fp16):
-    """After any uploads, replacements and evictions: sum ``w * f`` in float64 in stored order, / total, fp32."""
+    """After any uploads, replacements and evictions: sum ``w * f`` in float64 in stored order, /
+    total, fp32."""
     s = FisherState(D, trim=0.0, max_clients=cap, precision="fp16" if fp16 else "fp32")
     for rnd, (client, w, seed) in enumerate(plan):
         s.update(client, _fisher(np.random.default_rng(seed)), w, rnd)
@@ -146,7 +168,8 @@ def test_mean_prior_is_the_float64_sum_over_the_stored_estimates_to_the_bit(plan
 
 
 def test_state_written_with_a_running_sum_still_loads():
-    """A checkpoint of the earlier layout (running sum and total weight stored) restores; the prior is recomputed."""
+    """A checkpoint of the earlier layout (running sum and total weight stored) restores; the prior
+    is recomputed."""
     rng = np.random.default_rng(13)
     s = FisherState(D, trim=0.0)
     for c in range(3):
@@ -199,7 +222,11 @@ def test_prior_weights_matter():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    plan=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 1000), st.floats(1e-3, 1e3)), min_size=1, max_size=12),
+    plan=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(1, 1000), st.floats(1e-3, 1e3)),
+        min_size=1,
+        max_size=12,
+    ),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_prior_hypothesis(plan, seed):
@@ -369,10 +396,18 @@ def test_empty_state_round_trip():
 
 
 def test_serialised_rows_stay_in_place_and_the_mean_prior_resumes_to_the_bit():
-    """Only the uploading client's row (and the small arrays) change; restore gives the same prior bits."""
+    """Only the uploading client's row (and the small arrays) change; restore gives the same prior
+    bits."""
     rng = np.random.default_rng(5)
     s = FisherState(D, trim=0.0, max_clients=3)
-    for client, rnd in ((1, 1), (2, 1), (3, 1), (1, 2), (4, 3), (2, 4)):  # re-uploads and an eviction
+    for client, rnd in (
+        (1, 1),
+        (2, 1),
+        (3, 1),
+        (1, 2),
+        (4, 3),
+        (2, 4),
+    ):  # re-uploads and an eviction
         s.update(client, _fisher(rng), float(rng.integers(1, 50)), rnd)
     before = s.to_bytes()
     s.update(4, _fisher(rng), 7.0, 5)  # a re-upload: stored are 1, 4 and 2
@@ -393,14 +428,20 @@ def test_serialised_rows_stay_in_place_and_the_mean_prior_resumes_to_the_bit():
 
 
 def test_extra_members_follow_the_state_in_one_archive():
-    """A method's own arrays ride in the state's archive: the estimates stay in place, both read back."""
+    """A method's own arrays ride in the state's archive: the estimates stay in place, both read
+    back."""
     rng = np.random.default_rng(11)
     s = FisherState(D, trim=0.0)
     for client in (1, 2):
         s.update(client, _fisher(rng), 5.0, 1)
-    held = {"held_bits": rng.integers(0, 256, size=(2, (D + 7) // 8), dtype=np.uint8), "held_d": np.array(D)}
+    held = {
+        "held_bits": rng.integers(0, 256, size=(2, (D + 7) // 8), dtype=np.uint8),
+        "held_d": np.array(D),
+    }
     plain, joined = s.to_bytes(), s.to_bytes(extra=held)
-    rows_end = plain.find(b"slots.npy")  # the estimates keep their offsets (incremental checkpoints rely on it)
+    rows_end = plain.find(
+        b"slots.npy"
+    )  # the estimates keep their offsets (incremental checkpoints rely on it)
     assert rows_end > 0 and joined[:rows_end] == plain[:rows_end]
     with np.load(io.BytesIO(joined), allow_pickle=False) as z:
         assert z["held_bits"].tobytes() == held["held_bits"].tobytes() and int(z["held_d"]) == D

@@ -1,4 +1,5 @@
-"""``fibos check-gpu`` on a machine without a GPU: the CPU side of every check, its comparisons and its report."""
+"""``fibos check-gpu`` on a machine without a GPU: the CPU side of every check, its comparisons and
+its report."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_relative_distance_and_topk_overlap_are_exact() -> None:
     assert topk_overlap(x, -x, 1 / 6) == 0.0
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of a machine without a GPU")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal of a machine without a GPU"
+)
 def test_a_cuda_node_without_a_gpu_refuses_at_discovery_with_the_reason() -> None:
     check = gpu_check.discovery(CPU)
     assert check.status == "pass", check
@@ -51,9 +54,13 @@ def test_training_and_fisher_compare_the_cpu_with_itself_exactly() -> None:
 
 def test_a_lora_round_on_the_tiny_text_model(text_setup) -> None:
     model_path, data_path = text_setup
-    check = gpu_check.lora(CPU, model_path, {"dataset": "ag_news", "data-path": data_path, "text-length": 12})
+    check = gpu_check.lora(
+        CPU, model_path, {"dataset": "ag_news", "data-path": data_path, "text-length": 12}
+    )
     assert check.status == "pass", check
-    assert [r["capacity"] for r in check.rows] == [1.0, 0.25] and check.rows[0]["update_rel_diff"] == 0.0
+    assert [r["capacity"] for r in check.rows] == [1.0, 0.25] and check.rows[0][
+        "update_rel_diff"
+    ] == 0.0
     assert gpu_check.lora(CPU, None, {}).status == "skipped"
 
 
@@ -62,8 +69,12 @@ def test_a_failing_path_is_a_failed_check_and_the_exit_status(tmp_path, monkeypa
         raise RuntimeError("the probe broke")
 
     monkeypatch.setattr(gpu_check, "probe", broken)
-    monkeypatch.setattr(gpu_check, "compare_rounds", lambda name, *a: Check(name, "pass", "stand-in"))
-    monkeypatch.setattr(gpu_check, "compare_fisher", lambda name, *a: Check(name, "pass", "stand-in"))
+    monkeypatch.setattr(
+        gpu_check, "compare_rounds", lambda name, *a: Check(name, "pass", "stand-in")
+    )
+    monkeypatch.setattr(
+        gpu_check, "compare_fisher", lambda name, *a: Check(name, "pass", "stand-in")
+    )
     code = gpu_check.main(["--out", str(tmp_path), "--no-federation"])
     assert code == 1
     report = json.loads((tmp_path / "gpu-check.json").read_text())
@@ -81,7 +92,10 @@ def test_a_failing_path_is_a_failed_check_and_the_exit_status(tmp_path, monkeypa
 
 
 def test_markdown_report_has_one_table_per_check_with_rows() -> None:
-    checks = [Check("a", "pass", "x|y", [{"capacity": 1.0, "s": 0.12345}]), Check("b", "skipped", "why")]
+    checks = [
+        Check("a", "pass", "x|y", [{"capacity": 1.0, "s": 0.12345}]),
+        Check("b", "skipped", "why"),
+    ]
     md = gpu_check.markdown_report(checks)
     assert "| a | pass | x/y |" in md and "| b | skipped | why |" in md
     assert "## a" in md and "| 1 | 0.123 |" in md and "## b" not in md
@@ -102,7 +116,10 @@ def test_the_launcher_puts_each_nodes_device_in_its_node_config(tmp_path) -> Non
     fed = LocalFederation([1.0, 0.25], tmp_path / "run", devices=["cuda", "cpu"])
     assert fed.node_config(0) == 'partition-id=0 num-partitions=2 capacity=1.0 device="cuda"'
     assert fed.node_config(1).endswith('capacity=0.25 device="cpu"')
-    assert LocalFederation([1.0], tmp_path / "run").node_config(0) == "partition-id=0 num-partitions=1 capacity=1.0"
+    assert (
+        LocalFederation([1.0], tmp_path / "run").node_config(0)
+        == "partition-id=0 num-partitions=1 capacity=1.0"
+    )
     with pytest.raises(ValueError, match="tpu"):
         LocalFederation([1.0], tmp_path / "run", devices=["tpu"])
     with pytest.raises(ValueError, match="one entry per SuperNode"):

@@ -1,4 +1,5 @@
-"""Hub dataset loaders on small local fixtures with each dataset's real schema (never a download)."""
+"""Hub dataset loaders on small local fixtures with each dataset's real schema (never a
+download)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,16 @@ def _fixture(name: str, n: int, rng) -> Dataset:
     """A few rows with the column names and feature types of the real hub dataset."""
     if name == "cifar10":
         feats = Features({"img": Image(), "label": ClassLabel(num_classes=10)})
-        return Dataset.from_dict({"img": _images(n, 32, "RGB", rng), "label": list(rng.integers(0, 10, n))}, feats)
+        return Dataset.from_dict(
+            {"img": _images(n, 32, "RGB", rng), "label": list(rng.integers(0, 10, n))}, feats
+        )
     if name == "cifar100":
         feats = Features(
-            {"img": Image(), "fine_label": ClassLabel(num_classes=100), "coarse_label": ClassLabel(num_classes=20)}
+            {
+                "img": Image(),
+                "fine_label": ClassLabel(num_classes=100),
+                "coarse_label": ClassLabel(num_classes=20),
+            }
         )
         return Dataset.from_dict(
             {
@@ -53,7 +60,9 @@ def _fixture(name: str, n: int, rng) -> Dataset:
         )
     if name == "fashion_mnist":
         feats = Features({"image": Image(), "label": ClassLabel(num_classes=10)})
-        return Dataset.from_dict({"image": _images(n, 28, "L", rng), "label": list(rng.integers(0, 10, n))}, feats)
+        return Dataset.from_dict(
+            {"image": _images(n, 28, "L", rng), "label": list(rng.integers(0, 10, n))}, feats
+        )
     if name == "femnist":
         feats = Features(
             {
@@ -87,7 +96,9 @@ def fixtures(tmp_path_factory):
     out = {}
     for name in HUB_DATASETS:
         with_test = name != "femnist"  # FEMNIST on the hub has a single train split
-        splits = {"train": _fixture(name, 40, rng)} | ({"test": _fixture(name, 12, rng)} if with_test else {})
+        splits = {"train": _fixture(name, 40, rng)} | (
+            {"test": _fixture(name, 12, rng)} if with_test else {}
+        )
         disk = root / name / "disk"
         DatasetDict(splits).save_to_disk(str(disk))
         parquet = root / name / "parquet"
@@ -108,12 +119,17 @@ def test_loader_reads_local_copy_with_real_schema(fixtures, name, form):
     disk, parquet, with_test = fixtures[name]
     split = load_dataset(name, 0.25, 0, str(disk if form == "disk" else parquet))
     spec = HUB_DATASETS[name]
-    assert len(split.train) == (40 if with_test else 30) and len(split.test) == (12 if with_test else 10)
+    assert len(split.train) == (40 if with_test else 30) and len(split.test) == (
+        12 if with_test else 10
+    )
     assert split.train.num_classes == spec.num_classes
     assert split.train.y.dtype == np.int64 and split.train.y.max() < spec.num_classes
     if spec.channels:
         side = 32 if spec.channels == 3 else 28
-        assert split.train.x.shape[1:] == (spec.channels, side, side) and split.train.x.dtype == np.uint8
+        assert (
+            split.train.x.shape[1:] == (spec.channels, side, side)
+            and split.train.x.dtype == np.uint8
+        )
     else:
         assert split.train.x.shape[1:] == (64,) and split.train.x.dtype == np.int64
     assert (split.train.groups is not None) == (name == "femnist")
@@ -129,13 +145,17 @@ def test_loader_rejects_wrong_schema(tmp_path):
 
 def test_cifar10_fixture_trains_through_the_client_code(fixtures):
     disk, _, _ = fixtures["cifar10"]
-    run = parse_run_config({"dataset": "cifar10", "data-path": str(disk), "partitioner": "iid", "batch-size": 8})
+    run = parse_run_config(
+        {"dataset": "cifar10", "data-path": str(disk), "partitioner": "iid", "batch-size": 8}
+    )
     data = derive_local_data(run, NodeConfig(partition_id=0, num_partitions=2, capacity=0.5))
     model = build_model("cnn", 10, 3, 0)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
     mask = np.ones(layout.size, dtype=bool)
-    res = train_masked(model, layout, x, mask, data.train, TrainConfig(1, 8, 0.05), torch.device("cpu"))
+    res = train_masked(
+        model, layout, x, mask, data.train, TrainConfig(1, 8, 0.05), torch.device("cpu")
+    )
     assert np.isfinite(res.loss) and not np.array_equal(res.params, x)
     loss, acc = evaluate(model, data.test, torch.device("cpu"))
     assert np.isfinite(loss) and 0 <= acc <= 1
@@ -148,7 +168,9 @@ def test_femnist_natural_partition_is_one_writer_per_client(fixtures):
     writers = len(np.unique(pool.groups))
     seen = []
     for pid in range(writers):
-        data = derive_local_data(run, NodeConfig(partition_id=pid, num_partitions=writers, capacity=1.0))
+        data = derive_local_data(
+            run, NodeConfig(partition_id=pid, num_partitions=writers, capacity=1.0)
+        )
         seen.append(len(data.train) + len(data.test))
     assert sum(seen) == len(pool)
     with pytest.raises(ValueError, match="groups"):
@@ -165,23 +187,33 @@ def test_text_and_natural_partition_config_guards():
 
 
 @pytest.mark.parametrize("name", ["cifar10", "femnist", "ag_news"])
-def test_a_node_decodes_only_its_own_partition_and_gets_what_the_whole_pool_gave(fixtures, name, monkeypatch):
+def test_a_node_decodes_only_its_own_partition_and_gets_what_the_whole_pool_gave(
+    fixtures, name, monkeypatch
+):
     import common.data.hub as hf
     from common.data.partitioning import partition_indices
 
     disk, _, _ = fixtures[name]
     partitioner = "natural" if name == "femnist" else "dirichlet"
     model = {"model": "fasttext"} if name == "ag_news" else {}
-    run = parse_run_config({"dataset": name, "data-path": str(disk), "partitioner": partitioner, "seed": 3, **model})
+    run = parse_run_config(
+        {"dataset": name, "data-path": str(disk), "partitioner": partitioner, "seed": 3, **model}
+    )
     pool = load_dataset(name, run.test_fraction, run.seed, str(disk)).train
     parts = len(np.unique(pool.groups)) if name == "femnist" else 3
     decoded = []
     convert = hf._convert
-    monkeypatch.setattr(hf, "_convert", lambda n, ds, encode=None: decoded.append(len(ds)) or convert(n, ds, encode))
+    monkeypatch.setattr(
+        hf, "_convert", lambda n, ds, encode=None: decoded.append(len(ds)) or convert(n, ds, encode)
+    )
     for pid in range(parts):
         decoded.clear()
-        data = derive_local_data(run, NodeConfig(partition_id=pid, num_partitions=parts, capacity=1.0))
-        idx = partition_indices(pool.y, partitioner, parts, pid, run.seed, run.dirichlet_alpha, groups=pool.groups)
+        data = derive_local_data(
+            run, NodeConfig(partition_id=pid, num_partitions=parts, capacity=1.0)
+        )
+        idx = partition_indices(
+            pool.y, partitioner, parts, pid, run.seed, run.dirichlet_alpha, groups=pool.groups
+        )
         assert decoded == [idx.size]  # the partition's rows only, not the pool's
         got = np.concatenate([data.train.y, data.test.y])
         assert sorted(got.tolist()) == sorted(pool.y[idx].tolist())

@@ -50,7 +50,10 @@ def test_masked_training_leaves_absent_classifier_rows_alone(label_mask):
     head_w, head_b = layout.names[-2], layout.names[-1]  # the classifier is the last layer
     absent = [c for c in range(10) if c not in (3, 7)]
     for name in (head_w, head_b):
-        before, after = _classifier_rows(layout, x, name), _classifier_rows(layout, res.params, name)
+        before, after = (
+            _classifier_rows(layout, x, name),
+            _classifier_rows(layout, res.params, name),
+        )
         moved = np.any(before[absent] != after[absent])
         assert moved != label_mask  # without masking every absent class is pushed toward "no"
         assert np.any(before[[3, 7]] != after[[3, 7]])
@@ -66,7 +69,9 @@ def test_structured_training_masks_too():
     train_small(model, data, TrainConfig(epochs=1, batch_size=16, lr=0.1, label_mask=True), CPU)
     after = model.state_dict()[head]
     absent = [c for c in range(10) if c not in (3, 7)]
-    assert torch.equal(before[absent], after[absent]) and not torch.equal(before[[3, 7]], after[[3, 7]])
+    assert torch.equal(before[absent], after[absent]) and not torch.equal(
+        before[[3, 7]], after[[3, 7]]
+    )
 
 
 def test_label_mask_config():

@@ -25,16 +25,27 @@ BAD_SETTINGS = [
     (["--capacities", "1,,1"], "--capacities='1,,1': item 2 is empty"),
     (["--capacities", "1,1/4,"], "item 3 is empty"),
     (["-c", "data-path='/nonexistent'"], "data-path='/nonexistent'"),
-    (["-c", "dataset='cifar10' data-path='/nonexistent'"], "data-path='/nonexistent': no such file"),
-    (["-c", "dataset='ag_news' model='hf' model-path='/nonexistent'"], "model-path='/nonexistent': no such model"),
+    (
+        ["-c", "dataset='cifar10' data-path='/nonexistent'"],
+        "data-path='/nonexistent': no such file",
+    ),
+    (
+        ["-c", "dataset='ag_news' model='hf' model-path='/nonexistent'"],
+        "model-path='/nonexistent': no such model",
+    ),
     (["--rounds", "2", "-c", "num-rounds=3"], "num-rounds=3 (from -c) and --rounds 2"),
     (["-c", "results-dir='/elsewhere'"], "results-dir='/elsewhere' (from -c) and --results"),
-    (["-c", "capacity-mix='1,1/4'"], "capacity-mix='1,1/4': applies only to nodes without a capacity"),
+    (
+        ["-c", "capacity-mix='1,1/4'"],
+        "capacity-mix='1,1/4': applies only to nodes without a capacity",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("argv", "named"), BAD_SETTINGS)
-def test_each_bad_setting_is_refused_before_any_process_starts(argv, named, tmp_path, capsys, no_process):
+def test_each_bad_setting_is_refused_before_any_process_starts(
+    argv, named, tmp_path, capsys, no_process
+):
     results = tmp_path / "run"
     started = time.monotonic()
     try:
@@ -61,7 +72,16 @@ def test_matching_flag_and_key_are_accepted(tmp_path):
 
 def test_the_command_line_exits_non_zero_with_the_key_on_stderr(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "cli.fibos", "local", "--results", str(tmp_path / "run"), "-c", "lr=-1"],
+        [
+            sys.executable,
+            "-m",
+            "cli.fibos",
+            "local",
+            "--results",
+            str(tmp_path / "run"),
+            "-c",
+            "lr=-1",
+        ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -87,8 +107,8 @@ def test_a_dead_holder_frees_the_folder(tmp_path):
             sys.executable,
             "-c",
             "import sys, time; from cli.run_folder import RunFolderLock; "
-            f"RunFolderLock(__import__('pathlib').Path({str(tmp_path)!r})).acquire(); print('held', flush=True); "
-            "time.sleep(600)",
+            f"RunFolderLock(__import__('pathlib').Path({str(tmp_path)!r})).acquire(); "
+            "print('held', flush=True); time.sleep(600)",
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -117,7 +137,8 @@ def test_each_launch_gets_its_own_log_folder_and_latest_follows(tmp_path):
 
 
 def test_a_failed_run_names_its_last_error_line(tmp_path):
-    """``flwr run`` exits 0 when the ServerApp raised; the launcher still fails, with the exception line."""
+    """``flwr run`` exits 0 when the ServerApp raised; the launcher still fails, with the exception
+    line."""
     script = (
         "print('INFO : starting');"
         "print('\\x1b[91mERROR \\x1b[0m:     ServerApp raised an exception');"
@@ -129,31 +150,48 @@ def test_a_failed_run_names_its_last_error_line(tmp_path):
     log = tmp_path / "serverapp.log"
     echoed: list[str] = []
     with pytest.raises(RuntimeError) as err:
-        launcher.run_federation_command([sys.executable, "-c", script], dict(os.environ), log, 60, echoed.append)
-    assert "the run failed: common.config.schema.ConfigError: lr=-1: Input should be greater than 0" in str(err.value)
+        launcher.run_federation_command(
+            [sys.executable, "-c", script], dict(os.environ), log, 60, echoed.append
+        )
+    assert (
+        "the run failed: common.config.schema.ConfigError: lr=-1: Input should be greater than 0"
+        in str(err.value)
+    )
     assert str(log) in str(err.value)
     boxed = (
         "print('\\u256d\\u2500 Error \\u2500\\u256e');"
         "print('\\u2502 Connection to the SuperLink is unavailable. \\u2502');"
-        "print('\\u2502 Please check your network. \\u2502'); print('\\u2570\\u2500\\u256f'); raise SystemExit(1)"
+        "print('\\u2502 Please check your network. \\u2502'); print('\\u2570\\u2500\\u256f'); "
+        "raise SystemExit(1)"
     )
-    with pytest.raises(RuntimeError, match="Connection to the SuperLink is unavailable. Please check your network."):
-        launcher.run_federation_command([sys.executable, "-c", boxed], dict(os.environ), log, 60, echoed.append)
+    with pytest.raises(
+        RuntimeError, match="Connection to the SuperLink is unavailable. Please check your network."
+    ):
+        launcher.run_federation_command(
+            [sys.executable, "-c", boxed], dict(os.environ), log, 60, echoed.append
+        )
 
 
 def test_the_timeout_is_kept_by_the_clock_while_the_run_prints_nothing(tmp_path):
-    """A run waiting for a node that never comes prints nothing; ``--timeout`` must end it all the same."""
+    """A run waiting for a node that never comes prints nothing; ``--timeout`` must end it all the
+    same."""
     script = "import time; print('INFO : waiting for nodes', flush=True); time.sleep(60)"
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="exceeded 1 s and was stopped"):
         launcher.run_federation_command(
-            [sys.executable, "-c", script], dict(os.environ), tmp_path / "serverapp.log", 1.0, lambda line: None
+            [sys.executable, "-c", script],
+            dict(os.environ),
+            tmp_path / "serverapp.log",
+            1.0,
+            lambda line: None,
         )
     assert time.monotonic() - started < 15  # it used to wait for the next line: here, 60 s
     assert "waiting for nodes" in (tmp_path / "serverapp.log").read_text()
 
 
-def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(capsys, monkeypatch):
+def test_a_submission_through_the_control_api_is_validated_before_anything_is_sent(
+    capsys, monkeypatch
+):
     from cli import control
 
     def refuse(*args, **kwargs):
@@ -161,7 +199,9 @@ def test_a_submission_through_the_control_api_is_validated_before_anything_is_se
 
     monkeypatch.setattr(control.subprocess, "run", refuse)
     monkeypatch.setattr(control.subprocess, "Popen", refuse)
-    code = control.main(["submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(ROOT), "-c", "lr=-1"])
+    code = control.main(
+        ["submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(ROOT), "-c", "lr=-1"]
+    )
     assert code == 2
     assert "lr=-1" in capsys.readouterr().err
 
@@ -175,5 +215,7 @@ def test_the_schema_refuses_empty_capacity_items_and_a_data_path_without_use():
         with pytest.raises(ConfigError, match="capacity-mix=.*is empty"):
             parse_run_config({"capacity-mix": bad})
     for dataset in ("digits", "mnist5k"):
-        with pytest.raises(ConfigError, match=f"data-path='/data' is set, but dataset='{dataset}' is built in"):
+        with pytest.raises(
+            ConfigError, match=f"data-path='/data' is set, but dataset='{dataset}' is built in"
+        ):
             parse_run_config({"dataset": dataset, "data-path": "/data"})

@@ -78,7 +78,9 @@ def test_row_ids_follow_row_major_flattening():
     flat = layout.flatten(arrays)
     conv_rows = layout.row_ids[:72]
     for r in range(4):
-        np.testing.assert_array_equal(flat[:72][conv_rows == r], arrays["conv.weight"][r].reshape(-1))
+        np.testing.assert_array_equal(
+            flat[:72][conv_rows == r], arrays["conv.weight"][r].reshape(-1)
+        )
 
 
 def test_always_kept_marks_exactly_the_1d_and_scalar_tensors():
@@ -147,7 +149,9 @@ def test_flatten_misshapen_tensor_raises(bad_shape):
         layout.flatten(arrays)
 
 
-@pytest.mark.parametrize("bad", [lambda d: np.zeros(d - 1), lambda d: np.zeros(d + 1), lambda d: np.zeros((1, d))])
+@pytest.mark.parametrize(
+    "bad", [lambda d: np.zeros(d - 1), lambda d: np.zeros(d + 1), lambda d: np.zeros((1, d))]
+)
 def test_unflatten_wrong_shape_raises(bad):
     layout = _layout()
     with pytest.raises(ValueError):

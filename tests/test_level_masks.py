@@ -1,4 +1,5 @@
-"""Per-level masks: computed once while the model and the ranking stay the same, and equal to a fresh selection."""
+"""Per-level masks: computed once while the model and the ranking stay the same, and equal to a
+fresh selection."""
 
 from __future__ import annotations
 
@@ -56,7 +57,10 @@ def _fedfibos():
 
 def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
     method = _fedfibos()
-    guards = (method.guards.min_per_row, method.guards.keep_vectors)  # the run's guards, whatever their defaults
+    guards = (
+        method.guards.min_per_row,
+        method.guards.keep_vectors,
+    )  # the run's guards, whatever their defaults
     power = method.opts.fisher_power  # F^power x^2, whatever the default
     x = _x(1)
     before, source = method.mask_for(None, 1, 0.25, x)  # no Fisher yet: magnitude
@@ -77,10 +81,14 @@ def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
     own_estimate = powered(method.fisher.estimate("a", 2), power)
     assert np.array_equal(own, select_mask(LAYOUT, x, 0.25, "fisher", own_estimate, *guards))
     assert method.level_masks.misses == 3  # magnitude 0.25, prior 0.25, prior 0.0625
-    method.fisher.update("e", rng.lognormal(0, 2, D).astype(np.float32), 5.0, 2)  # the prior changes
+    method.fisher.update(
+        "e", rng.lognormal(0, 2, D).astype(np.float32), 5.0, 2
+    )  # the prior changes
     after, _ = method.mask_for(None, 3, 0.25, x)
     prior = powered(method.fisher.global_prior(), power)
     assert np.array_equal(after, select_mask(LAYOUT, x, 0.25, "fisher", prior, *guards))
-    method.load_state(method.state_bytes())  # a restored state is a new object: nothing stale is reused
+    method.load_state(
+        method.state_bytes()
+    )  # a restored state is a new object: nothing stale is reused
     again, _ = method.mask_for(None, 3, 0.25, x)
     assert again is not after and np.array_equal(again, after)

@@ -1,5 +1,5 @@
-"""First-order MAML local steps (``meta-learning = "fomaml"``): the meta-gradient against a hand computation,
-masks kept, the methods it wraps, and a federation that meta-trains."""
+"""First-order MAML local steps (``meta-learning = "fomaml"``): the meta-gradient against a hand
+computation, masks kept, the methods it wraps, and a federation that meta-trains."""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ from tests.inprocess_grid import inprocess_federation
 
 
 def _reference(model: nn.Module, x, y, lr: float, steps: int) -> list[torch.Tensor]:
-    """FO-MAML by hand: adapt a copy of the weights on the first half, the second half's gradient there."""
+    """FO-MAML by hand: adapt a copy of the weights on the first half, the second half's gradient
+    there."""
     loss_fn = nn.CrossEntropyLoss()
     half = len(x) // 2
     w = [p.detach().clone().requires_grad_(True) for p in model.parameters()]
 
     def forward(weights, inputs):
-        return torch.func.functional_call(model, dict(zip([n for n, _ in model.named_parameters()], weights)), inputs)
+        return torch.func.functional_call(
+            model, dict(zip([n for n, _ in model.named_parameters()], weights)), inputs
+        )
 
     for _ in range(steps):
         g = torch.autograd.grad(loss_fn(forward(w, x[:half]), y[:half]), w)
@@ -49,7 +52,10 @@ def test_a_batch_of_one_adapts_and_scores_on_the_same_example():
     model = nn.Linear(4, 2)
     x, y = torch.randn(1, 4), torch.tensor([1])
     first_order_maml_backward(model, nn.CrossEntropyLoss(), x, y, 0.5, 1)
-    doubled = torch.cat([x, x]), torch.cat([y, y])  # halves of one example each: the same computation
+    doubled = (
+        torch.cat([x, x]),
+        torch.cat([y, y]),
+    )  # halves of one example each: the same computation
     want = _reference(model, *doubled, 0.5, 1)
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, g)
@@ -65,12 +71,17 @@ def test_a_masked_submodel_meta_trains_only_where_it_is_held():
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
     mask = np.random.default_rng(0).random(layout.size) < 0.25
-    cfg = TrainConfig(epochs=1, batch_size=16, lr=0.1, seed=2, meta_inner_lr=0.05, meta_inner_steps=2)
-    result = train_masked(model, layout, x, mask, _digits(), cfg, torch.device("cpu"), measure_fisher=False)
+    cfg = TrainConfig(
+        epochs=1, batch_size=16, lr=0.1, seed=2, meta_inner_lr=0.05, meta_inner_steps=2
+    )
+    result = train_masked(
+        model, layout, x, mask, _digits(), cfg, torch.device("cpu"), measure_fisher=False
+    )
     assert np.all(result.params[~mask] == 0)
     assert np.any(result.params[mask] != x[mask])
     plain = train_masked(
-        build_model("cnn-bn", 10, 1, 0), layout, x, mask, _digits(), TrainConfig(1, 16, 0.1, seed=2),
+        build_model("cnn-bn", 10, 1, 0), layout, x, mask, _digits(), TrainConfig(1, 16, 0.1,
+                                                                                 seed=2),
         torch.device("cpu"), measure_fisher=False,
     )  # fmt: skip
     assert not np.array_equal(plain.params, result.params)
@@ -80,7 +91,10 @@ def test_a_masked_submodel_meta_trains_only_where_it_is_held():
     ("settings", "match"),
     [
         ({"method": "cahfp"}, "cannot wrap method='cahfp'"),
-        ({"method": "lora", "model": "hf", "model-path": "x", "dataset": "ag_news"}, "meta-learning"),
+        (
+            {"method": "lora", "model": "hf", "model-path": "x", "dataset": "ag_news"},
+            "meta-learning",
+        ),
         ({"fisher-estimator": "path"}, 'fisher-estimator="path"'),
         ({"dp-epsilon": 8, "model": "cnn", "label-mask": False}, "meta-learning"),
         ({"meta-inner-lr": 0}, "meta-inner-lr"),
@@ -94,7 +108,10 @@ def test_what_meta_learning_cannot_wrap_is_refused_naming_the_key(settings, matc
 
 def test_meta_learning_wraps_the_element_wise_methods():
     for method in ("fedavg", "fedfibos", "fiarse", "heterofl", "fedrolex", "fedgmr"):
-        assert parse_run_config({"meta-learning": "fomaml", "method": method}).meta_learning == "fomaml"
+        assert (
+            parse_run_config({"meta-learning": "fomaml", "method": method}).meta_learning
+            == "fomaml"
+        )
 
 
 def test_a_two_round_federation_meta_trains_each_nodes_submodel(tmp_path, monkeypatch):
@@ -103,9 +120,13 @@ def test_a_two_round_federation_meta_trains_each_nodes_submodel(tmp_path, monkey
     finals = {}
     for meta in ("off", "fomaml"):
         fed = inprocess_federation({**run, "meta-learning": meta}, {31: 1.0, 32: 0.25, 33: 0.0625})
-        fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn)
+        fed.strategy.start(
+            fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn
+        )
         last = fed.records[-1]
         assert 0 <= last["global"]["accuracy"] <= 1 and 0 <= last["local"]["adapted_accuracy"] <= 1
         assert all(c["status"] == "ok" for c in last["clients"])
         finals[meta] = fed.strategy.x.copy()
-    assert not np.array_equal(finals["off"], finals["fomaml"])  # the meta steps moved the model otherwise
+    assert not np.array_equal(
+        finals["off"], finals["fomaml"]
+    )  # the meta steps moved the model otherwise

@@ -1,4 +1,5 @@
-"""A method defined entirely in this file runs a federation; method names are compared only in the methods package."""
+"""A method defined entirely in this file runs a federation; method names are compared only in the
+methods package."""
 
 from __future__ import annotations
 
@@ -44,9 +45,21 @@ def random_topk():
 
 def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp_path, monkeypatch):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    run_config = {"method": "random-topk", "num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 3}
+    run_config = {
+        "method": "random-topk",
+        "num-rounds": 2,
+        "local-epochs": 1,
+        "eval-every": 1,
+        "seed": 3,
+    }
     fed = inprocess_federation(run_config, {11: 1.0, 12: 0.25, 13: 0.0625})
-    grid, strategy, records, x0, layout = fed.grid, fed.strategy, fed.records, fed.x0, fed.strategy.layout
+    grid, strategy, records, x0, layout = (
+        fed.grid,
+        fed.strategy,
+        fed.records,
+        fed.x0,
+        fed.strategy.layout,
+    )
     assert isinstance(strategy.method, RandomTopK)
     result = strategy.start(
         grid,
@@ -66,14 +79,22 @@ def test_a_method_defined_in_a_test_runs_a_two_round_federation(random_topk, tmp
         assert rec["local"] is not None and 0 <= rec["local"]["accuracy"] <= 1
         assert set(rec["global"]["per_capacity"]) == {"1", "0.25", "0.0625"}
     assert not np.array_equal(strategy.x, x0)  # the replies were aggregated
-    # Each client draws its own mask: the README's example seeds by the client's key, not by its length.
+    # Each client draws its own mask: the README's example seeds by the client's key, not by its
+    # length.
     masks = {k: strategy.method.mask_for(k, 1, 0.25, x0)[0] for k in ("partition-1", "partition-2")}
     assert not np.array_equal(masks["partition-1"], masks["partition-2"])
-    assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(result.evaluate_metrics_serverapp) == [1, 2]
+    assert sorted(result.train_metrics_clientapp) == [1, 2] and sorted(
+        result.evaluate_metrics_serverapp
+    ) == [1, 2]
     assert records[-1]["global"]["accuracy"] == result.evaluate_metrics_serverapp[2]["accuracy"]
-    by_type = {t: [m for m in grid.handled if m.metadata.message_type == t] for t in ("train", "evaluate")}
+    by_type = {
+        t: [m for m in grid.handled if m.metadata.message_type == t] for t in ("train", "evaluate")
+    }
     assert len(by_type["train"]) == len(by_type["evaluate"]) == 6
-    for kind, msgs in by_type.items():  # Strategy.start's train_config / evaluate_config reach every node
+    for (
+        kind,
+        msgs,
+    ) in by_type.items():  # Strategy.start's train_config / evaluate_config reach every node
         assert all(m.content.config_records[P.CONFIG]["note"] == kind for m in msgs)
 
 
@@ -99,7 +120,8 @@ def test_registry_lists_every_method_and_rejects_unknown_names():
 
 
 def _method_name_comparisons(path: Path, names: set[str]) -> list[str]:
-    """``==``, ``!=``, ``in`` or ``not in`` comparisons with a method name literal in a source file."""
+    """``==``, ``!=``, ``in`` or ``not in`` comparisons with a method name literal in a source
+    file."""
     found = []
 
     def literals(node: ast.AST) -> list[str]:
@@ -111,7 +133,9 @@ def _method_name_comparisons(path: Path, names: set[str]) -> list[str]:
 
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Compare):
-            hits = [v for side in (node.left, *node.comparators) for v in literals(side) if v in names]
+            hits = [
+                v for side in (node.left, *node.comparators) for v in literals(side) if v in names
+            ]
             if hits:
                 found.append(f"{path}:{node.lineno}: {hits}")
         elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
@@ -131,10 +155,15 @@ def test_no_method_name_comparison_outside_the_methods_package():
     ]
     assert len(sources) > 30
     offenders = [hit for p in sources for hit in _method_name_comparisons(p, names)]
-    assert offenders == [], "method-specific behaviour belongs in common/methods/<name>.py:\n" + "\n".join(offenders)
+    assert offenders == [], (
+        "method-specific behaviour belongs in common/methods/<name>.py:\n" + "\n".join(offenders)
+    )
 
 
 def test_the_name_check_finds_comparisons(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text('def f(m, cfg):\n    return m == "fiarse" or cfg.method in ("heterofl", "x") or m == "other"\n')
+    sample.write_text(
+        'def f(m, cfg):\n    return m == "fiarse" or cfg.method in ("heterofl", "x") or m == '
+        '"other"\n'
+    )
     assert len(_method_name_comparisons(sample, set(registry()))) == 2

@@ -1,4 +1,5 @@
-"""A node's own data: the layouts it is read from, the label space, the one image transform, and bad input."""
+"""A node's own data: the layouts it is read from, the label space, the one image transform, and bad
+input."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from common.data.catalog import parse_classes
 from common.data.local_split import derive_local_data
-from common.data.node_data import InputSpec, LabelSpace, NodeDataError, image_to_input, read_node_data
+from common.data.node_data import (
+    InputSpec,
+    LabelSpace,
+    NodeDataError,
+    image_to_input,
+    read_node_data,
+)
 from tests.image_folders import digits_arrays, write_image_folder
 
 DIGITS = tuple(str(i) for i in range(10))
@@ -19,11 +26,15 @@ GREY8 = InputSpec("image", 8, 1)
 
 
 def _words(texts):
-    """A stand-in text encoder: the length of each text's words (enough to see which text went where)."""
-    return np.asarray([[len(w) for w in t.split()[:4]] + [0] * (4 - len(t.split()[:4])) for t in texts], np.int64)
+    """A stand-in text encoder: the length of each text's words (enough to see which text went
+    where)."""
+    return np.asarray(
+        [[len(w) for w in t.split()[:4]] + [0] * (4 - len(t.split()[:4])) for t in texts], np.int64
+    )
 
 
-# ------------------------------------------------------------------ the transform and the label space
+# ------------------------------------------------------------------ the transform and the label
+# space
 def test_the_image_transform_gives_the_runs_channels_and_size_as_uint8():
     rgb = Image.fromarray(np.full((20, 30, 3), (255, 0, 0), np.uint8), mode="RGB")
     grey = image_to_input(rgb, 8, 1)
@@ -33,13 +44,20 @@ def test_the_image_transform_gives_the_runs_channels_and_size_as_uint8():
     assert colour.shape == (3, 12, 12)
     assert np.all(colour[0] == 255) and np.all(colour[1:] == 0)
     same = Image.fromarray(np.arange(64, dtype=np.uint8).reshape(8, 8), mode="L")
-    assert np.array_equal(image_to_input(same, 8, 1)[0], np.arange(64).reshape(8, 8))  # no resize at size
+    assert np.array_equal(
+        image_to_input(same, 8, 1)[0], np.arange(64).reshape(8, 8)
+    )  # no resize at size
 
 
 def test_classes_are_names_or_a_count():
     assert parse_classes("cat, dog,bird") == ("cat", "dog", "bird")
     assert parse_classes("3") == ("0", "1", "2")
-    for bad, why in (("1", "at least 2"), ("cat", "at least 2"), ("cat,,dog", "empty"), ("a,b,a", "more than once")):
+    for bad, why in (
+        ("1", "at least 2"),
+        ("cat", "at least 2"),
+        ("cat,,dog", "empty"),
+        ("a,b,a", "more than once"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_classes(bad)
 
@@ -71,7 +89,9 @@ def test_an_image_folder_is_read_with_the_runs_class_indices(tmp_path):
     assert data.report.layout == "image-folder" and data.report.held_classes == ("3", "7")
     images, labels = digits_arrays()
     first3 = np.flatnonzero(labels == 3)[0]
-    assert any(np.array_equal(x[0], images[first3]) for x in data.train.x)  # pixels survive the round trip
+    assert any(
+        np.array_equal(x[0], images[first3]) for x in data.train.x
+    )  # pixels survive the round trip
 
 
 def test_an_image_folder_with_a_readme_beside_its_classes_is_still_an_image_folder(tmp_path):
@@ -81,7 +101,9 @@ def test_an_image_folder_with_a_readme_beside_its_classes_is_still_an_image_fold
     with pytest.raises(NodeDataError, match="holds text lines, but the run's model takes images"):
         read_node_data(root / "README.txt", DIGITS, GREY8)
     with pytest.raises(NodeDataError, match="is an image folder, but the run's model takes text"):
-        read_node_data(write_image_folder(tmp_path / "only", {2: 1}), DIGITS, InputSpec("text", encode=_words))
+        read_node_data(
+            write_image_folder(tmp_path / "only", {2: 1}), DIGITS, InputSpec("text", encode=_words)
+        )
 
 
 def test_an_image_folder_with_a_class_outside_the_run_is_refused(tmp_path):
@@ -109,15 +131,22 @@ def test_a_save_to_disk_folder_with_class_label_and_its_own_test_split(tmp_path)
     import datasets
 
     images, labels = digits_arrays()
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(DIGITS))})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(DIGITS))}
+    )
 
     def part(lo, hi):
         return datasets.Dataset.from_dict(
-            {"image": [Image.fromarray(i, mode="L") for i in images[lo:hi]], "label": labels[lo:hi].tolist()},
+            {
+                "image": [Image.fromarray(i, mode="L") for i in images[lo:hi]],
+                "label": labels[lo:hi].tolist(),
+            },
             features=features,
         )
 
-    datasets.DatasetDict({"train": part(0, 30), "test": part(30, 40)}).save_to_disk(str(tmp_path / "hf"))
+    datasets.DatasetDict({"train": part(0, 30), "test": part(30, 40)}).save_to_disk(
+        str(tmp_path / "hf")
+    )
     data = read_node_data(tmp_path / "hf", DIGITS, GREY8)
     assert data.report.layout == "hf-saved"
     assert len(data.train) == 30 and data.test is not None and len(data.test) == 10
@@ -128,9 +157,12 @@ def test_a_save_to_disk_folder_with_class_label_and_its_own_test_split(tmp_path)
 def test_a_save_to_disk_folder_whose_class_order_differs_is_refused(tmp_path):
     import datasets
 
-    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["1", "0"])})
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["1", "0"])}
+    )
     ds = datasets.Dataset.from_dict(
-        {"image": [Image.fromarray(np.zeros((8, 8), np.uint8))] * 2, "label": [0, 1]}, features=features
+        {"image": [Image.fromarray(np.zeros((8, 8), np.uint8))] * 2, "label": [0, 1]},
+        features=features,
     )
     ds.save_to_disk(str(tmp_path / "hf"))
     with pytest.raises(NodeDataError, match="class mapping differs"):
@@ -155,7 +187,9 @@ def test_a_table_without_the_label_or_input_column_is_refused_naming_the_key(tmp
     (tmp_path / "t" / "train.csv").write_text("text,target\nhello there,1\n")
     with pytest.raises(NodeDataError, match="no label column 'label'.*set label-column"):
         read_node_data(tmp_path / "t", ("0", "1"), InputSpec("text", encode=_words))
-    data = read_node_data(tmp_path / "t", ("0", "1"), InputSpec("text", encode=_words), label_column="target")
+    data = read_node_data(
+        tmp_path / "t", ("0", "1"), InputSpec("text", encode=_words), label_column="target"
+    )
     assert data.train.y.tolist() == [1]
     with pytest.raises(NodeDataError, match="no image column.*set input-column"):
         read_node_data(tmp_path / "t", ("0", "1"), GREY8, label_column="target")
@@ -163,18 +197,26 @@ def test_a_table_without_the_label_or_input_column_is_refused_naming_the_key(tmp
 
 def test_text_lines_with_label_names_and_a_test_file(tmp_path):
     (tmp_path / "tx").mkdir()
-    (tmp_path / "tx" / "train.tsv").write_text("pos\tgood film\nneg\tawful\nno tab here\nneg\t   \n\npos\tfine\n")
+    (tmp_path / "tx" / "train.tsv").write_text(
+        "pos\tgood film\nneg\tawful\nno tab here\nneg\t   \n\npos\tfine\n"
+    )
     (tmp_path / "tx" / "test.txt").write_text("neg\tbad bad\n")
     data = read_node_data(tmp_path / "tx", ("neg", "pos"), InputSpec("text", encode=_words))
     assert data.report.layout == "text-lines"
-    assert data.train.y.tolist() == [1, 0, 1] and data.test is not None and data.test.y.tolist() == [0]
+    assert (
+        data.train.y.tolist() == [1, 0, 1] and data.test is not None and data.test.y.tolist() == [0]
+    )
     assert data.train.x[0].tolist() == [4, 4, 0, 0]  # "good film" through the encoder
     assert data.report.skipped == {"line without label<TAB>text": 1, "empty text": 1}
 
 
 @pytest.mark.parametrize(
     ("files", "why"),
-    [(None, "no such file or folder"), ([], "no supported layout"), (["x.bin"], "no supported layout")],
+    [
+        (None, "no such file or folder"),
+        ([], "no supported layout"),
+        (["x.bin"], "no supported layout"),
+    ],
 )
 def test_a_missing_or_unrecognised_folder_is_refused_naming_it(tmp_path, files, why):
     root = tmp_path / "node"
@@ -217,18 +259,22 @@ def test_a_node_data_run_names_its_classes_and_needs_an_evaluation_without_a_ser
 def test_a_node_with_its_own_data_needs_no_partition_but_a_capacity():
     node = parse_node_config({"data-path": "/data", "capacity": 0.25})
     assert node.partition_id is None and node.data_path == "/data" and node.key.endswith(":/data")
-    assert parse_node_config({"data-path": "/d", "capacity": 1, "client-id": "cam-7"}).key == "cam-7"
+    assert (
+        parse_node_config({"data-path": "/d", "capacity": 1, "client-id": "cam-7"}).key == "cam-7"
+    )
     with pytest.raises(ConfigError, match="missing 'capacity'"):
         parse_node_config({"data-path": "/data"}, capacity_mix="1,1/4")
     with pytest.raises(ConfigError, match="missing 'num-partitions'"):
         parse_node_config({"data-path": "/data", "partition-id": 0, "capacity": 1})
-    assert parse_node_config({"data-path": "/d", "partition-id": 2, "num-partitions": 4, "capacity": 1}).key == (
-        "partition-2"
-    )
+    assert parse_node_config(
+        {"data-path": "/d", "partition-id": 2, "num-partitions": 4, "capacity": 1}
+    ).key == ("partition-2")
     with pytest.raises(ConfigError, match="missing 'partition-id'"):
         parse_node_config({"capacity": 1})
     with pytest.raises(ConfigError, match="label-column"):
-        parse_node_config({"partition-id": 0, "num-partitions": 1, "capacity": 1, "label-column": "y"})
+        parse_node_config(
+            {"partition-id": 0, "num-partitions": 1, "capacity": 1, "label-column": "y"}
+        )
 
 
 def test_local_data_splits_the_nodes_folder_and_refuses_less_than_one_batch(tmp_path):
@@ -240,18 +286,29 @@ def test_local_data_splits_the_nodes_folder_and_refuses_less_than_one_batch(tmp_
     with pytest.raises(NodeDataError, match="fewer than one batch"):
         derive_local_data(run, parse_node_config({"data-path": str(small), "capacity": 1}))
     with pytest.raises(NodeDataError, match="has no data-path"):
-        derive_local_data(run, parse_node_config({"partition-id": 0, "num-partitions": 1, "capacity": 1}))
-    with pytest.raises(NodeDataError, match="dataset='digits' is shared by the nodes: .* needs partition-id"):
-        derive_local_data(parse_run_config({}), parse_node_config({"data-path": str(root), "capacity": 1}))
-    # A node with both takes part in either kind of run: its partition here, its folder in a node-data run.
-    both = parse_node_config({"data-path": str(root), "partition-id": 1, "num-partitions": 4, "capacity": 1})
+        derive_local_data(
+            run, parse_node_config({"partition-id": 0, "num-partitions": 1, "capacity": 1})
+        )
+    with pytest.raises(
+        NodeDataError, match="dataset='digits' is shared by the nodes: .* needs partition-id"
+    ):
+        derive_local_data(
+            parse_run_config({}), parse_node_config({"data-path": str(root), "capacity": 1})
+        )
+    # A node with both takes part in either kind of run: its partition here, its folder in a
+    # node-data run.
+    both = parse_node_config(
+        {"data-path": str(root), "partition-id": 1, "num-partitions": 4, "capacity": 1}
+    )
     assert derive_local_data(parse_run_config({}), both).report is None
     assert derive_local_data(run, both).report is not None
 
 
-# ------------------------------------------------------------------ a federation on the nodes' own folders
+# ------------------------------------------------------------------ a federation on the nodes' own
+# folders
 def _node_folders(tmp_path):
-    """Three nodes with their own class balance, and one whose folder holds a class the run does not have."""
+    """Three nodes with their own class balance, and one whose folder holds a class the run does not
+    have."""
     big = write_image_folder(tmp_path / "n1", {d: 20 for d in range(10)})
     skewed = write_image_folder(tmp_path / "n2", {0: 30, 1: 30, 2: 5, 3: 5}, offset=20)
     (skewed / "2" / "torn.png").write_bytes(b"\x89PNG torn")
@@ -275,7 +332,9 @@ def test_three_nodes_on_their_own_folders_train_with_no_server_test_set(tmp_path
     run = {**NODE_RUN, "num-rounds": 2, "local-epochs": 1, "fisher-examples": 8}
     fed = inprocess_federation(run, dict.fromkeys(nodes, 1.0), node_configs=nodes)
     assert fed.evaluate_fn is None
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn)
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     records = [r for r in fed.records if r["round"] > 0]
     assert [r["round"] for r in records] == [1, 2]
     first = records[0]
@@ -285,7 +344,9 @@ def test_three_nodes_on_their_own_folders_train_with_no_server_test_set(tmp_path
     joined = {n["client_key"]: n for n in first["nodes_in"]}
     assert set(joined) == {"camera-1", "camera-2", "camera-3"}
     assert "skipped 1 (unreadable image)" in joined["camera-2"]["data"]
-    assert joined["camera-1"]["num_train"] == 160  # 200 images, 20 % kept for the node's own test split
+    assert (
+        joined["camera-1"]["num_train"] == 160
+    )  # 200 images, 20 % kept for the node's own test split
     for record in records:
         assert record["global"] == {}  # no server test set
         fed_figures = record["federated"]
@@ -297,16 +358,26 @@ def test_three_nodes_on_their_own_folders_train_with_no_server_test_set(tmp_path
     assert all(c["status"] == "ok" for c in records[-1]["clients"])
 
 
-def test_a_server_test_folder_gives_central_figures_beside_the_federated_ones(tmp_path, monkeypatch):
+def test_a_server_test_folder_gives_central_figures_beside_the_federated_ones(
+    tmp_path, monkeypatch
+):
     from tests.inprocess_grid import inprocess_federation
 
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     nodes = {k: v for k, v in _node_folders(tmp_path).items() if k != 14}
     test = write_image_folder(tmp_path / "server-test", {d: 5 for d in range(10)}, offset=100)
-    run = {**NODE_RUN, "num-rounds": 1, "local-epochs": 1, "fisher-examples": 8, "test-data-path": str(test)}
+    run = {
+        **NODE_RUN,
+        "num-rounds": 1,
+        "local-epochs": 1,
+        "fisher-examples": 8,
+        "test-data-path": str(test),
+    }
     fed = inprocess_federation(run, dict.fromkeys(nodes, 1.0), node_configs=nodes)
     assert fed.evaluate_fn is not None
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 1, 60.0, evaluate_fn=fed.evaluate_fn)
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 1, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     last = fed.records[-1]
     assert last["round"] == 1 and 0 <= last["global"]["accuracy"] <= 1
     assert set(last["global"]["per_capacity"]) == {"1", "0.25", "0.0625"}
@@ -343,7 +414,10 @@ def test_without_a_server_test_set_the_round_line_and_summary_show_the_nodes_fig
     from server.strategy_core.round_records import progress_line
 
     line = progress_line(_record(FEDERATED), 3)
-    assert "[round 2/3] on nodes: global acc 0.7500 loss 0.5000 | per capacity 1:0.750 0.25:0.500" in line
+    assert (
+        "[round 2/3] on nodes: global acc 0.7500 loss 0.5000 | per capacity 1:0.750 0.25:0.500"
+        in line
+    )
     assert global_figures(_record(FEDERATED))["source"] == "nodes' test splits"
     table = summary_table({"rounds": [{**_record(FEDERATED), "server_seconds": 0.1}]})
     assert "final global accuracy (full model, nodes' test splits): 0.7500" in table
@@ -371,16 +445,26 @@ def test_federated_figures_pool_by_examples_per_level_and_for_the_full_model():
     assert federated_figures([NodeEvaluation(0.5, False, 5, 1.0, 0.2)])["full_model"] is None
 
 
-def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_before_starting(tmp_path, no_process):
+def test_fibos_local_gives_each_supernode_its_folder_and_refuses_a_mismatch_before_starting(
+    tmp_path, no_process
+):
     from cli.launcher import LocalFederation, main
 
     a, b = write_image_folder(tmp_path / "a", {0: 1}), write_image_folder(tmp_path / "b", {1: 1})
     fed = LocalFederation([1.0, 0.25], tmp_path / "run", data_paths=[str(a), str(b)])
     assert fed.node_config(1) == f'data-path="{b}" client-id="node-1" capacity=0.25'
     node_run = ["-c", 'dataset="node"', "-c", "classes=10", "--results", str(tmp_path / "r")]
-    assert main(["--capacities", "1,1/4", "--data-paths", f"{a},{tmp_path / 'absent'}", *node_run]) == 2
+    assert (
+        main(["--capacities", "1,1/4", "--data-paths", f"{a},{tmp_path / 'absent'}", *node_run])
+        == 2
+    )
     assert main(["--capacities", "1,1/4", *node_run]) == 2
-    assert main(["--capacities", "1,1/4", "--data-paths", f"{a},{b}", "--results", str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            ["--capacities", "1,1/4", "--data-paths", f"{a},{b}", "--results", str(tmp_path / "r")]
+        )
+        == 2
+    )
     with pytest.raises(SystemExit):
         main(["--capacities", "1", "--data-paths", f"{a},{b}", *node_run])
 
@@ -390,6 +474,8 @@ def test_client_seeds_are_stable_and_tell_keys_apart():
 
     assert client_seed("partition-1") == client_seed("partition-1") != client_seed("partition-2")
     assert 0 <= client_seed("x", bits=8) < 256
-    assert client_seed("camera-7") == int.from_bytes(__import__("hashlib").sha256(b"camera-7").digest()[:4], "big")
+    assert client_seed("camera-7") == int.from_bytes(
+        __import__("hashlib").sha256(b"camera-7").digest()[:4], "big"
+    )
     with pytest.raises(ValueError, match="bits=0"):
         client_seed("x", bits=0)

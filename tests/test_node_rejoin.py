@@ -17,10 +17,12 @@ ROUNDS = 7
 def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
     out = tmp_path / "run"
     result: dict = {}
-    with LocalFederation((1.0, 0.25, 0.0625), tmp_path / "federation", echo=lambda line: None) as fed:
-        # 60 s: the rejoined node's replies start fresh ClientApp processes, and with two test workers on two
-        # cores they took just over 30 s, so it was never seen training again.
-        # No byte budget: the small node must have measured its own Fisher for a rejoin to carry it.
+    with LocalFederation(
+        (1.0, 0.25, 0.0625), tmp_path / "federation", echo=lambda line: None
+    ) as fed:
+        # 60 s: the rejoined node's replies start fresh ClientApp processes, and with two test
+        # workers on two cores they took just over 30 s, so it was never seen training again. No
+        # byte budget: the small node must have measured its own Fisher for a rejoin to carry it.
         config = {
             "num-rounds": ROUNDS,
             "eval-every": 0,
@@ -44,6 +46,7 @@ def test_killed_supernode_rejoins_with_its_fisher_state(tmp_path):
     assert later, "the restarted node never trained again"
     rejoined = later[-1]
     assert rejoined["node_id"] != first_id  # a new node id ...
-    # ... but its own Fisher estimate ranks its submodel (``held``: the mask that estimate gave before)
+    # ... but its own Fisher estimate ranks its submodel (``held``: the mask that estimate gave
+    # before)
     assert rejoined["mask_source"] in ("client", "held")
     assert all(r["global"]["accuracy"] > 0 for r in rounds)

@@ -25,9 +25,21 @@ def _sans(pem: Path) -> list[str]:
 
 def test_credentials_keep_makes_nothing_twice(tmp_path: Path) -> None:
     out = tmp_path / "c"
-    args = ["--out", str(out), "--keep", "--san", "superlink,localhost, ,127.0.0.1,localhost", "--node", "n1"]
+    args = [
+        "--out",
+        str(out),
+        "--keep",
+        "--san",
+        "superlink,localhost, ,127.0.0.1,localhost",
+        "--node",
+        "n1",
+    ]
     assert credentials_main([*args, "--secret", "exec.secret"]) == 0
-    assert _sans(out / "server.pem") == ["superlink", "localhost", "127.0.0.1"]  # commas split, duplicates dropped
+    assert _sans(out / "server.pem") == [
+        "superlink",
+        "localhost",
+        "127.0.0.1",
+    ]  # commas split, duplicates dropped
     first = {p.name: p.read_bytes() for p in out.iterdir()}
     assert len(bytes.fromhex(first["exec.secret"].decode())) == 32
     assert oct((out / "n1").stat().st_mode & 0o777) == "0o600"
@@ -52,7 +64,19 @@ def test_credentials_owner_covers_every_folder(tmp_path: Path) -> None:
 
 def test_credentials_deal_gives_each_consumer_only_its_files(tmp_path: Path) -> None:
     out, node, link = tmp_path / "ca", tmp_path / "node-1", tmp_path / "link"
-    args = ["--out", str(out), "--keep", "--san", "superlink", "--node", "n1", "--node", "n2", "--secret", "s"]
+    args = [
+        "--out",
+        str(out),
+        "--keep",
+        "--san",
+        "superlink",
+        "--node",
+        "n1",
+        "--node",
+        "n2",
+        "--secret",
+        "s",
+    ]
     deals = ["--deal", f"{node}=ca.crt,n1", "--deal", f"{link}=ca.crt,server.pem,server.key,s"]
     assert credentials_main([*args, *deals]) == 0
     assert sorted(p.name for p in node.iterdir()) == ["ca.crt", "n1"]
@@ -69,9 +93,16 @@ def test_credentials_deal_gives_each_consumer_only_its_files(tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     ("deal", "message"),
-    [("/x", "DIR=FILE"), ("=ca.crt", "DIR=FILE"), ("/x=", "DIR=FILE"), ("/x=../ca.key", "not a plain file name")],
+    [
+        ("/x", "DIR=FILE"),
+        ("=ca.crt", "DIR=FILE"),
+        ("/x=", "DIR=FILE"),
+        ("/x=../ca.key", "not a plain file name"),
+    ],
 )
-def test_credentials_deal_refuses_a_bad_spec_naming_it(deal: str, message: str, tmp_path: Path, capsys) -> None:
+def test_credentials_deal_refuses_a_bad_spec_naming_it(
+    deal: str, message: str, tmp_path: Path, capsys
+) -> None:
     with pytest.raises(SystemExit):
         credentials_main(["--out", str(tmp_path), "--node", "n", "--deal", deal])
     assert message in capsys.readouterr().err
@@ -80,7 +111,10 @@ def test_credentials_deal_refuses_a_bad_spec_naming_it(deal: str, message: str, 
 
 def test_credentials_deal_of_a_file_never_made_fails_naming_it(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ca"
-    assert credentials_main(["--out", str(out), "--node", "n1", "--deal", f"{tmp_path / 'd'}=n1,n9"]) == 1
+    assert (
+        credentials_main(["--out", str(out), "--node", "n1", "--deal", f"{tmp_path / 'd'}=n1,n9"])
+        == 1
+    )
     assert "n9 not in" in capsys.readouterr().err
 
 
@@ -94,7 +128,10 @@ def test_credentials_refuses_nothing_to_do_and_bad_owner(tmp_path: Path) -> None
 def test_connection_toml_is_what_flwr_reads(tmp_path: Path) -> None:
     doc = tomllib.loads(connection_toml("fibos", "superlink:8000", tmp_path / "ca.crt"))
     assert doc["superlink"]["default"] == "fibos"
-    assert doc["superlink"]["fibos"] == {"address": "superlink:8000", "root-certificates": str(tmp_path / "ca.crt")}
+    assert doc["superlink"]["fibos"] == {
+        "address": "superlink:8000",
+        "root-certificates": str(tmp_path / "ca.crt"),
+    }
     assert tomllib.loads(connection_toml("x", "h:1", None))["superlink"]["x"]["insecure"] is True
 
 
@@ -120,7 +157,12 @@ def _join(tmp_path: Path, *extra: str) -> list[str]:
 
 
 def test_join_dry_run_prints_the_three_steps(tmp_path: Path, capsys) -> None:
-    assert join_main(_join(tmp_path, "--control-api", "127.0.0.1:9093", "--capacity", "auto", "--dry-run")) == 0
+    assert (
+        join_main(
+            _join(tmp_path, "--control-api", "127.0.0.1:9093", "--capacity", "auto", "--dry-run")
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "would make the key pair" in out
     assert "cli.control register --superlink 127.0.0.1:9093" in out and "edge-7.pub" in out
@@ -137,7 +179,9 @@ def test_join_dry_run_prints_the_three_steps(tmp_path: Path, capsys) -> None:
         (["--capacity", "0.5"], "--control-api"),
     ],
 )
-def test_join_fails_fast_before_touching_anything(tmp_path: Path, capsys, extra: list[str], message: str) -> None:
+def test_join_fails_fast_before_touching_anything(
+    tmp_path: Path, capsys, extra: list[str], message: str
+) -> None:
     with pytest.raises(SystemExit):
         join_main(_join(tmp_path, *extra))
     assert message in capsys.readouterr().err
@@ -146,10 +190,32 @@ def test_join_fails_fast_before_touching_anything(tmp_path: Path, capsys, extra:
 
 def test_join_with_its_own_data_folder_has_no_partition(tmp_path: Path, capsys) -> None:
     args = [a for a in _join(tmp_path) if a not in ("--partition-id", "4", "--num-partitions", "5")]
-    assert join_main([*args, "--data-path", "/srv/cam images", "--capacity", "0.25", "--no-register", "--dry-run"]) == 0
+    assert (
+        join_main(
+            [
+                *args,
+                "--data-path",
+                "/srv/cam images",
+                "--capacity",
+                "0.25",
+                "--no-register",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     assert 'data-path="/srv/cam images" capacity=0.25 client-id="edge-7"' in capsys.readouterr().out
-    assert join_main(_join(tmp_path, "--data-path", "/srv/x", "--no-register", "--capacity", "1", "--dry-run")) == 0
-    assert 'partition-id=4 num-partitions=5 data-path="/srv/x" capacity=1' in capsys.readouterr().out
+    assert (
+        join_main(
+            _join(
+                tmp_path, "--data-path", "/srv/x", "--no-register", "--capacity", "1", "--dry-run"
+            )
+        )
+        == 0
+    )
+    assert (
+        'partition-id=4 num-partitions=5 data-path="/srv/x" capacity=1' in capsys.readouterr().out
+    )
     with pytest.raises(SystemExit):
         join_main([*args, "--no-register"])
     assert "missing 'partition-id'" in capsys.readouterr().err

@@ -20,7 +20,9 @@ CPU = torch.device("cpu")
 
 def _data(n: int = 16) -> ArrayDataset:
     rng = np.random.default_rng(0)
-    return ArrayDataset(rng.normal(size=(n, 5)).astype(np.float32), rng.integers(0, 3, n).astype(np.int64), 3)
+    return ArrayDataset(
+        rng.normal(size=(n, 5)).astype(np.float32), rng.integers(0, 3, n).astype(np.int64), 3
+    )
 
 
 def _full_batch_gradient(model: nn.Module, data: ArrayDataset) -> list[torch.Tensor]:
@@ -31,13 +33,16 @@ def _full_batch_gradient(model: nn.Module, data: ArrayDataset) -> list[torch.Ten
 
 
 def test_first_adamw_step_is_lr_times_the_gradient_sign():
-    """Adam's first bias-corrected step is ``lr * g / (|g| + eps)``: ``lr`` times the sign, entry by entry."""
+    """Adam's first bias-corrected step is ``lr * g / (|g| + eps)``: ``lr`` times the sign, entry by
+    entry."""
     data = _data()
     torch.manual_seed(0)
     model = nn.Linear(5, 3)
     start = [p.detach().clone() for p in model.parameters()]
     grads = _full_batch_gradient(model, data)
-    train_loop(model, data, TrainConfig(epochs=1, batch_size=len(data), lr=0.01, optimizer="adamw"), CPU)
+    train_loop(
+        model, data, TrainConfig(epochs=1, batch_size=len(data), lr=0.01, optimizer="adamw"), CPU
+    )
     for p, p0, g in zip(model.parameters(), start, grads):
         expected = p0 - 0.01 * g / (g.abs() + 1e-8)
         torch.testing.assert_close(p.detach(), expected, rtol=0, atol=1e-6)
@@ -70,6 +75,8 @@ def test_make_optimizer_kinds_and_settings():
 def test_optimizer_key_reaches_local_training_and_bad_values_fail_naming_it():
     node = NodeConfig(partition_id=0, num_partitions=1, capacity=1.0)
     assert round_train_config(parse_run_config({}), node, 1).optimizer == "sgd"
-    assert round_train_config(parse_run_config({"optimizer": "adamw"}), node, 1).optimizer == "adamw"
+    assert (
+        round_train_config(parse_run_config({"optimizer": "adamw"}), node, 1).optimizer == "adamw"
+    )
     with pytest.raises(ConfigError, match="optimizer"):
         parse_run_config({"optimizer": "adam"})

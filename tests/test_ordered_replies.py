@@ -1,4 +1,5 @@
-"""``ordered_replies``: replies in the messages' order whatever the arrival order, a bounded window, the deadline."""
+"""``ordered_replies``: replies in the messages' order whatever the arrival order, a bounded window,
+the deadline."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def _task_identity(monkeypatch):
 
 
 class ScrambledGrid:
-    """A grid whose reply to message ``i`` becomes available at pull number ``arrival[i]`` (``None``: never)."""
+    """A grid whose reply to message ``i`` becomes available at pull number ``arrival[i]``
+    (``None``: never)."""
 
     def __init__(self, arrival: list[int | None]) -> None:
         self.arrival = arrival
@@ -56,7 +58,8 @@ class ScrambledGrid:
 
 def _messages(n):
     return [
-        Message(RecordDict({"c": ConfigRecord({"i": i})}), dst_node_id=i + 1, message_type="train") for i in range(n)
+        Message(RecordDict({"c": ConfigRecord({"i": i})}), dst_node_id=i + 1, message_type="train")
+        for i in range(n)
     ]
 
 
@@ -72,7 +75,9 @@ def test_replies_come_in_message_order_and_at_most_a_window_is_held(seed):
     got, held = [], 0
     for reply in ordered_replies(grid, _messages(n), timeout=60, poll_interval=0, window=window):
         got.append(_index(reply))
-        held = max(held, len(grid.handed) - len(got) + 1)  # pulled but not yet passed on, this one included
+        held = max(
+            held, len(grid.handed) - len(got) + 1
+        )  # pulled but not yet passed on, this one included
     assert got == list(range(n))
     assert held <= window
     assert all(len(a) <= window for a in grid.asked)
@@ -82,7 +87,9 @@ def test_a_missing_reply_is_skipped_after_the_deadline_and_the_rest_still_comes(
     arrival = [1, None, 1, 2, None, 1]
     grid = ScrambledGrid(arrival)
     spent = GridTime()
-    replies = ordered_replies(grid, _messages(6), timeout=0.2, poll_interval=0.01, window=2, spent=spent)
+    replies = ordered_replies(
+        grid, _messages(6), timeout=0.2, poll_interval=0.01, window=2, spent=spent
+    )
     assert [_index(r) for r in replies] == [0, 2, 3, 5]
     assert "2 of 6 replies did not arrive" in caplog.text
     assert spent.seconds >= 0.2  # the wait counts as the grid's, not the caller's

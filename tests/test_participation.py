@@ -1,4 +1,5 @@
-"""Partial participation: sample size, determinism per seed, its rate, config errors, the strategy's use."""
+"""Partial participation: sample size, determinism per seed, its rate, config errors, the strategy's
+use."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ def test_sample_size_takes_the_written_decimal_not_its_binary_rounding():
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [((10, 0.0, 1), "fraction"), ((10, 1.5, 1), "fraction"), ((10, 0.5, 0), "min_nodes"), ((-1, 0.5, 1), "n_")],
+    [
+        ((10, 0.0, 1), "fraction"),
+        ((10, 1.5, 1), "fraction"),
+        ((10, 0.5, 0), "min_nodes"),
+        ((-1, 0.5, 1), "n_"),
+    ],
 )
 def test_sample_size_rejects_bad_arguments(args, message):
     with pytest.raises(ValueError, match=message):
@@ -102,7 +108,9 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
     capacities = {21: 1.0, 22: 0.25, 23: 1.0, 24: 0.25, 25: 0.0625, 26: 1.0}
     fed = inprocess_federation(run_config, capacities)
     grid, strategy, records = fed.grid, fed.strategy, fed.records
-    strategy.start(grid, strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn)
+    strategy.start(
+        grid, strategy.to_arrays(fed.x0), fed.cfg.num_rounds, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     trained = [m for m in grid.handled if m.metadata.message_type == "train"]
     assert len(trained) == 3 * 3  # the Fisher warm-up rode on discovery ...
     assert records[0]["fisher_warmup"]["replies"] == 6  # ... and asked every node that can train
@@ -113,9 +121,21 @@ def test_a_federation_trains_the_seeded_sample_each_round(tmp_path, monkeypatch)
         assert rec["sent"] == rec["replies"] == 3 and rec["eligible"] == 6
 
 
-def test_min_train_nodes_above_the_connected_nodes_stops_with_a_clear_message(tmp_path, monkeypatch):
+def test_min_train_nodes_above_the_connected_nodes_stops_with_a_clear_message(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
-    run_config = {"num-rounds": 1, "local-epochs": 1, "eval-every": 0, "min-train-nodes": 3, "poll-interval": 0.01}
+    run_config = {
+        "num-rounds": 1,
+        "local-epochs": 1,
+        "eval-every": 0,
+        "min-train-nodes": 3,
+        "poll-interval": 0.01,
+    }
     fed = inprocess_federation(run_config, {31: 1.0, 32: 0.25})
-    with pytest.raises(RuntimeError, match=r"min-train-nodes=3: only 2 node\(s\) can train after waiting 1 s"):
-        fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 1, 1.0, evaluate_fn=fed.evaluate_fn)
+    with pytest.raises(
+        RuntimeError, match=r"min-train-nodes=3: only 2 node\(s\) can train after waiting 1 s"
+    ):
+        fed.strategy.start(
+            fed.grid, fed.strategy.to_arrays(fed.x0), 1, 1.0, evaluate_fn=fed.evaluate_fn
+        )

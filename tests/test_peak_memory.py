@@ -11,7 +11,9 @@ import pytest
 from benchmarks.benchmark import summarise
 from common.training.peak_memory import PeakRSS, current_rss_bytes, lifetime_peak_rss_bytes
 
-needs_proc = pytest.mark.skipif(current_rss_bytes() is None, reason="no /proc/self/statm on this platform")
+needs_proc = pytest.mark.skipif(
+    current_rss_bytes() is None, reason="no /proc/self/statm on this platform"
+)
 
 MIB = 2**20
 
@@ -25,7 +27,9 @@ def test_peak_sees_a_block_allocation_that_is_freed_before_the_block_ends():
         del buf
     after = current_rss_bytes()
     assert peak.peak_bytes >= before + 190 * MIB
-    assert after < peak.peak_bytes - 150 * MIB  # freed: the peak, not the end state, is what is reported
+    assert (
+        after < peak.peak_bytes - 150 * MIB
+    )  # freed: the peak, not the end state, is what is reported
     assert peak.peak_mib == peak.peak_bytes / MIB
 
 

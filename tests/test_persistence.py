@@ -1,4 +1,5 @@
-"""Incremental checkpoints: exact round trip, only changed chunks written, a crash leaves a whole checkpoint."""
+"""Incremental checkpoints: exact round trip, only changed chunks written, a crash leaves a whole
+checkpoint."""
 
 from __future__ import annotations
 
@@ -74,7 +75,12 @@ def test_missing_or_corrupt_chunk_is_named(tmp_path):
 
 def test_reads_the_single_file_layout(tmp_path):
     buf = io.BytesIO()
-    np.savez(buf, round=np.array(4), x=np.arange(3, dtype=np.float32), fisher_state=np.frombuffer(b"abc", np.uint8))
+    np.savez(
+        buf,
+        round=np.array(4),
+        x=np.arange(3, dtype=np.float32),
+        fisher_state=np.frombuffer(b"abc", np.uint8),
+    )
     (tmp_path / CHECKPOINT).write_bytes(buf.getvalue())
     done, x, state = load_checkpoint(tmp_path / CHECKPOINT)
     assert done == 4 and x.tolist() == [0, 1, 2] and state == b"abc"

@@ -1,5 +1,6 @@
-"""Personalised evaluation (``adapt-steps``): each node evaluates the submodel it would train next as received
-and after a few local SGD steps on its own training split; only the accuracies leave the node."""
+"""Personalised evaluation (``adapt-steps``): each node evaluates the submodel it would train next
+as received and after a few local SGD steps on its own training split; only the accuracies leave the
+node."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ def test_adaptation_uses_every_example_once_before_any_twice(n, steps, batch, se
     idx = adaptation_examples(n, steps, batch, seed)
     assert idx.shape == (steps * batch,) and idx.dtype == np.int64
     assert np.all((idx >= 0) & (idx < n))
-    for start in range(0, idx.size, n):  # each pass over the split is a permutation (the last may be cut)
+    for start in range(
+        0, idx.size, n
+    ):  # each pass over the split is a permutation (the last may be cut)
         chunk = idx[start : start + n]
         assert np.unique(chunk).size == chunk.size
     assert np.array_equal(idx, adaptation_examples(n, steps, batch, seed))
@@ -63,7 +66,9 @@ def _received(method_name, gamma):
 
 
 def _flat(model, layout):
-    return layout.flatten({n: p.detach().numpy() for n, p in model.named_parameters() if n in layout.names})
+    return layout.flatten(
+        {n: p.detach().numpy() for n, p in model.named_parameters() if n in layout.names}
+    )
 
 
 @pytest.mark.parametrize("method_name", ["fedfibos", "fiarse", "heterofl"])
@@ -105,7 +110,11 @@ BASE = {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.8}
 
 
 def test_an_adapting_run_needs_the_adapted_figures_in_each_evaluation_reply():
-    assert validate_evaluate_reply(BASE, META, SENT, 10) == {"num-examples": 10.0, "eval-loss": 0.5, "eval-acc": 0.8}
+    assert validate_evaluate_reply(BASE, META, SENT, 10) == {
+        "num-examples": 10.0,
+        "eval-loss": 0.5,
+        "eval-acc": 0.8,
+    }
     with pytest.raises(ReplyError, match=P.ADAPTED_LOSS):
         validate_evaluate_reply(BASE, META, SENT, 10, adapted=True)
     full = {**BASE, P.ADAPTED_LOSS: 0.3, P.ADAPTED_ACC: 0.9}
@@ -113,16 +122,23 @@ def test_an_adapting_run_needs_the_adapted_figures_in_each_evaluation_reply():
     with pytest.raises(ReplyError, match="exceeds 1"):
         validate_evaluate_reply({**full, P.ADAPTED_ACC: 1.5}, META, SENT, 10, adapted=True)
     with pytest.raises(ReplyError, match="finite"):
-        validate_evaluate_reply({**full, P.ADAPTED_LOSS: float("nan")}, META, SENT, 10, adapted=True)
+        validate_evaluate_reply(
+            {**full, P.ADAPTED_LOSS: float("nan")}, META, SENT, 10, adapted=True
+        )
 
 
 def test_the_adapted_figures_are_pooled_per_capacity_by_examples():
-    evals = [NodeEvaluation(1.0, True, 10, 0.5, 0.8, 0.4, 0.9), NodeEvaluation(0.25, False, 30, 1.0, 0.4, 0.6, 0.7)]
+    evals = [
+        NodeEvaluation(1.0, True, 10, 0.5, 0.8, 0.4, 0.9),
+        NodeEvaluation(0.25, False, 30, 1.0, 0.4, 0.6, 0.7),
+    ]
     fig = federated_figures(evals)
     assert fig["per_capacity"]["0.25"]["adapted_accuracy"] == pytest.approx(0.7)
     assert fig["all"]["adapted_accuracy"] == pytest.approx((0.9 * 10 + 0.7 * 30) / 40)
     assert fig["all"]["adapted_loss"] == pytest.approx((0.4 * 10 + 0.6 * 30) / 40)
-    plain = federated_figures([dataclasses.replace(e, adapted_accuracy=None, adapted_loss=None) for e in evals])
+    plain = federated_figures(
+        [dataclasses.replace(e, adapted_accuracy=None, adapted_loss=None) for e in evals]
+    )
     assert "adapted_accuracy" not in plain["all"]
 
 
@@ -142,7 +158,9 @@ def test_a_two_round_federation_reports_the_adapted_accuracy_per_capacity(tmp_pa
     run = {"num-rounds": 2, "local-epochs": 1, "eval-every": 1, "seed": 2, "adapt-steps": 5}
     run |= {"partitioner": "dirichlet", "dirichlet-alpha": 0.1}
     fed = inprocess_federation(run, {21: 1.0, 22: 0.25, 23: 0.0625})
-    fed.strategy.start(fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn)
+    fed.strategy.start(
+        fed.grid, fed.strategy.to_arrays(fed.x0), 2, 60.0, evaluate_fn=fed.evaluate_fn
+    )
     trained = [r for r in fed.records if r["round"] > 0]
     assert len(trained) == 2
     for record in trained:
@@ -153,4 +171,8 @@ def test_a_two_round_federation_reports_the_adapted_accuracy_per_capacity(tmp_pa
         assert all(0 <= v["adapted_accuracy"] <= 1 for v in levels.values())
         assert "adapted 1:" in progress_line(record, 2)
     # the adapted model differs from the received one somewhere (the steps moved it)
-    assert any(v["adapted_loss"] != v["loss"] for r in trained for v in r["federated"]["per_capacity"].values())
+    assert any(
+        v["adapted_loss"] != v["loss"]
+        for r in trained
+        for v in r["federated"]["per_capacity"].values()
+    )

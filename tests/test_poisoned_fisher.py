@@ -26,12 +26,15 @@ def _state(clients, attacker_upload, trim):
 
 
 def _worst_change(layout, x, gamma, poisoned, honest):
-    """Largest share of mask entries that differ, over a new client and fresh / stale honest clients."""
+    """Largest share of mask entries that differ, over a new client and fresh / stale honest
+    clients."""
     worst = 0.0
     for client, rnd in ((None, 2), (0, 2), (3, 5)):
         a = poisoned.global_prior() if client is None else poisoned.estimate(client, rnd)
         b = honest.global_prior() if client is None else honest.estimate(client, rnd)
-        diff = select_mask(layout, x, gamma, "fisher", a) != select_mask(layout, x, gamma, "fisher", b)
+        diff = select_mask(layout, x, gamma, "fisher", a) != select_mask(
+            layout, x, gamma, "fisher", b
+        )
         worst = max(worst, float(diff.mean()))
     return worst
 
@@ -47,10 +50,14 @@ def test_scaled_fisher_changes_no_mask(world, trim, scale):
 
 
 def test_shaped_attack_is_contained_by_the_trimmed_prior(world):
-    """All mass on the 10% of positions just below the selection threshold of the prior (a strong attack)."""
+    """All mass on the 10% of positions just below the selection threshold of the prior (a strong
+    attack)."""
     layout, x, clients = world
     gamma = 0.25
-    honest_plain, honest_trim = _state(clients, clients[ATTACKER], 0.0), _state(clients, clients[ATTACKER], 0.1)
+    honest_plain, honest_trim = (
+        _state(clients, clients[ATTACKER], 0.0),
+        _state(clients, clients[ATTACKER], 0.1),
+    )
     attack = shaped_attack(layout, x, gamma, honest_trim.global_prior(), 0.1)
     plain = _worst_change(layout, x, gamma, _state(clients, attack, 0.0), honest_plain)
     trimmed = _worst_change(layout, x, gamma, _state(clients, attack, 0.1), honest_trim)
@@ -61,7 +68,8 @@ def test_shaped_attack_is_contained_by_the_trimmed_prior(world):
 
 
 def test_one_clients_reach_shrinks_as_the_federation_grows():
-    """The attacker's share is one order statistic of n: measured under 1% from 30 clients, certified from 100."""
+    """The attacker's share is one order statistic of n: measured under 1% from 30 clients,
+    certified from 100."""
     measured, certified = {}, {}
     for n in (10, 30, 100):
         layout, x, clients = fisher_world(n)

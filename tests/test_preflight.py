@@ -1,4 +1,5 @@
-"""cli.preflight against a real TLS listener: each misconfiguration a node can arrive with, named."""
+"""cli.preflight against a real TLS listener: each misconfiguration a node can arrive with,
+named."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ from common.wire.node_keys import make_node_keys
 
 
 class TlsListener:
-    """A TLS server on loopback that completes handshakes with ``server.pem`` and closes (a coordinator's port)."""
+    """A TLS server on loopback that completes handshakes with ``server.pem`` and closes (a
+    coordinator's port)."""
 
     def __init__(self, certs: Path, port: int) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -79,21 +81,31 @@ def test_the_right_ca_and_a_name_the_certificate_holds_pass(coordinator: tuple[s
 def test_another_coordinators_ca_is_named(coordinator: tuple[str, Path], tmp_path: Path) -> None:
     address, _ = coordinator
     make_ca(tmp_path / "other")
-    with pytest.raises(PreflightError, match="does not verify against FIBOS_CA_CERT .*other/ca.crt.*is it this"):
+    with pytest.raises(
+        PreflightError, match="does not verify against FIBOS_CA_CERT .*other/ca.crt.*is it this"
+    ):
         check_coordinator(address, tmp_path / "other" / "ca.crt", ca_setting="FIBOS_CA_CERT")
 
 
-def test_a_name_missing_from_the_certificate_says_how_to_add_it(coordinator: tuple[str, Path]) -> None:
+def test_a_name_missing_from_the_certificate_says_how_to_add_it(
+    coordinator: tuple[str, Path],
+) -> None:
     address, ca = coordinator
     port = address.rsplit(":", 1)[1]
-    with pytest.raises(PreflightError, match="does not name 'localhost'.*FIBOS_PUBLIC_NAMES=localhost"):
+    with pytest.raises(
+        PreflightError, match="does not name 'localhost'.*FIBOS_PUBLIC_NAMES=localhost"
+    ):
         check_coordinator(f"localhost:{port}", ca)
 
 
-def test_a_name_that_does_not_resolve_fails_at_once_even_with_a_wait(coordinator: tuple[str, Path]) -> None:
+def test_a_name_that_does_not_resolve_fails_at_once_even_with_a_wait(
+    coordinator: tuple[str, Path],
+) -> None:
     _, ca = coordinator
     started = time.monotonic()
-    with pytest.raises(PreflightError, match="FIBOS_SUPERLINK fleet.invalid:8000: 'fleet.invalid' does not resolve"):
+    with pytest.raises(
+        PreflightError, match="FIBOS_SUPERLINK fleet.invalid:8000: 'fleet.invalid' does not resolve"
+    ):
         check_coordinator("fleet.invalid:8000", ca, wait=60, setting="FIBOS_SUPERLINK")
     assert time.monotonic() - started < 30  # not the wait
 
@@ -104,14 +116,18 @@ def test_a_coordinator_not_up_yet_is_waited_for(tmp_path: Path) -> None:
     make_server_cert(certs, ca_cert, ca_key, ["127.0.0.1"])
     port = free_port()
     started = time.monotonic()
-    with pytest.raises(PreflightError, match=f"127.0.0.1:{port}: the coordinator did not answer within 1 s"):
+    with pytest.raises(
+        PreflightError, match=f"127.0.0.1:{port}: the coordinator did not answer within 1 s"
+    ):
         check_coordinator(f"127.0.0.1:{port}", certs / "ca.crt", wait=1, poll=0.2)
     assert time.monotonic() - started >= 1
     timer = threading.Timer(1.0, lambda: listeners.append(TlsListener(certs, port)))
     listeners: list[TlsListener] = []
     timer.start()
     try:
-        check_coordinator(f"127.0.0.1:{port}", certs / "ca.crt", wait=60, poll=0.2)  # answers after about 1 s
+        check_coordinator(
+            f"127.0.0.1:{port}", certs / "ca.crt", wait=60, poll=0.2
+        )  # answers after about 1 s
     finally:
         timer.join()
         for listener in listeners:
@@ -137,7 +153,9 @@ def test_node_keys_are_checked_like_the_supernode_loads_them(tmp_path: Path) -> 
     pem = tmp_path / "pem"  # an EC key, but in PEM: flower-supernode loads OpenSSH only
     pem.write_bytes(
         ec.generate_private_key(ec.SECP384R1()).private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
         )
     )
     with pytest.raises(PreflightError, match="pem: not an unencrypted OpenSSH private key"):
@@ -145,14 +163,18 @@ def test_node_keys_are_checked_like_the_supernode_loads_them(tmp_path: Path) -> 
     rsa_key = tmp_path / "rsa"
     rsa_key.write_bytes(
         rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
         )
     )
     with pytest.raises(PreflightError, match="rsa: not an elliptic-curve key"):
         check_private_key(rsa_key)
 
 
-@pytest.mark.parametrize("address", ["fleet.example.org", "fleet.example.org:", ":8000", "host:0", "host:99999"])
+@pytest.mark.parametrize(
+    "address", ["fleet.example.org", "fleet.example.org:", ":8000", "host:0", "host:99999"]
+)
 def test_malformed_addresses_are_named(address: str) -> None:
     with pytest.raises(PreflightError, match=f"--superlink {address!r}: expected HOST:PORT"):
         split_address(address)
@@ -161,24 +183,47 @@ def test_malformed_addresses_are_named(address: str) -> None:
 
 def test_the_command_names_the_settings_the_user_gave(tmp_path: Path, capsys) -> None:
     make_ca(tmp_path)
-    argv = ["--superlink", "fleet.invalid:8000", "--root-certificates", str(tmp_path / "ca.crt"), "--wait", "0"]
+    argv = [
+        "--superlink",
+        "fleet.invalid:8000",
+        "--root-certificates",
+        str(tmp_path / "ca.crt"),
+        "--wait",
+        "0",
+    ]
     argv += ["--names", "superlink=FIBOS_SUPERLINK,root-certificates=FIBOS_CA_CERT"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.startswith("error: FIBOS_SUPERLINK fleet.invalid:8000: 'fleet.invalid' does not")
+    assert capsys.readouterr().err.startswith(
+        "error: FIBOS_SUPERLINK fleet.invalid:8000: 'fleet.invalid' does not"
+    )
     (tmp_path / "ca.crt").write_text("not a certificate")
     assert main(argv) == 2
-    assert f"error: FIBOS_CA_CERT {tmp_path / 'ca.crt'}: not a PEM certificate" in capsys.readouterr().err
+    assert (
+        f"error: FIBOS_CA_CERT {tmp_path / 'ca.crt'}: not a PEM certificate"
+        in capsys.readouterr().err
+    )
 
 
 def test_an_unknown_setting_name_is_refused(tmp_path: Path, capsys) -> None:
     make_ca(tmp_path)
-    argv = ["--superlink", "h:1", "--root-certificates", str(tmp_path / "ca.crt"), "--names", "superlnk=X"]
+    argv = [
+        "--superlink",
+        "h:1",
+        "--root-certificates",
+        str(tmp_path / "ca.crt"),
+        "--names",
+        "superlnk=X",
+    ]
     with pytest.raises(SystemExit) as refused:
         main(argv)
-    assert refused.value.code == 2 and "--names 'superlnk=X': expected OPTION=NAME" in capsys.readouterr().err
+    assert (
+        refused.value.code == 2
+        and "--names 'superlnk=X': expected OPTION=NAME" in capsys.readouterr().err
+    )
 
 
-# docker/supernode.sh: flower-supernode as it is, plus a message naming the key when the SuperLink refuses it.
+# docker/supernode.sh: flower-supernode as it is, plus a message naming the key when the SuperLink
+# refuses it.
 WRAPPER = Path(__file__).resolve().parents[1] / "docker" / "supernode.sh"
 FLOWER_REFUSAL = """\
 ERROR :     Exit Code: 305
@@ -203,16 +248,28 @@ def test_the_wrapper_names_the_key_and_its_setting_when_flower_refuses_it(tmp_pa
     import subprocess
 
     env = _fake_supernode(tmp_path / "bin", f"cat <<'X'\n{FLOWER_REFUSAL}X\nexit 1\n")
-    argv = ["sh", str(WRAPPER), "--superlink", "h:1", "--auth-supernode-private-key", "/keys/lab-1", "--insecure"]
+    argv = [
+        "sh",
+        str(WRAPPER),
+        "--superlink",
+        "h:1",
+        "--auth-supernode-private-key",
+        "/keys/lab-1",
+        "--insecure",
+    ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1  # the SuperNode's own status: a restart policy sees what it saw before
+    assert (
+        done.returncode == 1
+    )  # the SuperNode's own status: a restart policy sees what it saw before
     assert FLOWER_REFUSAL in done.stdout  # Flower's lines pass through, in order
     assert done.stderr.startswith(
-        "error: the SuperLink refused this node's key /keys/lab-1, set by --auth-supernode-private-key /keys/lab-1:"
+        "error: the SuperLink refused this node's key /keys/lab-1, set by "
+        "--auth-supernode-private-key /keys/lab-1:"
     ), done.stderr
     assert "another SuperNode with the same key is connected" in done.stderr
     assert "Each\nmachine needs its own key pair" in done.stderr
-    named = subprocess.run(argv, env={**env, "FIBOS_KEY_SETTING": "FIBOS_NODE_NAME=lab-1"}, capture_output=True,
+    named = subprocess.run(argv, env={**env, "FIBOS_KEY_SETTING": "FIBOS_NODE_NAME=lab-1"},
+                           capture_output=True,
                            text=True, timeout=60)  # fmt: skip
     assert "set by FIBOS_NODE_NAME=lab-1:" in named.stderr, named.stderr
 
@@ -221,19 +278,26 @@ def test_the_wrapper_adds_nothing_to_other_exits_and_passes_their_status(tmp_pat
     import subprocess
 
     env = _fake_supernode(tmp_path / "bin", 'echo "args: $*"; echo oops >&2; exit 7\n')
-    done = subprocess.run(["sh", str(WRAPPER), "--a", "b c"], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["sh", str(WRAPPER), "--a", "b c"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert (done.returncode, done.stdout, done.stderr) == (7, "args: --a b c\noops\n", "")
     env = _fake_supernode(tmp_path / "bin", "exit 0\n")
-    assert subprocess.run(["sh", str(WRAPPER)], env=env, capture_output=True, timeout=60).returncode == 0
+    assert (
+        subprocess.run(["sh", str(WRAPPER)], env=env, capture_output=True, timeout=60).returncode
+        == 0
+    )
 
 
 def test_the_wrapper_hands_a_stop_signal_to_the_supernode(tmp_path: Path) -> None:
-    """``docker stop`` signals the container's first process, the shell: the SuperNode must get it too."""
+    """``docker stop`` signals the container's first process, the shell: the SuperNode must get it
+    too."""
     import signal
     import subprocess
 
     env = _fake_supernode(
-        tmp_path / "bin", "trap 'echo stopped by TERM; exit 0' TERM\necho started\nwhile :; do sleep 0.1; done\n"
+        tmp_path / "bin",
+        "trap 'echo stopped by TERM; exit 0' TERM\necho started\nwhile :; do sleep 0.1; done\n",
     )
     proc = subprocess.Popen(["sh", str(WRAPPER)], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "started\n"
@@ -249,19 +313,28 @@ def test_a_supernode_started_with_a_connected_nodes_key_is_told_why(tmp_path: Pa
 
     from cli.launcher import LocalFederation
 
-    with LocalFederation((1.0,), tmp_path / "federation", echo=lambda line: None, secure=True) as fed:
-        # Node 0 must hold the key first: started at once, the second SuperNode could win the race and be let in.
+    with LocalFederation(
+        (1.0,), tmp_path / "federation", echo=lambda line: None, secure=True
+    ) as fed:
+        # Node 0 must hold the key first: started at once, the second SuperNode could win the race
+        # and be let in.
         deadline = time.monotonic() + 120
-        while "[Fleet.ActivateNode] Activated node_id" not in (fed.logs / "superlink.log").read_text():
+        while (
+            "[Fleet.ActivateNode] Activated node_id" not in (fed.logs / "superlink.log").read_text()
+        ):
             assert time.monotonic() < deadline, "node 0 was not activated within 120 s"
             assert fed.nodes[0].poll() is None, (fed.logs / "supernode-0.log").read_text()
             time.sleep(0.5)
         argv = ["sh", str(WRAPPER), "--root-certificates", str(fed.certs / "ca.crt"), "--superlink",
-                f"127.0.0.1:{fed.link_port}", "--auth-supernode-private-key", str(fed.certs / "node-0"),
-                "--port", str(free_port()), "--node-config", "partition-id=0 num-partitions=1"]  # fmt: skip
+                f"127.0.0.1:{fed.link_port}", "--auth-supernode-private-key",
+                str(fed.certs / "node-0"),
+                "--port", str(free_port()), "--node-config", "partition-id=0 "
+                "num-partitions=1"]  # fmt: skip
         log = tmp_path / "clone.log"
         with open(log, "w") as out:
-            status = subprocess.Popen(argv, env=fed.env, stdout=out, stderr=subprocess.STDOUT).wait(timeout=180)
+            status = subprocess.Popen(argv, env=fed.env, stdout=out, stderr=subprocess.STDOUT).wait(
+                timeout=180
+            )
         text = log.read_text()
         assert status != 0 and "Failed to activate SuperNode" in text, text
         assert f"error: the SuperLink refused this node's key {fed.certs / 'node-0'}" in text, text

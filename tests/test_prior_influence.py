@@ -25,7 +25,12 @@ def _trimmed(values: np.ndarray, k: int) -> np.ndarray:
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(3, 9), m=st.integers(1, 6), seed=st.integers(0, 2**31 - 1), trim=st.sampled_from([0.1, 0.2, 0.45]))
+@given(
+    n=st.integers(3, 9),
+    m=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    trim=st.sampled_from([0.1, 0.2, 0.45]),
+)
 def test_interval_contains_every_single_replacement_and_is_attained(n, m, seed, trim):
     rng = np.random.default_rng(seed)
     values = rng.lognormal(0, 1.5, (n, m)).astype(np.float32)
@@ -33,14 +38,22 @@ def test_interval_contains_every_single_replacement_and_is_attained(n, m, seed, 
     mean, lo, hi = trimmed_mean_bounds(values, k)
     np.testing.assert_array_equal(mean, _trimmed(values, k))
     for i in range(n):  # brute force: each client replaced by extremes and by random values
-        for repl in (np.zeros(m), np.full(m, 1e30), rng.lognormal(0, 3, m), values[i] * 5, values[i] / 5):
+        for repl in (
+            np.zeros(m),
+            np.full(m, 1e30),
+            rng.lognormal(0, 3, m),
+            values[i] * 5,
+            values[i] / 5,
+        ):
             moved = values.copy()
             moved[i] = repl
             t = _trimmed(moved, k)
             assert np.all(lo <= t) and np.all(t <= hi)
     cols = np.arange(m)
     low, high = values.copy(), values.copy()
-    low[values.argmax(axis=0), cols] = 0.0  # the largest value withdrawn: the lowest reachable prior
+    low[values.argmax(axis=0), cols] = (
+        0.0  # the largest value withdrawn: the lowest reachable prior
+    )
     high[values.argmin(axis=0), cols] = 1e30
     np.testing.assert_array_equal(lo, _trimmed(low, k))
     np.testing.assert_array_equal(hi, _trimmed(high, k))
@@ -59,7 +72,11 @@ def test_bounds_reject_what_they_cannot_bound():
 
 def _layout(rows: int, cols: int) -> ParamLayout:
     return ParamLayout.from_arrays(
-        {"w": np.zeros((rows, cols), np.float32), "b": np.zeros(rows, np.float32), "v": np.zeros((2, rows), np.float32)}
+        {
+            "w": np.zeros((rows, cols), np.float32),
+            "b": np.zeros(rows, np.float32),
+            "v": np.zeros((2, rows), np.float32),
+        }
     )
 
 
@@ -72,7 +89,9 @@ def _layout(rows: int, cols: int) -> ParamLayout:
     width=st.floats(0.0, 1.0),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_masks_in_the_interval_agree_outside_contested_positions(rows, cols, gamma, min_per_row, width, seed):
+def test_masks_in_the_interval_agree_outside_contested_positions(
+    rows, cols, gamma, min_per_row, width, seed
+):
     layout = _layout(rows, cols)
     rng = np.random.default_rng(seed)
     x = rng.normal(0, 1, layout.size)
@@ -87,7 +106,9 @@ def test_masks_in_the_interval_agree_outside_contested_positions(rows, cols, gam
         mask = select_mask(layout, x, gamma, "fisher", f, min_per_row)
         assert not np.any((mask != reference) & ~contested)
     if width == 0.0:
-        assert contested.sum() <= 1  # a point interval decides every position but the one at the threshold
+        assert (
+            contested.sum() <= 1
+        )  # a point interval decides every position but the one at the threshold
 
 
 def test_contested_share_grows_with_the_interval():
@@ -96,14 +117,16 @@ def test_contested_share_grows_with_the_interval():
     x = rng.normal(0, 1, layout.size)
     centre = rng.lognormal(0, 2, layout.size)
     shares = [
-        contested_positions(layout, x, 0.25, centre / (1 + w), centre * (1 + w)).mean() for w in (0.0, 0.1, 0.5, 2.0)
+        contested_positions(layout, x, 0.25, centre / (1 + w), centre * (1 + w)).mean()
+        for w in (0.0, 0.1, 0.5, 2.0)
     ]
     assert shares[0] * layout.size <= 1  # only the position at the threshold itself is left open
     assert shares == sorted(shares) and shares[1] > shares[0] and shares[-1] > 0.2
 
 
 def test_fisher_state_interval_covers_a_shaped_attack_and_a_stale_client():
-    """In the poisoning world: the measured flips of a strong attack stay inside the certified set."""
+    """In the poisoning world: the measured flips of a strong attack stay inside the certified
+    set."""
     layout = _layout(128, 64)
     rng = np.random.default_rng(1)
     x = rng.normal(0, 1, layout.size)
@@ -127,8 +150,13 @@ def test_fisher_state_interval_covers_a_shaped_attack_and_a_stale_client():
     for client, rnd in ((None, 2), (3, 5), (0, 2)):
         lo, hi = honest.estimate_interval(client, rnd)
         contested = contested_positions(layout, x, 0.25, lo, hi)
-        ranked = [s.global_prior() if client is None else s.estimate(client, rnd) for s in (poisoned, honest)]
-        flipped = select_mask(layout, x, 0.25, "fisher", ranked[0]) != select_mask(layout, x, 0.25, "fisher", ranked[1])
+        ranked = [
+            s.global_prior() if client is None else s.estimate(client, rnd)
+            for s in (poisoned, honest)
+        ]
+        flipped = select_mask(layout, x, 0.25, "fisher", ranked[0]) != select_mask(
+            layout, x, 0.25, "fisher", ranked[1]
+        )
         assert flipped.any() or client == 0
         assert not np.any(flipped & ~contested)
         if client == 0:  # fresh: ranked by its own estimate, out of every other client's reach
@@ -158,10 +186,13 @@ def test_prior_interval_matches_the_prior_in_fp16_and_across_blocks(monkeypatch)
 
 
 def _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row):
-    """Reference: the contested set computed on gathered eligible positions with a partition per row."""
+    """Reference: the contested set computed on gathered eligible positions with a partition per
+    row."""
     s_lo, s_hi = lo.astype(np.float64) * np.abs(x), hi.astype(np.float64) * np.abs(x)
     eligible = ~layout.always_kept
-    guard = sum(t.rows * min(t.size // t.rows, min_per_row) for t in layout.tensors if len(t.shape) >= 2)
+    guard = sum(
+        t.rows * min(t.size // t.rows, min_per_row) for t in layout.tensors if len(t.shape) >= 2
+    )
     need = budget(gamma, layout.size) - int(layout.always_kept.sum()) - guard
     contested = np.zeros(layout.size, dtype=bool)
     if need >= int(eligible.sum()) - guard:
@@ -196,9 +227,14 @@ def _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row):
     return eligible & ~(surely_in | (not_guard & (s_hi < t_lo)))
 
 
-def _tied_case(shapes: list[tuple[int, int]], seed: int) -> tuple[ParamLayout, np.ndarray, np.ndarray, np.ndarray]:
-    """Matrices of ``shapes`` plus a bias, with weights and prior bounds from few distinct values (many ties)."""
-    layout = ParamLayout.from_arrays({f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)})
+def _tied_case(
+    shapes: list[tuple[int, int]], seed: int
+) -> tuple[ParamLayout, np.ndarray, np.ndarray, np.ndarray]:
+    """Matrices of ``shapes`` plus a bias, with weights and prior bounds from few distinct values
+    (many ties)."""
+    layout = ParamLayout.from_arrays(
+        {f"w{i}": np.zeros(s) for i, s in enumerate(shapes)} | {"b": np.zeros(2)}
+    )
     rng = np.random.default_rng(seed)
     d = layout.size
     lo = rng.integers(0, 3, d).astype(np.float32)
@@ -222,10 +258,15 @@ def test_contested_positions_match_a_per_row_reference(shapes, gamma, min_per_ro
 
 @settings(max_examples=100, deadline=None)
 @given(
-    n=st.integers(0, 40), m=st.integers(0, 9), dtype=st.sampled_from([np.float16, np.float32]), seed=st.integers(0, 9)
+    n=st.integers(0, 40),
+    m=st.integers(0, 9),
+    dtype=st.sampled_from([np.float16, np.float32]),
+    seed=st.integers(0, 9),
 )
 def test_sorting_network_sorts_columns_like_np_sort(n, m, dtype, seed):
-    values = np.random.default_rng(seed).integers(0, 4, (n, m)).astype(dtype)  # ties in every column
+    values = (
+        np.random.default_rng(seed).integers(0, 4, (n, m)).astype(dtype)
+    )  # ties in every column
     got = sort_columns(values)
     assert got.dtype == np.float32
     assert np.array_equal(got, np.sort(values, axis=0).astype(np.float32))
@@ -249,9 +290,12 @@ def test_sort_columns_past_the_network_and_across_tiles(monkeypatch):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_every_level_at_once_equals_each_level_alone(shapes, gammas, min_per_row, seed):
-    """Shared bounds and one multi-rank partition give each level's per-row reference (ties, repeats included)."""
+    """Shared bounds and one multi-rank partition give each level's per-row reference (ties, repeats
+    included)."""
     layout, x, lo, hi = _tied_case(shapes, seed)
     got = contested_by_level(layout, x, gammas + gammas[:1], lo, hi, min_per_row)
     assert len(got) == len(gammas) + 1
     for gamma, contested in zip(gammas + gammas[:1], got):
-        assert np.array_equal(contested, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row))
+        assert np.array_equal(
+            contested, _contested_by_gathering(layout, x, gamma, lo, hi, min_per_row)
+        )

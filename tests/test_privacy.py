@@ -1,4 +1,5 @@
-"""Differential privacy of a node's uploads: the mechanisms, the accountant, the node's ledger and the settings."""
+"""Differential privacy of a node's uploads: the mechanisms, the accountant, the node's ledger and
+the settings."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from client.privacy import charge_reply, check_budget, ledger_path, open_ledger, private_config, save_ledger
+from client.privacy import (
+    charge_reply,
+    check_budget,
+    ledger_path,
+    open_ledger,
+    private_config,
+    save_ledger,
+)
 from common.config.node import parse_node_config
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
@@ -22,7 +30,13 @@ from common.fisher.estimation import per_example_fisher
 from common.methods import create_method
 from common.methods.base import LocalUpdate
 from common.models.architectures import build_model, model_layout, trainable_arrays
-from common.privacy.accountant import ORDERS, BudgetSpent, PrivacyLedger, calibrate_multiplier, epsilon_spent
+from common.privacy.accountant import (
+    ORDERS,
+    BudgetSpent,
+    PrivacyLedger,
+    calibrate_multiplier,
+    epsilon_spent,
+)
 from common.privacy.mechanism import fisher_noise_std, privatise_fisher
 from common.privacy.private_sgd import private_gradient
 from common.privacy.releases import fisher_uploads, node_releases
@@ -34,15 +48,17 @@ DELTA = 1e-5
 
 # ----------------------------------------------------------------- the accountant
 def test_one_gaussian_mechanism_spends_the_hand_computed_epsilon():
-    # One Gaussian mechanism of multiplier z over all the data: RDP a / (2 z^2) at order a, converted by
-    # eps = min_a [ rdp(a) + log((a - 1) / a) - (log(delta) + log(a)) / (a - 1) ].
+    # One Gaussian mechanism of multiplier z over all the data: RDP a / (2 z^2) at order a,
+    # converted by eps = min_a [ rdp(a) + log((a - 1) / a) - (log(delta) + log(a)) / (a - 1) ].
     z = 1.0
     a = np.array(ORDERS)
     by_hand = np.min(a / (2 * z**2) + np.log((a - 1) / a) - (np.log(DELTA) + np.log(a)) / (a - 1))
     assert epsilon_spent(z, ((1.0, 1),), DELTA) == pytest.approx(by_hand, rel=1e-9)
     assert by_hand == pytest.approx(4.7285, abs=1e-4)
     # k mechanisms of multiplier z compose to one of multiplier z / sqrt(k)
-    assert epsilon_spent(2.0, ((1.0, 4),), DELTA) == pytest.approx(epsilon_spent(1.0, ((1.0, 1),), DELTA), rel=1e-9)
+    assert epsilon_spent(2.0, ((1.0, 4),), DELTA) == pytest.approx(
+        epsilon_spent(1.0, ((1.0, 1),), DELTA), rel=1e-9
+    )
 
 
 def test_a_sampled_step_costs_less_than_a_full_one_and_nothing_costs_nothing():
@@ -92,7 +108,9 @@ def test_fisher_noise_has_the_gaussian_mechanism_scale():
     assert (noisy >= 0).all()
     assert np.mean(noisy == 0) == pytest.approx(0.5, abs=0.01)
     assert noisy[noisy > 0].mean() == pytest.approx(s * math.sqrt(2 / math.pi), rel=0.02)
-    assert np.array_equal(noisy, privatise_fisher(zeros, 1.5, 2.0, 30, seed=7))  # a rerun repeats it
+    assert np.array_equal(
+        noisy, privatise_fisher(zeros, 1.5, 2.0, 30, seed=7)
+    )  # a rerun repeats it
 
 
 def _data(n: int, seed: int) -> ArrayDataset:
@@ -111,9 +129,13 @@ def test_one_example_adds_at_most_clip_squared_to_the_fisher(clip, seed):
     whole = np.ones(layout.size, dtype=bool)
     for i in range(len(data)):
         one = np.array([i])
-        f = per_example_fisher(model, layout, params, whole, data, one, None, torch.device("cpu"), clip_norm=clip)
+        f = per_example_fisher(
+            model, layout, params, whole, data, one, None, torch.device("cpu"), clip_norm=clip
+        )
         raw = per_example_fisher(model, layout, params, whole, data, one, None, torch.device("cpu"))
-        assert f.sum() <= clip**2 * (1 + 1e-4)  # L1 of one clipped squared gradient, hence its L2 too
+        assert f.sum() <= clip**2 * (
+            1 + 1e-4
+        )  # L1 of one clipped squared gradient, hence its L2 too
         # clipping only scales an example's squared gradient down, by (clip / norm)^2
         assert np.allclose(f, raw * min(1.0, clip**2 / float(raw.sum())), rtol=1e-4, atol=1e-12)
 
@@ -126,7 +148,9 @@ def test_the_vectorised_fisher_clips_as_the_loop_does(name):
     data, idx, whole = _data(12, 3), np.arange(12), np.ones(layout.size, dtype=bool)
     cpu = torch.device("cpu")
     out = [
-        per_example_fisher(model, layout, params, whole, data, idx, None, cpu, chunk=5, vectorise=v, clip_norm=0.05)
+        per_example_fisher(
+            model, layout, params, whole, data, idx, None, cpu, chunk=5, vectorise=v, clip_norm=0.05
+        )
         for v in (False, True)
     ]
     assert np.allclose(out[0], out[1], rtol=1e-4, atol=1e-10)
@@ -150,7 +174,12 @@ def test_a_private_step_bounds_each_example_by_the_clip(clip, scale, seed):
     private_gradient([w], loss_of, 6, clip, 0.0, torch.Generator().manual_seed(0))
     with_all = w.grad * 6
     private_gradient(
-        [w], lambda i: loss_of(i) if i < 5 else (w @ torch.zeros(3)).sum(), 6, clip, 0.0, torch.Generator()
+        [w],
+        lambda i: loss_of(i) if i < 5 else (w @ torch.zeros(3)).sum(),
+        6,
+        clip,
+        0.0,
+        torch.Generator(),
     )
     assert float((with_all - w.grad * 6).norm()) <= 2 * clip * (1 + 1e-5)
 
@@ -167,7 +196,11 @@ def test_dp_sgd_without_noise_and_clipping_is_plain_sgd():
     runs = []
     for dp in (False, True):
         model = build_model("cnn", 10, 1, seed=0)
-        private = TrainConfig(**{**cfg.__dict__, "dp_grad_clip": 1e9, "dp_noise_multiplier": 0.0}) if dp else cfg
+        private = (
+            TrainConfig(**{**cfg.__dict__, "dp_grad_clip": 1e9, "dp_noise_multiplier": 0.0})
+            if dp
+            else cfg
+        )
         train_loop(model, data, private, torch.device("cpu"))
         runs.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
     assert torch.allclose(runs[0], runs[1], atol=1e-5)
@@ -175,7 +208,9 @@ def test_dp_sgd_without_noise_and_clipping_is_plain_sgd():
 
 def test_a_private_round_repeats_to_the_bit():
     data = _data(40, 2)
-    cfg = TrainConfig(epochs=1, batch_size=8, lr=0.05, seed=5, dp_grad_clip=1.0, dp_noise_multiplier=1.1)
+    cfg = TrainConfig(
+        epochs=1, batch_size=8, lr=0.05, seed=5, dp_grad_clip=1.0, dp_noise_multiplier=1.1
+    )
     out = []
     for _ in range(2):
         model = build_model("cnn", 10, 1, seed=0)
@@ -202,12 +237,18 @@ def test_privacy_settings_parse():
         ({"dp-fisher-clip": 0.0}, "dp-fisher-clip"),
         ({"dp-grad-clip": -1.0}, "dp-grad-clip"),
         ({"dp-epsilon": 4.0, "model": "cnn", "dp-noise-multiplier": 0.0}, "dp-noise-multiplier"),
-        ({"dp-epsilon": 4.0, "model": "cnn-bn"}, "model"),  # it normalises by the minibatch's statistics
+        (
+            {"dp-epsilon": 4.0, "model": "cnn-bn"},
+            "model",
+        ),  # it normalises by the minibatch's statistics
         ({"dp-epsilon": 4.0, "model": "cnn", "method": "cahfp"}, "method"),
         ({"dp-epsilon": 4.0, "model": "cnn", "fisher-estimator": "path"}, "fisher-estimator"),
         ({"dp-epsilon": 4.0, "model": "cnn", "method": "heterofl"}, "width-label-split"),
         ({"dp-epsilon": 4.0, "model": "cnn", "label-mask": True}, "label-mask"),
-        ({"dp-epsilon": 4.0, "model": "cnn", "method": "heterofl", "width-label-split": False}, "label-mask"),
+        (
+            {"dp-epsilon": 4.0, "model": "cnn", "method": "heterofl", "width-label-split": False},
+            "label-mask",
+        ),
     ],
 )
 def test_bad_privacy_settings_are_refused_naming_the_key(raw, key):
@@ -219,7 +260,13 @@ def test_bad_privacy_settings_are_refused_naming_the_key(raw, key):
 def _node_setup(tmp_path, monkeypatch, **extra):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     run = parse_run_config(
-        {"dp-epsilon": 3.0, "model": "cnn", "method": "fedavg", "results-dir": str(tmp_path / "r"), **extra}
+        {
+            "dp-epsilon": 3.0,
+            "model": "cnn",
+            "method": "fedavg",
+            "results-dir": str(tmp_path / "r"),
+            **extra,
+        }
     )
     node = parse_node_config({"partition-id": 0, "num-partitions": 2, "capacity": 1.0})
     return run, node, create_method(run)
@@ -229,18 +276,27 @@ def _update() -> LocalUpdate:
     return LocalUpdate({P.DELTA: np.zeros(3, dtype=np.float32)}, 10, 0.1, 0.1, 0.0)
 
 
-def test_a_node_refuses_a_reply_past_its_budget_and_keeps_its_ledger_across_a_resume(tmp_path, monkeypatch):
-    run, node, method = _node_setup(tmp_path, monkeypatch, **{"dp-noise-multiplier": 1.0, "local-epochs": 1})
+def test_a_node_refuses_a_reply_past_its_budget_and_keeps_its_ledger_across_a_resume(
+    tmp_path, monkeypatch
+):
+    run, node, method = _node_setup(
+        tmp_path, monkeypatch, **{"dp-noise-multiplier": 1.0, "local-epochs": 1}
+    )
     cfg = private_config(round_train_config(run, node, 1), method, run, 480)
     assert cfg.dp_noise_multiplier == 1.0 and cfg.dp_grad_clip == 1.0
-    # 15 steps on 32 of 480 examples at z = 1 spend 2.85; a second round's would take the node to 3.45
-    first = charge_reply(open_ledger(run, node, 7), _update(), method, run, node, cfg, 480, run_id=7)["dp-epsilon"]
+    # 15 steps on 32 of 480 examples at z = 1 spend 2.85; a second round's would take the node to
+    # 3.45
+    first = charge_reply(
+        open_ledger(run, node, 7), _update(), method, run, node, cfg, 480, run_id=7
+    )["dp-epsilon"]
     assert first == pytest.approx(epsilon_spent(1.0, node_releases(480, 32, 1, 1, 0), DELTA))
     with pytest.raises(BudgetSpent, match="privacy budget is spent"):
         charge_reply(open_ledger(run, node, 7), _update(), method, run, node, cfg, 480, run_id=7)
     with pytest.raises(BudgetSpent):  # and the next round is refused before it trains
         check_budget(open_ledger(run, node, 7), cfg, 480)
-    check_budget(open_ledger(run, node, 7), replace(cfg, epochs=0), 480)  # no step: nothing to refuse
+    check_budget(
+        open_ledger(run, node, 7), replace(cfg, epochs=0), 480
+    )  # no step: nothing to refuse
     # a resumed run (a new Flower run id) goes on from the ledger; a new run starts a new one
     resumed = run.model_copy(update={"resume": True})
     assert open_ledger(resumed, node, run_id=8).spent() == pytest.approx(first)
@@ -259,7 +315,9 @@ def test_the_auto_multiplier_lets_a_node_train_every_round_within_its_budget(tmp
     run, node, method = _node_setup(tmp_path, monkeypatch, **{"num-rounds": 4, "local-epochs": 1})
     for rnd in range(1, 5):
         cfg = private_config(round_train_config(run, node, rnd), method, run, 300)
-        out = charge_reply(open_ledger(run, node, 3), _update(), method, run, node, cfg, 300, run_id=3)
+        out = charge_reply(
+            open_ledger(run, node, 3), _update(), method, run, node, cfg, 300, run_id=3
+        )
     assert 2.9 < out["dp-epsilon"] <= 3.0
 
 

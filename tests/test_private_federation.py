@@ -1,4 +1,5 @@
-"""A federation with differential privacy on, as `fibos local` runs it: nodes spend their budget and then stop."""
+"""A federation with differential privacy on, as `fibos local` runs it: nodes spend their budget and
+then stop."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_fedfibos_learns_within_each_nodes_budget(tmp_path):
 
 
 def test_a_node_past_its_budget_uploads_nothing_and_the_run_goes_on(tmp_path):
-    # z = 1 and local steps on 32 of a few hundred examples: a round or two fit in epsilon 3.7, four do not.
+    # z = 1 and local steps on 32 of a few hundred examples: a round or two fit in epsilon 3.7, four
+    # do not.
     metrics = run_local_federation(
         CAPACITIES,
         tmp_path,
@@ -59,7 +61,9 @@ def test_a_node_past_its_budget_uploads_nothing_and_the_run_goes_on(tmp_path):
     )
     rounds = metrics["rounds"]
     replies = [r["replies"] for r in rounds[1:]]
-    assert replies[0] == 3 and replies[-1] == 0 and replies == sorted(replies, reverse=True), replies
+    assert replies[0] == 3 and replies[-1] == 0 and replies == sorted(replies, reverse=True), (
+        replies
+    )
     statuses = [c["status"] for c in rounds[-1]["clients"]]
     assert all("privacy budget is spent" in s for s in statuses), statuses
     for before, after in zip(rounds[1:], rounds[2:]):

@@ -1,4 +1,5 @@
-"""A launcher killed outright leaves nothing running: its process group's guard stops what it started."""
+"""A launcher killed outright leaves nothing running: its process group's guard stops what it
+started."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SLEEPER = "import time; time.sleep(600)"
 # A daemon that starts a child in a session of its own, as Flower's SuperLink and SuperNodes do.
 DAEMON = (
-    f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], start_new_session=True); {SLEEPER}"
+    f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], "
+    f"start_new_session=True); {SLEEPER}"
 )
 # A launcher: a process group with that daemon and a plain child; it sleeps until killed.
 LAUNCHER = """
@@ -59,10 +61,14 @@ def _cmdline(pid: int) -> bytes:
 
 def _sleeper(marker: str) -> subprocess.Popen:
     key, value = marker.split("=", 1)
-    return subprocess.Popen([sys.executable, "-c", SLEEPER], env={**os.environ, key: value}, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SLEEPER], env={**os.environ, key: value}, start_new_session=True
+    )
 
 
-def test_a_sigkilled_launchers_processes_are_stopped_by_its_guard(tmp_path: Path, marker: str) -> None:
+def test_a_sigkilled_launchers_processes_are_stopped_by_its_guard(
+    tmp_path: Path, marker: str
+) -> None:
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, marker, str(tmp_path), DAEMON, SLEEPER],
         cwd=ROOT,
@@ -72,14 +78,21 @@ def test_a_sigkilled_launchers_processes_are_stopped_by_its_guard(tmp_path: Path
     )
     try:
         assert launcher.stdout.readline().strip() == "started"
-        assert wait_until(lambda: len(_carrying(marker)) == 3, 30), _carrying(marker)  # daemon, its child, child
+        assert wait_until(lambda: len(_carrying(marker)) == 3, 30), _carrying(
+            marker
+        )  # daemon, its child, child
         launcher.kill()
         launcher.wait()
-        assert wait_until(lambda: _carrying(marker) == [], 20), f"still running: {_carrying(marker)}"
+        assert wait_until(lambda: _carrying(marker) == [], 20), (
+            f"still running: {_carrying(marker)}"
+        )
     finally:
         launcher.kill()
         launcher.wait()
-    assert "the launcher died without stopping its processes; stopping PIDs" in (tmp_path / "guard.log").read_text()
+    assert (
+        "the launcher died without stopping its processes; stopping PIDs"
+        in (tmp_path / "guard.log").read_text()
+    )
 
 
 def test_a_group_stopped_by_its_launcher_lets_its_guard_go(tmp_path: Path, marker: str) -> None:
@@ -107,7 +120,8 @@ def test_the_guard_acts_only_when_the_pipe_ends_without_a_release(marker: str) -
 
 
 def test_a_sigkilled_fibos_local_leaves_no_federation_running(tmp_path: Path) -> None:
-    """The whole federation (SuperLink, SuperNodes, Flower's detached children, ``flwr run``) ends with it."""
+    """The whole federation (SuperLink, SuperNodes, Flower's detached children, ``flwr run``) ends
+    with it."""
     results = tmp_path / "run"
     launch = subprocess.Popen(
         [sys.executable, "-m", "cli.fibos", "local", "--capacities", "1,1/4", "--rounds", "50"]
@@ -127,7 +141,9 @@ def test_a_sigkilled_fibos_local_leaves_no_federation_running(tmp_path: Path) ->
 
     try:
         # Killed once Flower's detached children work too: the ServerApp, and a ClientApp on a node.
-        assert wait_until(lambda: running(b"flwr-serverapp") and running(b"flwr-clientapp"), 300), federation()
+        assert wait_until(lambda: running(b"flwr-serverapp") and running(b"flwr-clientapp"), 300), (
+            federation()
+        )
         assert len(federation()) >= 6, federation()  # and the SuperLink, two SuperNodes, flwr run
         launch.kill()
         launch.wait()

@@ -12,7 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.ranking.ranking_rules import main, pooled_fisher, rule_scores, run_rankings, submodel_accuracy
+from benchmarks.ranking.ranking_rules import (
+    main,
+    pooled_fisher,
+    rule_scores,
+    run_rankings,
+    submodel_accuracy,
+)
 from common.config.parse import parse_run_config
 from common.data.datasets import load_dataset
 from common.fisher.selection import budget
@@ -34,7 +40,9 @@ def test_each_rule_orders_positions_as_its_formula(pairs):
         # same order: every pair the formula separates clearly, the scores separate the same way
         i, j = np.triu_indices(len(x), 1)
         clear = np.abs(brute[i] - brute[j]) > 1e-9 * np.maximum(brute[i], brute[j])
-        assert np.all(np.sign(scores[i] - scores[j])[clear] == np.sign(brute[i] - brute[j])[clear]), rule
+        assert np.all(
+            np.sign(scores[i] - scores[j])[clear] == np.sign(brute[i] - brute[j])[clear]
+        ), rule
 
 
 def test_a_fisher_rule_without_a_fisher_and_an_unknown_rule_are_refused():
@@ -71,20 +79,29 @@ def test_a_submodel_is_the_top_k_by_the_scores_and_zero_elsewhere():
 
 
 def test_a_finished_run_folder_is_reported_per_rule_and_capacity(tmp_path, capsys):
-    run = parse_run_config({"dataset": "digits", "partitioner": "dirichlet", "seed": 1, "fisher-examples": 8}).flat()
+    run = parse_run_config(
+        {"dataset": "digits", "partitioner": "dirichlet", "seed": 1, "fisher-examples": 8}
+    ).flat()
     run["capacity_mix"] = "1.0,0.25"
     (tmp_path / "metrics.json").write_text(json.dumps({"run": run, "rounds": []}))
     model = build_run_model(parse_run_config({"dataset": "digits"}), 10, 1)
     torch.save(model.state_dict(), tmp_path / "model.pt")
 
-    found = run_rankings(tmp_path, [Fraction(1, 4), Fraction(1)], ["fisher", "client-fisher", "magnitude"])
+    found = run_rankings(
+        tmp_path, [Fraction(1, 4), Fraction(1)], ["fisher", "client-fisher", "magnitude"]
+    )
     assert found.method == "fedfibos"
     # capacity 1 keeps every position: the full model's accuracy whatever the rule
-    assert {found.by_rule[r, Fraction(1)] for r in ("fisher", "client-fisher", "magnitude")} == {found.accuracy}
+    assert {found.by_rule[r, Fraction(1)] for r in ("fisher", "client-fisher", "magnitude")} == {
+        found.accuracy
+    }
     assert all(0.0 <= v <= 1.0 for v in found.by_rule.values())
 
     out = tmp_path / "rules.csv"
-    assert main([str(tmp_path), "--capacities", "1/4", "--rules", "magnitude,obd", "--out", str(out)]) == 0
+    assert (
+        main([str(tmp_path), "--capacities", "1/4", "--rules", "magnitude,obd", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "| fedfibos | 1 | " in printed and "`obd`" in printed
     rows = list(csv.DictReader(out.open()))

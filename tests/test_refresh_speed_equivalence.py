@@ -1,10 +1,12 @@
-"""The faster formulations of a refresh round's server steps give the previous formulations' results to the bit.
+"""The faster formulations of a refresh round's server steps give the previous formulations' results
+to the bit.
 
-Each test keeps the previous code (or the general path it replaced) as the reference and compares bytes:
-the fused Fisher selection and the pruned top-k against a full partition of every score, the gathers of the
-download and of ``fisher-at`` against boolean indexing, the mask's positions shared by the download and its
-code, the Fisher decoded by positions against the mask, the running sums' ``np.add.at`` against gather, add and
-scatter, and the Fisher state's EMA folded into the normalisation against the separate passes.
+Each test keeps the previous code (or the general path it replaced) as the reference and compares
+bytes: the fused Fisher selection and the pruned top-k against a full partition of every score, the
+gathers of the download and of ``fisher-at`` against boolean indexing, the mask's positions shared
+by the download and its code, the Fisher decoded by positions against the mask, the running sums'
+``np.add.at`` against gather, add and scatter, and the Fisher state's EMA folded into the
+normalisation against the separate passes.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from common.wire.validation import ReplyRecords, SentSubmodel
 
 
 def _full_partition_mask(layout: ParamLayout, x, f, gamma, min_per_row, keep_vectors) -> np.ndarray:
-    """The previous ``fisher`` selection: every score made and partitioned (the blockwise pass turned off)."""
+    """The previous ``fisher`` selection: every score made and partitioned (the blockwise pass
+    turned off)."""
     with mock.patch.object(selection, "_fisher_mask", return_value=None):
         return select_mask(layout, x, gamma, "fisher", f, min_per_row, keep_vectors)
 
@@ -58,9 +61,12 @@ _shapes = st.lists(
     seed=st.integers(0, 2**16),
     sample=st.sampled_from([2, 64, 1 << 20]),
 )
-def test_fused_fisher_selection_is_the_full_partition(shapes, inert, m, keep, gamma, levels, seed, sample):
-    """Few distinct values (ties in rows and at the threshold), inert tensors; samples of every score (the floor
-    then always holds enough candidates) and tiny ones (floors that fall back to the general path)."""
+def test_fused_fisher_selection_is_the_full_partition(
+    shapes, inert, m, keep, gamma, levels, seed, sample
+):
+    """Few distinct values (ties in rows and at the threshold), inert tensors; samples of every
+    score (the floor then always holds enough candidates) and tiny ones (floors that fall back to
+    the general path)."""
     arrays = {f"t{i}": np.zeros(s) for i, s in enumerate(shapes)}
     layout = ParamLayout.from_arrays(arrays, frozenset(n for n, dead in zip(arrays, inert) if dead))
     rng = np.random.default_rng(seed)
@@ -78,7 +84,8 @@ def test_fused_fisher_selection_is_the_full_partition(shapes, inert, m, keep, ga
 
 
 def test_fused_selection_applies_on_a_large_model_and_matches():
-    """ResNet-sized rows and heavy-tailed values: the fused path itself (not its fallback) gives the mask."""
+    """ResNet-sized rows and heavy-tailed values: the fused path itself (not its fallback) gives the
+    mask."""
     shapes = [(64, 3, 3, 3), (64,), (128, 64, 3, 3), (128,), (256, 128, 3, 3), (10, 256)]
     layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
     rng = np.random.default_rng(7)
@@ -113,8 +120,9 @@ def test_fused_selection_raises_as_the_general_path():
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
 def test_a_value_that_is_not_finite_is_refused_after_the_float32_pass(bad):
-    """Without guards the block is first tried on float32 products; a value of x that is not finite sends it to
-    the float64 pass, which refuses it as the general path does (not a mask made of the rest)."""
+    """Without guards the block is first tried on float32 products; a value of x that is not finite
+    sends it to the float64 pass, which refuses it as the general path does (not a mask made of the
+    rest)."""
     layout = ParamLayout.from_arrays({"w": np.zeros((40, 300)), "b": np.zeros(40)})
     rng = np.random.default_rng(0)
     x = rng.standard_normal(layout.size).astype(np.float32)
@@ -122,8 +130,12 @@ def test_a_value_that_is_not_finite_is_refused_after_the_float32_pass(bad):
     k = layout.size // 16
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(selection, "PRUNE_MIN_FREE", 0)
-        mp.setattr(selection, "PRUNE_SAMPLE", 2000)  # every 6th position sampled: the bad one (5) is not
-        assert selection._fisher_mask(layout, x, f, k, 0, False) is not None  # the fused path applies here
+        mp.setattr(
+            selection, "PRUNE_SAMPLE", 2000
+        )  # every 6th position sampled: the bad one (5) is not
+        assert (
+            selection._fisher_mask(layout, x, f, k, 0, False) is not None
+        )  # the fused path applies here
         x[5] = bad
         with pytest.raises(ValueError, match="scores must be finite"):
             selection._fisher_mask(layout, x, f, k, 0, False)
@@ -155,7 +167,12 @@ def test_pruned_topk_is_the_full_partition(d, k_frac, forced_frac, levels, seed,
 
 
 @settings(max_examples=200, deadline=None)
-@given(d=st.integers(0, 300), density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16), block=st.sampled_from([5, 64]))
+@given(
+    d=st.integers(0, 300),
+    density=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**16),
+    block=st.sampled_from([5, 64]),
+)
 def test_gathers_are_boolean_indexing(d, density, seed, block):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(d).astype(np.float32)
@@ -168,7 +185,9 @@ def test_gathers_are_boolean_indexing(d, density, seed, block):
         ENCODINGS.clear()
         payload = P.encode_submodel(x, mask)
     ENCODINGS.clear()
-    kind, data = encode_mask(mask)  # the previous download: its own code of the mask, then boolean indexing
+    kind, data = encode_mask(
+        mask
+    )  # the previous download: its own code of the mask, then boolean indexing
     assert (payload.mask_kind, payload.mask_data.tobytes()) == (kind, data.tobytes())
     assert payload.digest == mask_digest(kind, data)
     assert payload.values.tobytes() == x[mask].tobytes()
@@ -177,7 +196,8 @@ def test_gathers_are_boolean_indexing(d, density, seed, block):
 
 @pytest.mark.parametrize("outside", [False, True])
 def test_a_gather_of_every_position_is_a_copy_of_the_values(outside):
-    """A capacity-1 download (or the outside of an empty mask) takes every value, in a buffer of its own."""
+    """A capacity-1 download (or the outside of an empty mask) takes every value, in a buffer of its
+    own."""
     x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
     mask = np.full(x.size, not outside)
     got = P.outside_values(x, mask) if outside else P.selected_values(x, mask)
@@ -186,7 +206,9 @@ def test_a_gather_of_every_position_is_a_copy_of_the_values(outside):
 
 
 def test_fisher_request_sends_the_values_outside_the_mask():
-    run = parse_run_config({"fisher-encoding": "masked", "fisher-estimator": "global", "fedfibos-byte-budget": 0})
+    run = parse_run_config(
+        {"fisher-encoding": "masked", "fisher-estimator": "global", "fedfibos-byte-budget": 0}
+    )
     method = create_method(run)
     layout = ParamLayout.from_arrays({"w": np.zeros((40, 50)), "b": np.zeros(40)})
     method.start_server(layout)
@@ -195,13 +217,18 @@ def test_fisher_request_sends_the_values_outside_the_mask():
     mask = rng.random(layout.size) < 0.3
     request = method.fisher_request("client-a", 1, x, mask)
     assert request is not None
-    assert request.arrays[P.VALUES].tobytes() == np.ascontiguousarray(x[~mask], dtype=np.float32).tobytes()
+    assert (
+        request.arrays[P.VALUES].tobytes()
+        == np.ascontiguousarray(x[~mask], dtype=np.float32).tobytes()
+    )
 
 
 @settings(max_examples=100, deadline=None)
 @given(density=st.floats(0.0, 1.0), seed=st.integers(0, 2**16))
 def test_masked_fisher_decoded_by_positions_is_decoded_by_mask(density, seed):
-    layout = ParamLayout.from_arrays({"w": np.zeros((6, 7)), "v": np.zeros(5), "c": np.zeros((3, 2, 2))})
+    layout = ParamLayout.from_arrays(
+        {"w": np.zeros((6, 7)), "v": np.zeros(5), "c": np.zeros((3, 2, 2))}
+    )
     rng = np.random.default_rng(seed)
     mask = rng.random(layout.size) < density
     fisher = rng.lognormal(0, 1, layout.size).astype(np.float32)
@@ -227,13 +254,18 @@ def test_validate_decodes_the_fisher_as_from_the_mask():
         sent = SentSubmodel(1, 2, mask, download.digest, 10, True)
         arrays = {P.DELTA: rng.standard_normal(sent.kept).astype(np.float32)}
         arrays.update(encode_fisher(fisher, mask, layout, "masked"))
-        reply = method.validate(ReplyRecords(arrays, metrics, {"round": 2, "mask-digest": sent.digest}), sent, x)
-        want = decode_fisher({n: a for n, a in arrays.items() if n != P.DELTA}, mask, layout, "masked")
+        reply = method.validate(
+            ReplyRecords(arrays, metrics, {"round": 2, "mask-digest": sent.digest}), sent, x
+        )
+        want = decode_fisher(
+            {n: a for n, a in arrays.items() if n != P.DELTA}, mask, layout, "masked"
+        )
         assert reply.fisher.tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize(
-    ("bad", "message"), [(np.nan, "NaN or Inf"), (np.inf, "NaN or Inf"), (-np.inf, "NaN or Inf"), (-1.0, "negative")]
+    ("bad", "message"),
+    [(np.nan, "NaN or Inf"), (np.inf, "NaN or Inf"), (-np.inf, "NaN or Inf"), (-1.0, "negative")],
 )
 def test_fisher_payload_checks_keep_their_reasons(bad, message):
     layout = ParamLayout.from_arrays({"w": np.zeros((4, 5))})
@@ -247,7 +279,8 @@ def test_fisher_payload_checks_keep_their_reasons(bad, message):
 
 
 def _previous_holder_add(num, den, update):
-    """The previous :meth:`HolderSum.add`: gather, add and scatter back, a million entries at a time."""
+    """The previous :meth:`HolderSum.add`: gather, add and scatter back, a million entries at a
+    time."""
     w, k = update.weight, update.indices.size
     for lo in range(0, k, 1 << 20):
         hi = min(lo + (1 << 20), k)
@@ -278,10 +311,14 @@ def test_running_sums_add_as_gather_add_scatter(d, n, seed, block, index_type):
         mp.setattr(sums_module, "ADD_BLOCK", block)
         for _ in range(n):
             held = np.ones(d, bool) if rng.random() < 0.3 else rng.random(d) < rng.random()
-            delta = (rng.standard_normal(int(held.sum())) * 10.0 ** rng.integers(-6, 3)).astype(np.float32)
+            delta = (rng.standard_normal(int(held.sum())) * 10.0 ** rng.integers(-6, 3)).astype(
+                np.float32
+            )
             delta[rng.random(delta.size) < 0.1] = -0.0
             delta.flags.writeable = False
-            update = MaskedUpdate(np.flatnonzero(held).astype(index_type), delta, float(rng.integers(1, 5000)))
+            update = MaskedUpdate(
+                np.flatnonzero(held).astype(index_type), delta, float(rng.integers(1, 5000))
+            )
             _previous_holder_add(num, den, update)
             _previous_holder_add(previous_participant, np.zeros(d), update)
             holder.add(update)
@@ -291,7 +328,8 @@ def test_running_sums_add_as_gather_add_scatter(d, n, seed, block, index_type):
 
 
 def _previous_update(state: FisherState, key, fisher, weight, rnd) -> None:
-    """The previous :meth:`FisherState.update`'s arithmetic: normalise in 2^20 blocks, then the EMA in place."""
+    """The previous :meth:`FisherState.update`'s arithmetic: normalise in 2^20 blocks, then the EMA
+    in place."""
     flat = np.asarray(fisher).reshape(-1)
     mean = mean64(flat)
     out = np.empty(flat.shape, dtype=np.float32)
@@ -303,7 +341,9 @@ def _previous_update(state: FisherState, key, fisher, weight, rnd) -> None:
     if old is not None and state.ema > 0:
         out *= np.float32(1 - state.ema)
         out += np.multiply(old.fisher, np.float32(state.ema), dtype=np.float32)
-    state.clients[key] = state_module.ClientFisher(at_precision(out, state.precision), float(weight), rnd)
+    state.clients[key] = state_module.ClientFisher(
+        at_precision(out, state.precision), float(weight), rnd
+    )
 
 
 @settings(max_examples=100, deadline=None)
@@ -333,7 +373,8 @@ def test_fisher_state_update_is_normalise_then_ema(d, ema, precision, seed, bloc
 @pytest.mark.parametrize("levels", [30, 300, 10**6])
 @pytest.mark.parametrize("seed", range(4))
 def test_fused_selection_with_ties_at_the_threshold(levels, seed):
-    """Integer values: many positions share the threshold's score, so the ties go to the lower indices."""
+    """Integer values: many positions share the threshold's score, so the ties go to the lower
+    indices."""
     shapes = [(40, 90), (40,), (70, 120), (7, 3, 5)]
     layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
     rng = np.random.default_rng(seed)
@@ -356,7 +397,8 @@ def test_fused_selection_with_ties_at_the_threshold(levels, seed):
 
 
 def _colliding_values(rng: np.random.Generator, d: int, exponents: list[int]) -> np.ndarray:
-    """float32 values ``(1 + j 2^-23) 2^e``: products of two such differ in float64 and often tie in float32."""
+    """float32 values ``(1 + j 2^-23) 2^e``: products of two such differ in float64 and often tie in
+    float32."""
     mantissa = 1.0 + rng.integers(0, 8, size=d) * 2.0**-23
     return (mantissa * 2.0 ** rng.choice(exponents, size=d)).astype(np.float32)
 
@@ -373,16 +415,18 @@ def _colliding_values(rng: np.random.Generator, d: int, exponents: list[int]) ->
 def test_fused_selection_on_float32_rounded_products_is_the_float64_one(
     seed, gamma, f_exponents, x_exponents, block, sample
 ):
-    """Without guards the candidates are found on float32 products: values whose float64 products differ but
-    round to the same float32 (ties the float64 ranking does not have, some at the floor and the threshold),
-    products beyond float32's range (their blocks go in float64) and below it (rounded to zero) give the mask of
-    the float64 scores."""
+    """Without guards the candidates are found on float32 products: values whose float64 products
+    differ but round to the same float32 (ties the float64 ranking does not have, some at the floor
+    and the threshold), products beyond float32's range (their blocks go in float64) and below it
+    (rounded to zero) give the mask of the float64 scores."""
     shapes = [(30, 40), (30,), (50, 61), (4, 3, 5, 5)]
     layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
     rng = np.random.default_rng(seed)
     f = _colliding_values(rng, layout.size, f_exponents)
     f[rng.random(layout.size) < 0.05] = 0.0
-    x = _colliding_values(rng, layout.size, x_exponents) * rng.choice([-1.0, 1.0], size=layout.size).astype(np.float32)
+    x = _colliding_values(rng, layout.size, x_exponents) * rng.choice(
+        [-1.0, 1.0], size=layout.size
+    ).astype(np.float32)
     products = f.astype(np.float64) * np.abs(x.astype(np.float64))
     with np.errstate(over="ignore"):  # some products are beyond float32's range, as meant
         rounded = products.astype(np.float32)
@@ -400,8 +444,8 @@ def test_fused_selection_on_float32_rounded_products_is_the_float64_one(
 
 
 def test_fused_selection_finds_candidates_on_float32_products_unless_a_guard_reads_the_scores():
-    """The float32 pass is taken for the unguarded blocks of float32 values (and the mask is the float64 one);
-    a guard's block, or float64 values, are scored in float64 only."""
+    """The float32 pass is taken for the unguarded blocks of float32 values (and the mask is the
+    float64 one); a guard's block, or float64 values, are scored in float64 only."""
     shapes = [(64, 3, 3, 3), (64,), (128, 64, 3, 3), (10, 128)]
     layout = ParamLayout.from_arrays({f"t{i}": np.zeros(s) for i, s in enumerate(shapes)})
     rng = np.random.default_rng(3)
@@ -437,16 +481,18 @@ def test_fused_selection_finds_candidates_on_float32_products_unless_a_guard_rea
 @pytest.mark.parametrize(
     ("floor", "k", "want"),
     [
-        # The floor is P's score: Q rounds to the floor from below it and must not become a candidate (the
-        # float64 block's R, tied with Q and at a lower index, would then lose to it).
+        # The floor is P's score: Q rounds to the floor from below it and must not become a
+        # candidate (the float64 block's R, tied with Q and at a lower index, would then lose to
+        # it).
         (1 + 2.0**-22 + 2.0**-46, 3, [0, 1, 8]),
-        # The floor is Q's score, exactly representable: the positions whose rounded product equals it are
-        # candidates (P and Q), and P is the second largest.
+        # The floor is Q's score, exactly representable: the positions whose rounded product equals
+        # it are candidates (P and Q), and P is the second largest.
         (1 + 2.0**-22, 2, [0, 8]),
     ],
 )
 def test_fused_selection_on_rounded_products_keeps_exactly_the_float64_candidates(floor, k, want):
-    """Hand-made: a float64 block (one product beyond float32's range) beside a float32 one, at a given floor."""
+    """Hand-made: a float64 block (one product beyond float32's range) beside a float32 one, at a
+    given floor."""
     layout = ParamLayout.from_arrays({"a": np.zeros((2, 4)), "b": np.zeros((2, 4))})
     f = np.full(layout.size, 0.5, dtype=np.float32)
     x = np.full(layout.size, 0.5, dtype=np.float32)
@@ -464,7 +510,8 @@ def test_fused_selection_on_rounded_products_keeps_exactly_the_float64_candidate
 
 
 def _previous_pack_fixed(values: np.ndarray, width: int) -> np.ndarray:
-    """The previous bit packing of the Elias-Fano low bits: every value unpacked to bits, then packed."""
+    """The previous bit packing of the Elias-Fano low bits: every value unpacked to bits, then
+    packed."""
     dt = mask_codec._uint_dtype(width)
     as_bytes = values.astype(dt).view(np.uint8).reshape(values.size, dt.itemsize)
     return np.packbits(np.unpackbits(as_bytes, axis=1)[:, 8 * dt.itemsize - width :])
@@ -499,7 +546,10 @@ def test_full_mask_positions_read_off_the_packed_bytes(d, flip, padding):
         packed[-1] |= 1  # a padding bit set: ignored, as unpacking the first d bits ignores it
     n = int(np.count_nonzero(np.unpackbits(packed, count=d)))
     if n == d:
-        assert mask_codec.packed_positions(packed, d, d).tobytes() == np.arange(d, dtype=np.int32).tobytes()
+        assert (
+            mask_codec.packed_positions(packed, d, d).tobytes()
+            == np.arange(d, dtype=np.int32).tobytes()
+        )
     else:
         with pytest.raises(ValueError, match=f"holds {n} set positions, expected {d}"):
             mask_codec.packed_positions(packed, d, d)

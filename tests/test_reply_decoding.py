@@ -1,5 +1,5 @@
-"""Replies decoded without copies: positions from the packed mask (int32), the delta a read-only view, and
-encodings of masks met again looked up by content."""
+"""Replies decoded without copies: positions from the packed mask (int32), the delta a read-only
+view, and encodings of masks met again looked up by content."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ def _masks(draw):
 def test_packed_positions_are_flatnonzero_of_the_unpacked_mask(mask, block):
     d, kept = mask.size, int(mask.sum())
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(codec, "_POSITIONS_BLOCK", block)  # blocks of 8 and 24 bits: every boundary crossed
+        mp.setattr(
+            codec, "_POSITIONS_BLOCK", block
+        )  # blocks of 8 and 24 bits: every boundary crossed
         got = packed_positions(np.packbits(mask), d, kept)
     assert got.dtype == np.int32
     assert np.array_equal(got, np.flatnonzero(mask))
@@ -54,7 +56,9 @@ def test_packed_positions_ignore_padding_and_refuse_another_count():
     with pytest.raises(ValueError, match="more than 1 set positions"):
         packed_positions(np.packbits(mask), 3, 1)
     with pytest.raises(ValueError, match="holds 2 set positions, expected 3"):
-        packed_positions(np.packbits(np.array([1, 0, 1, 0], dtype=bool)), 4, 3)  # fewer than declared
+        packed_positions(
+            np.packbits(np.array([1, 0, 1, 0], dtype=bool)), 4, 3
+        )  # fewer than declared
     with pytest.raises(ValueError, match="uint8"):
         packed_positions(np.packbits(mask).astype(np.int16), 3, 2)
 
@@ -67,7 +71,9 @@ def test_position_dtype_is_int32_while_every_index_fits():
 
 def _reply(delta: np.ndarray, sent: SentSubmodel) -> ReplyRecords:
     metrics = {"num-examples": 10, "train-loss": 1.0, "train-seconds": 1.0, "fisher-seconds": 0.0}
-    return ReplyRecords({P.DELTA: delta}, metrics, {"round": sent.round, "mask-digest": sent.digest})
+    return ReplyRecords(
+        {P.DELTA: delta}, metrics, {"round": sent.round, "mask-digest": sent.digest}
+    )
 
 
 class _Layout:
@@ -89,7 +95,9 @@ def test_validated_update_is_the_received_delta_read_only_with_int32_positions(d
     assert payload == {}
     assert u.indices.dtype == np.int32 and np.array_equal(u.indices, np.flatnonzero(mask))
     assert np.shares_memory(u.delta, delta) or delta.size == 0  # no copy of the received delta
-    assert not u.delta.flags.writeable and delta.flags.writeable  # the view is read-only, the buffer unchanged
+    assert (
+        not u.delta.flags.writeable and delta.flags.writeable
+    )  # the view is read-only, the buffer unchanged
     if delta.size:
         with pytest.raises(ValueError, match="read-only"):
             u.delta[0] = 1.0
@@ -97,13 +105,16 @@ def test_validated_update_is_the_received_delta_read_only_with_int32_positions(d
 
 
 def test_a_read_only_received_delta_is_accepted_as_is():
-    """A reply's arrays may be views on the received bytes (read-only): validation copies nothing."""
+    """A reply's arrays may be views on the received bytes (read-only): validation copies
+    nothing."""
     mask = np.array([True, False, True, True])
     sent = SentSubmodel(1, 2, mask, "digest", 100, fisher=False)
     raw = np.array([0.5, -1.0, 2.0], dtype=np.float32).tobytes()
     delta = np.frombuffer(raw, dtype=np.float32)
     reply, _ = validate_train_reply(_reply(delta, sent), sent, _Layout(4))
-    assert reply.update.delta.tolist() == [0.5, -1.0, 2.0] and np.shares_memory(reply.update.delta, delta)
+    assert reply.update.delta.tolist() == [0.5, -1.0, 2.0] and np.shares_memory(
+        reply.update.delta, delta
+    )
 
 
 def test_fedfibos_folds_a_validated_reply_to_the_same_bits_as_int64_positions_and_a_copied_delta():
@@ -164,7 +175,9 @@ def test_encoding_cache_is_keyed_by_content_and_bounded(monkeypatch):
         encode_mask(m)
     assert cache.nbytes <= 100 and len(cache) == 100 // 6
     big = EncodingCache(limit=4)
-    big.put((1, "indices", b"k"), np.arange(10, dtype=np.uint16))  # larger than the whole cache: not kept
+    big.put(
+        (1, "indices", b"k"), np.arange(10, dtype=np.uint16)
+    )  # larger than the whole cache: not kept
     assert len(big) == 0
 
 
@@ -194,7 +207,9 @@ def test_fedfibos_validates_a_reply_without_fisher_to_int32_positions():
     delta = rng.standard_normal(int(mask.sum())).astype(np.float32)
     reply = method.validate(_reply(delta, sent), sent, np.zeros(d, dtype=np.float32))
     assert reply.fisher is None and reply.update.indices.dtype == np.int32
-    assert np.array_equal(reply.update.indices, np.flatnonzero(mask)) and np.shares_memory(reply.update.delta, delta)
+    assert np.array_equal(reply.update.indices, np.flatnonzero(mask)) and np.shares_memory(
+        reply.update.delta, delta
+    )
 
 
 def _array(a: np.ndarray, version: tuple[int, int] | None = None, pickle: bool = False):
@@ -204,7 +219,9 @@ def _array(a: np.ndarray, version: tuple[int, int] | None = None, pickle: bool =
 
     buf = io.BytesIO()
     np.lib.format.write_array(buf, a, version=version, allow_pickle=pickle)
-    return Array(dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=buf.getvalue())
+    return Array(
+        dtype=str(a.dtype), shape=tuple(a.shape), stype="numpy.ndarray", data=buf.getvalue()
+    )
 
 
 @pytest.mark.parametrize(
@@ -226,7 +243,9 @@ def test_array_view_is_what_numpy_loads_viewed_on_the_received_bytes(a):
 
     arr = Array(a)
     view, loaded = array_view(arr), arr.numpy()
-    assert view.dtype == loaded.dtype and view.shape == loaded.shape and np.array_equal(view, loaded)
+    assert (
+        view.dtype == loaded.dtype and view.shape == loaded.shape and np.array_equal(view, loaded)
+    )
     assert not view.flags.writeable
     if a.size:
         assert np.shares_memory(view, np.frombuffer(arr.data, dtype=np.uint8))  # no copy
@@ -255,7 +274,9 @@ def test_reply_parts_hand_the_validator_views_of_the_message():
     from server.replies import record_arrays
 
     delta = np.arange(6, dtype=np.float32)
-    record = ArrayRecord({P.DELTA: Array(delta), "fisher.rowmean": Array(np.ones(2, dtype=np.float32))})
+    record = ArrayRecord(
+        {P.DELTA: Array(delta), "fisher.rowmean": Array(np.ones(2, dtype=np.float32))}
+    )
     arrays = record_arrays(record)
     assert set(arrays) == {P.DELTA, "fisher.rowmean"} and np.array_equal(arrays[P.DELTA], delta)
     assert all(not a.flags.writeable for a in arrays.values())
@@ -276,7 +297,8 @@ def test_reply_parts_hand_the_validator_views_of_the_message():
     density=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]),
 )
 def test_row_filled_fisher_decodes_to_the_bits_of_the_row_id_gather(shapes, seed, density):
-    """The masked and ranked Fisher decoders fill rows by repetition: the same bits as gathering by row id."""
+    """The masked and ranked Fisher decoders fill rows by repetition: the same bits as gathering by
+    row id."""
     from common.fisher.codec import decode_fisher, encode_fisher
     from common.models.layout import ParamLayout, TensorSpec
 
@@ -291,7 +313,9 @@ def test_row_filled_fisher_decodes_to_the_bits_of_the_row_id_gather(shapes, seed
     assert decode_fisher(payload, mask, layout, "masked").tobytes() == expected.tobytes()
     if mask.any():
         ranked = encode_fisher(fisher, mask, layout, "ranked")
-        top = decode_mask(codec.MASK_KINDS[int(ranked["fisher.setkind"][0])], ranked["fisher.set"], d)
+        top = decode_mask(
+            codec.MASK_KINDS[int(ranked["fisher.setkind"][0])], ranked["fisher.set"], d
+        )
         lo, hi = (float(v) for v in ranked["fisher.log8range"])
         from common.fisher.codec import _unlog8
 

@@ -40,13 +40,17 @@ def _setup():
     replies = {}
     for node_id, gamma, part in ((GOOD, 0.25, 0), (OTHER, 0.5, 1)):
         data = pool.subset(partition_indices(pool.y, "iid", 2, part, 0))
-        strategy.registry.nodes[node_id] = NodeProfile(gamma, "cpu", len(data), 10, f"partition-{part}")
+        strategy.registry.nodes[node_id] = NodeProfile(
+            gamma, "cpu", len(data), 10, f"partition-{part}"
+        )
         mask, _ = strategy.node_mask(node_id, ROUND)
         from common.wire.protocol import encode_submodel
 
         payload = encode_submodel(strategy.x, mask)
         plan.sent[node_id] = SentSubmodel(node_id, ROUND, mask, payload.digest, len(data))
-        plan.clients[node_id] = ClientRound(node_id, gamma, "cpu", "magnitude", int(mask.sum()), 0.0, 0, 0, 0, "")
+        plan.clients[node_id] = ClientRound(
+            node_id, gamma, "cpu", "magnitude", int(mask.sum()), 0.0, 0, 0, 0, ""
+        )
         res = train_masked(
             build_model("cnn", 10, 1, 0),
             layout,
@@ -61,7 +65,12 @@ def _setup():
         replies[node_id] = ReplyParts(
             node_id=node_id,
             arrays=arrays,
-            metrics={"num-examples": len(data), "train-loss": 1.0, "train-seconds": 0.5, "fisher-seconds": 0.01},
+            metrics={
+                "num-examples": len(data),
+                "train-loss": 1.0,
+                "train-seconds": 0.5,
+                "fisher-seconds": 0.01,
+            },
             meta={"round": ROUND, "mask-digest": payload.digest},
         )
     return strategy, plan, replies
@@ -122,9 +131,13 @@ CATALOGUE = {
     "fisher negative": _poison("fisher.inside", 1, -1.0),
     "fisher NaN": _poison("fisher.rowmean", 0, np.nan),
     "fisher Inf": _poison("fisher.inside", 0, np.inf),
-    "fisher wrong length": _mutate_arrays(lambda a: a.update({"fisher.rowmean": a["fisher.rowmean"][:-2]})),
+    "fisher wrong length": _mutate_arrays(
+        lambda a: a.update({"fisher.rowmean": a["fisher.rowmean"][:-2]})
+    ),
     "fisher missing": _mutate_arrays(lambda a: a.pop("fisher.inside")),
-    "oversized payload": _mutate_arrays(lambda a: a.update({P.DELTA: np.zeros(5_000_000, np.float32)})),
+    "oversized payload": _mutate_arrays(
+        lambda a: a.update({P.DELTA: np.zeros(5_000_000, np.float32)})
+    ),
     "zero examples": _set("metrics", "num-examples", 0),
     "negative examples": _set("metrics", "num-examples", -5),
     "absurd examples": _set("metrics", "num-examples", 10**9),
@@ -192,13 +205,19 @@ def test_valid_replies_change_only_held_positions(base):
     held = plan.sent[GOOD].mask | plan.sent[OTHER].mask
     assert np.array_equal(s.x[~held], strategy.x[~held])
     assert not np.array_equal(s.x[held], strategy.x[held])
-    assert set(s.method.fisher.clients) == {"partition-0", "partition-1"}  # keyed by the stable client key
+    assert set(s.method.fisher.clients) == {
+        "partition-0",
+        "partition-1",
+    }  # keyed by the stable client key
 
 
 def test_evaluate_and_profile_validation():
     sent = SentSubmodel(1, 2, np.ones(4, bool), "abc", 100)
     ok = validate_evaluate_reply(
-        {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.9}, {"round": 2, "mask-digest": "abc"}, sent, 10
+        {"num-examples": 10, "eval-loss": 0.5, "eval-acc": 0.9},
+        {"round": 2, "mask-digest": "abc"},
+        sent,
+        10,
     )
     assert ok["eval-acc"] == 0.9
     from common.wire.validation import ReplyError
@@ -210,7 +229,9 @@ def test_evaluate_and_profile_validation():
     ):
         with pytest.raises(ReplyError):
             validate_evaluate_reply(metrics, {"round": 2, "mask-digest": "abc"}, sent, 10)
-    assert validate_profile({"capacity": 0.5, "num-train-examples": 10, "num-test-examples": 3}, None) == (0.5, 10, 3)
+    assert validate_profile(
+        {"capacity": 0.5, "num-train-examples": 10, "num-test-examples": 3}, None
+    ) == (0.5, 10, 3)
     for metrics, err in (
         ({"capacity": 0.0, "num-train-examples": 10, "num-test-examples": 3}, None),
         ({"capacity": 1.5, "num-train-examples": 10, "num-test-examples": 3}, None),
@@ -259,14 +280,21 @@ def test_round_below_min_replies_is_skipped_and_changes_nothing(base):
 
 
 def test_replies_fold_in_client_key_order_whatever_the_node_ids(base):
-    """Node ids are drawn anew each run; the clients' keys are stable, so the fold order (and FedRolex's
-    order-dependent count weights) repeats from run to run."""
+    """Node ids are drawn anew each run; the clients' keys are stable, so the fold order (and
+    FedRolex's order-dependent count weights) repeats from run to run."""
     strategy, plan, replies = base
-    assert strategy.registry.in_key_order([OTHER, GOOD]) == [GOOD, OTHER]  # partition-0, partition-1
+    assert strategy.registry.in_key_order([OTHER, GOOD]) == [
+        GOOD,
+        OTHER,
+    ]  # partition-0, partition-1
     s, p = copy.deepcopy((strategy, plan))
     s.registry.nodes[GOOD] = dataclasses.replace(s.registry.nodes[GOOD], key="partition-9")
     assert s.registry.in_key_order([GOOD, OTHER]) == [OTHER, GOOD]
-    assert s.registry.in_key_order([999, GOOD, OTHER]) == [OTHER, GOOD, 999]  # a node never discovered comes last
+    assert s.registry.in_key_order([999, GOOD, OTHER]) == [
+        OTHER,
+        GOOD,
+        999,
+    ]  # a node never discovered comes last
     folded = []
     s.method.round_fold = lambda x, rnd, least: _Recorder(folded)
     s.apply_train_replies(p, [copy.deepcopy(replies[GOOD]), copy.deepcopy(replies[OTHER])])

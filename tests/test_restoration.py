@@ -33,9 +33,14 @@ kinds = st.sampled_from(["memory", "bandwidth"])
     times=st.lists(st.floats(0, 120), min_size=2, max_size=20),
     kind=kinds,
 )
-def test_budget_monotone_and_bounded(schedule, capacity, start, ceiling, rounds, factor, times, kind):
+def test_budget_monotone_and_bounded(
+    schedule, capacity, start, ceiling, rounds, factor, times, kind
+):
     times = sorted(times)
-    g = [restoration_budget(schedule, t, capacity, start, ceiling, rounds, factor, kind) for t in times]
+    g = [
+        restoration_budget(schedule, t, capacity, start, ceiling, rounds, factor, kind)
+        for t in times
+    ]
     end = min(ceiling, capacity) if kind == "memory" else ceiling
     assert all(b >= a for a, b in zip(g, g[1:])), g
     assert all(0 < v <= end for v in g), (g, end)
@@ -56,14 +61,22 @@ def test_budget_monotone_and_bounded(schedule, capacity, start, ceiling, rounds,
     factor=st.floats(1.05, 8),
     kind=kinds,
 )
-def test_budget_reaches_the_ceiling_at_restore_rounds(schedule, capacity, start, ceiling, rounds, factor, kind):
+def test_budget_reaches_the_ceiling_at_restore_rounds(
+    schedule, capacity, start, ceiling, rounds, factor, kind
+):
     end = min(ceiling, capacity) if kind == "memory" else ceiling
-    assert restoration_budget(schedule, rounds, capacity, start, ceiling, rounds, factor, kind) == end
-    assert restoration_budget(schedule, rounds + 7.5, capacity, start, ceiling, rounds, factor, kind) == end
+    assert (
+        restoration_budget(schedule, rounds, capacity, start, ceiling, rounds, factor, kind) == end
+    )
+    assert (
+        restoration_budget(schedule, rounds + 7.5, capacity, start, ceiling, rounds, factor, kind)
+        == end
+    )
 
 
 def test_bandwidth_kind_grows_a_small_client_to_the_full_model():
-    # capacity 1/16 starts at 0.25 / 16 in both kinds; memory stops at 1/16, bandwidth reaches the whole model
+    # capacity 1/16 starts at 0.25 / 16 in both kinds; memory stops at 1/16, bandwidth reaches the
+    # whole model
     for kind, end in (("memory", 0.0625), ("bandwidth", 1.0)):
         g = [restoration_budget("linear", t, 0.0625, 0.25, 1.0, 10, kind=kind) for t in (0, 5, 10)]
         assert g == pytest.approx([0.015625, 0.015625 + (end - 0.015625) / 2, end])
@@ -98,7 +111,15 @@ def test_budget_exact_values():
     ],
 )
 def test_budget_rejects_bad_arguments(kwargs):
-    args = dict(schedule="linear", t=1.0, capacity=0.5, start=0.25, ceiling=1.0, restore_rounds=5, factor=2.0)
+    args = dict(
+        schedule="linear",
+        t=1.0,
+        capacity=0.5,
+        start=0.25,
+        ceiling=1.0,
+        restore_rounds=5,
+        factor=2.0,
+    )
     args.update(kwargs)
     with pytest.raises(ValueError):
         restoration_budget(**args)
@@ -115,7 +136,9 @@ def test_masks_nested_and_of_exact_size(d, seed, ks):
     forced = rng.random(d) < 0.05
     prev = None
     for k in sorted(min(k, d) for k in ks):
-        scores = rng.normal(size=d)  # scores may change between steps (fisher rule): nesting must hold anyway
+        scores = rng.normal(
+            size=d
+        )  # scores may change between steps (fisher rule): nesting must hold anyway
         new = restore_mask(prev, k, scores, forced)
         held = forced | (prev if prev is not None else False)
         assert np.all(new[held]), "restoration dropped a held position"
@@ -186,7 +209,8 @@ def test_sync_strategy_masks_grow_with_rounds(kind):
     from server.strategy_core.node_registry import NodeProfile
 
     layout = _layout()
-    # the paper's text: a linear schedule and random restoration (the defaults are the published code's)
+    # the paper's text: a linear schedule and random restoration (the defaults are the published
+    # code's)
     options = {
         "gmr-schedule": "linear",
         "gmr-selection": "random",
@@ -196,18 +220,30 @@ def test_sync_strategy_masks_grow_with_rounds(kind):
     }
     cfg = parse_run_config({"method": "fedgmr", **options})
     strategy = SubmodelStrategy(cfg, layout)
-    strategy.registry.nodes = {7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"), 9: NodeProfile(1.0, "cpu", 10, 2, "edge-9")}
+    strategy.registry.nodes = {
+        7: NodeProfile(0.5, "cpu", 10, 2, "edge-7"),
+        9: NodeProfile(1.0, "cpu", 10, 2, "edge-9"),
+    }
     strategy.x = np.random.default_rng(1).normal(size=layout.size).astype(np.float32)
     for node_id, capacity in ((7, 0.5), (9, 1.0)):
         masks = [strategy.node_mask(node_id, rnd)[0] for rnd in range(1, 6)]
         sizes = [int(m.sum()) for m in masks]
         assert all(np.all(b[a]) for a, b in zip(masks, masks[1:]))  # nested
         assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
-        end = capacity if kind == "memory" else 1.0  # a bandwidth-limited node grows to the full model
+        end = (
+            capacity if kind == "memory" else 1.0
+        )  # a bandwidth-limited node grows to the full model
         assert sizes[3] == sizes[4] == budget(end, layout.size)  # ceiling reached at round 1 + 3
-    # central evaluation of a capacity level: the submodel a client of that capacity holds, not a fresh one
+    # central evaluation of a capacity level: the submodel a client of that capacity holds, not a
+    # fresh one
     level, source = strategy.level_mask(6 - 1, 0.5)
-    assert source == "held" and np.array_equal(level, strategy.method.restoration.clients["edge-7"].mask)
+    assert source == "held" and np.array_equal(
+        level, strategy.method.restoration.clients["edge-7"].mask
+    )
     assert set(strategy.method.restoration.clients) == {"edge-7", "edge-9"}
-    fresh, _ = strategy.level_mask(1 - 1, 0.25)  # no client of that capacity: a fresh, unremembered mask
-    assert fresh.sum() <= budget(0.25, layout.size) and set(strategy.method.restoration.clients) == {"edge-7", "edge-9"}
+    fresh, _ = strategy.level_mask(
+        1 - 1, 0.25
+    )  # no client of that capacity: a fresh, unremembered mask
+    assert fresh.sum() <= budget(0.25, layout.size) and set(
+        strategy.method.restoration.clients
+    ) == {"edge-7", "edge-9"}

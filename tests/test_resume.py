@@ -1,4 +1,5 @@
-"""Durable server state: SIGKILL the ServerApp mid-run, resume, and end with the uninterrupted result."""
+"""Durable server state: SIGKILL the ServerApp mid-run, resume, and end with the uninterrupted
+result."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_killed_serverapp_resumes_to_the_uninterrupted_model(tmp_path):
         thread = threading.Thread(target=first_attempt)
         thread.start()
         wait_for_round(out, 2)
-        # metrics.json is written just before the checkpoint: kill once the checkpoint holds round 2 too
+        # metrics.json is written just before the checkpoint: kill once the checkpoint holds round 2
+        # too
         deadline = time.monotonic() + 120
         while _checkpointed_round(out) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -1,4 +1,5 @@
-"""``resume=true`` refuses a missing or damaged checkpoint or metrics.json before anything starts, naming the file."""
+"""``resume=true`` refuses a missing or damaged checkpoint or metrics.json before anything starts,
+naming the file."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ DONE = 2  # the round the checkpoint holds
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """A results folder as a launch interrupted after round 2 of 3 leaves it (checkpoint, metrics.json)."""
+    """A results folder as a launch interrupted after round 2 of 3 leaves it (checkpoint,
+    metrics.json)."""
     cfg = launcher.check_run_config({"results-dir": str(tmp_path), "num-rounds": 3})
-    save_checkpoint(tmp_path / CHECKPOINT, DONE, np.arange(PARAMETERS, dtype=np.float32), b"state" * 100)
+    save_checkpoint(
+        tmp_path / CHECKPOINT, DONE, np.arange(PARAMETERS, dtype=np.float32), b"state" * 100
+    )
     metrics = MetricsLog(tmp_path / "metrics.json", {**cfg.flat(), "d": PARAMETERS})
     for rnd in range(DONE + 1):
         metrics.append({"round": rnd})
@@ -46,15 +50,22 @@ def _garble(path: Path) -> None:
 DAMAGE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "missing checkpoint": (
         lambda f: (f / CHECKPOINT).unlink(),
-        [f"{CHECKPOINT} does not exist, so there is nothing to resume", "launch without resume=true"],
+        [
+            f"{CHECKPOINT} does not exist, so there is nothing to resume",
+            "launch without resume=true",
+        ],
     ),
-    "empty checkpoint": (lambda f: (f / CHECKPOINT).write_bytes(b""), [f"{CHECKPOINT} is unreadable (EOFError"]),
+    "empty checkpoint": (
+        lambda f: (f / CHECKPOINT).write_bytes(b""),
+        [f"{CHECKPOINT} is unreadable (EOFError"],
+    ),
     "truncated checkpoint": (
         lambda f: (f / CHECKPOINT).write_bytes((f / CHECKPOINT).read_bytes()[:300]),
         [f"{CHECKPOINT} is unreadable (BadZipFile"],
     ),
     "garbled checkpoint": (lambda f: _garble(f / CHECKPOINT), [f"{CHECKPOINT} is unreadable"]),
-    # np.load takes a file without the zip signature for a pickle ("contains pickled (object) data").
+    # np.load takes a file without the zip signature for a pickle ("contains pickled (object)
+    # data").
     "checkpoint that is no archive": (
         lambda f: (f / CHECKPOINT).write_bytes(b"\x93garbage" * 40),
         [f"{CHECKPOINT} is unreadable (not an .npz archive: it begins with"],
@@ -87,10 +98,14 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
-def test_a_resume_from_damaged_files_is_refused_before_any_process_starts(case, folder, capsys, no_process):
+def test_a_resume_from_damaged_files_is_refused_before_any_process_starts(
+    case, folder, capsys, no_process
+):
     damage, named = DAMAGE[case]
     damage(folder)
-    metrics_before = (folder / "metrics.json").read_bytes() if (folder / "metrics.json").exists() else None
+    metrics_before = (
+        (folder / "metrics.json").read_bytes() if (folder / "metrics.json").exists() else None
+    )
     started = time.monotonic()
     code = launcher.main(["--results", str(folder), "--rounds", "3", "-c", "resume=true"])
     elapsed = time.monotonic() - started
@@ -106,25 +121,38 @@ def test_a_resume_from_damaged_files_is_refused_before_any_process_starts(case, 
 
 def test_a_checkpoint_beyond_num_rounds_is_refused(folder, capsys, no_process):
     assert launcher.main(["--results", str(folder), "--rounds", "1", "-c", "resume=true"]) == 2
-    assert f"holds round {DONE}, beyond num-rounds=1; give num-rounds={DONE} or more" in capsys.readouterr().err
+    assert (
+        f"holds round {DONE}, beyond num-rounds=1; give num-rounds={DONE} or more"
+        in capsys.readouterr().err
+    )
 
 
 def test_whole_files_are_accepted(folder):
     cfg = launcher.check_run_config({"results-dir": str(folder), "num-rounds": 5, "resume": True})
     assert check_resume(folder, cfg) == DONE
-    launcher.LocalFederation((1.0,), folder).run_overrides({"num-rounds": 5, "resume": True}, folder)
+    launcher.LocalFederation((1.0,), folder).run_overrides(
+        {"num-rounds": 5, "resume": True}, folder
+    )
 
 
 def test_the_serverapp_refuses_a_resume_without_a_checkpoint_and_keeps_metrics(folder):
-    """A run submitted through the Control API has no launcher in front: the ServerApp refuses it itself."""
+    """A run submitted through the Control API has no launcher in front: the ServerApp refuses it
+    itself."""
     from flwr.app import Context, RecordDict
 
     from server.app import main as serverapp_main
 
     (folder / CHECKPOINT).unlink()
     before = (folder / "metrics.json").read_bytes()
-    run_config = {**launcher.app_run_config(ROOT), "results-dir": str(folder), "num-rounds": 3, "resume": True}
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    run_config = {
+        **launcher.app_run_config(ROOT),
+        "results-dir": str(folder),
+        "num-rounds": 3,
+        "resume": True,
+    }
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
     with pytest.raises(ResumeError, match="nothing to resume") as refused:
         serverapp_main(None, context)
     assert (folder / "metrics.json").read_bytes() == before

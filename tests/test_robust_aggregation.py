@@ -1,4 +1,5 @@
-"""Robust mask-aware aggregation: per-position trimmed means over holders and median-norm clipping, exactly."""
+"""Robust mask-aware aggregation: per-position trimmed means over holders and median-norm clipping,
+exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.aggregation.masked import MaskedUpdate, aggregate_masked
-from common.aggregation.robust import clip_to_median_norm, robust_mean_step, trimmed_holder_mean_step
+from common.aggregation.robust import (
+    clip_to_median_norm,
+    robust_mean_step,
+    trimmed_holder_mean_step,
+)
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from common.methods import create_method
@@ -24,7 +29,9 @@ def _updates(draw_masks: np.ndarray, deltas: np.ndarray) -> list[MaskedUpdate]:
     ]
 
 
-def _brute_force(x: np.ndarray, masks: np.ndarray, deltas: np.ndarray, trim: float, lr: float) -> np.ndarray:
+def _brute_force(
+    x: np.ndarray, masks: np.ndarray, deltas: np.ndarray, trim: float, lr: float
+) -> np.ndarray:
     out = x.astype(np.float64).copy()
     for j in range(x.size):
         held = np.sort(deltas[masks[:, j], j].astype(np.float64))
@@ -62,9 +69,13 @@ def test_the_median_ignores_one_scaled_update_the_mean_does_not():
     assert np.allclose(trimmed_holder_mean_step(x, [*honest, attacker], 0.5), 0.1)
     assert np.all(aggregate_masked(x, [*honest, attacker]) < -100)
     clipped = clip_to_median_norm([*honest, attacker], factor=1.0)
-    assert np.linalg.norm(clipped[-1].delta) == pytest.approx(0.2, rel=1e-5)  # the honest norm, 0.1 * sqrt(4)
+    assert np.linalg.norm(clipped[-1].delta) == pytest.approx(
+        0.2, rel=1e-5
+    )  # the honest norm, 0.1 * sqrt(4)
     assert clipped[0] is honest[0]  # an update within the bound is left as it is
-    assert np.allclose(robust_mean_step(x, [*honest, attacker], "norm-clip", 0.2, 1.0), 0.06, atol=1e-6)
+    assert np.allclose(
+        robust_mean_step(x, [*honest, attacker], "norm-clip", 0.2, 1.0), 0.06, atol=1e-6
+    )
 
 
 def test_bad_rules_are_refused():
@@ -102,7 +113,9 @@ def test_a_robust_rule_buffers_the_round_and_replaces_the_methods_mean(method):
     fold = m.round_fold(x, 1, 1)
     assert isinstance(fold, BufferedFold)
     rng = np.random.default_rng(0)
-    updates = [MaskedUpdate(np.arange(d), rng.normal(size=d).astype(np.float32), 10.0) for _ in range(5)]
+    updates = [
+        MaskedUpdate(np.arange(d), rng.normal(size=d).astype(np.float32), 10.0) for _ in range(5)
+    ]
     for i, u in enumerate(updates):
         fold.add(Accepted(i, f"k{i}", TrainReply(u, None, {"num-examples": 10.0})))
     assert np.array_equal(fold.finish(), trimmed_holder_mean_step(x, updates, 0.5, run.server_lr))
@@ -119,7 +132,10 @@ def test_the_attack_knob_picks_every_nth_partition_and_poisons_what_it_says():
     from common.wire import protocol as P
 
     run = parse_run_config({"bench-attack": "scale:-10", "bench-attack-every": 4})
-    nodes = [parse_node_config({"partition-id": i, "num-partitions": 9, "capacity": 1.0}) for i in range(9)]
+    nodes = [
+        parse_node_config({"partition-id": i, "num-partitions": 9, "capacity": 1.0})
+        for i in range(9)
+    ]
     assert [i for i, n in enumerate(nodes) if attacks(run, n)] == [0, 4, 8]
     assert not any(attacks(parse_run_config({}), n) for n in nodes)
     update = LocalUpdate({P.DELTA: np.array([1.0, -2.0], dtype=np.float32)}, 5, 0.1, 0.1, 0.0)

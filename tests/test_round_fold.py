@@ -1,4 +1,5 @@
-"""Every method's round fold gives its batch aggregate (model and state) to the bit; min-replies commits nothing."""
+"""Every method's round fold gives its batch aggregate (model and state) to the bit; min-replies
+commits nothing."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ CAPACITIES = (1.0, 0.25, 0.0625, 0.25, 1.0)
 INCREMENTAL = [
     {"method": "fedfibos"},
     {"method": "fedfibos", "fedfibos-aggregation": "holders"},
-    {"method": "fedfibos", "fisher-ema": 0.5, "fisher-memory-mb": 1.5},  # evictions and blends inside the round
+    {
+        "method": "fedfibos",
+        "fisher-ema": 0.5,
+        "fisher-memory-mb": 1.5,
+    },  # evictions and blends inside the round
     {"method": "fedavg"},
     {"method": "fedavg-drop"},
     {"method": "heterofl"},
@@ -48,7 +53,8 @@ def _method(raw, layout):
 
 
 def _replies(method, layout, x, seed=0):
-    """One reply per client on the mask the method gives it, with a Fisher when the method reads one."""
+    """One reply per client on the mask the method gives it, with a Fisher when the method reads
+    one."""
     rng = np.random.default_rng(seed)
     reads = method.upload_encoding(method.run) != "none"
     out = []
@@ -59,14 +65,20 @@ def _replies(method, layout, x, seed=0):
         delta = (rng.standard_normal(idx.size) * 1e-2).astype(np.float32)
         fisher = rng.lognormal(0, 2, layout.size).astype(np.float32) if reads else None
         metrics = {"num-examples": float(50 + 10 * i), "train-loss": 1.0 / (1 + i)}
-        out.append(Accepted(100 + i, key, TrainReply(MaskedUpdate(idx, delta, 50.0 + 10 * i), fisher, metrics)))
+        out.append(
+            Accepted(
+                100 + i, key, TrainReply(MaskedUpdate(idx, delta, 50.0 + 10 * i), fisher, metrics)
+            )
+        )
     return out
 
 
 def _batch_and_fold(raw, model, min_replies=1):
     layout, x = model
     base = _method(raw, layout)
-    base.warm_up(_replies(base, layout, x, seed=1)[::2], ROUND - 1)  # earlier estimates: blends and evictions
+    base.warm_up(
+        _replies(base, layout, x, seed=1)[::2], ROUND - 1
+    )  # earlier estimates: blends and evictions
     replies = _replies(base, layout, x)
     batch, folded = copy.deepcopy(base), copy.deepcopy(base)
     expected = batch.aggregate(x, replies, ROUND)
@@ -76,7 +88,9 @@ def _batch_and_fold(raw, model, min_replies=1):
     return base, batch, folded, expected, fold, x
 
 
-@pytest.mark.parametrize("raw", INCREMENTAL, ids=lambda r: "+".join(f"{k}={v}" for k, v in r.items()))
+@pytest.mark.parametrize(
+    "raw", INCREMENTAL, ids=lambda r: "+".join(f"{k}={v}" for k, v in r.items())
+)
 def test_the_fold_is_the_batch_aggregate_to_the_bit(raw, model):
     _, batch, folded, expected, fold, x = _batch_and_fold(raw, model)
     assert isinstance(fold, IncrementalFold)
@@ -115,7 +129,11 @@ def test_a_refused_update_is_as_if_it_never_came(model):
     method = _method({"method": "fedfibos"}, layout)
     replies = _replies(method, layout, x)
     clean, dirty = copy.deepcopy(method), copy.deepcopy(method)
-    bad = Accepted(7, "bad", TrainReply(MaskedUpdate(np.array([layout.size]), np.ones(1, np.float32), 1.0), None, {}))
+    bad = Accepted(
+        7,
+        "bad",
+        TrainReply(MaskedUpdate(np.array([layout.size]), np.ones(1, np.float32), 1.0), None, {}),
+    )
     fold_clean, fold_dirty = clean.round_fold(x, ROUND, 1), dirty.round_fold(x, ROUND, 1)
     for a in replies:
         fold_clean.add(a)

@@ -1,4 +1,5 @@
-"""A run's outcome is the SuperLink's record of it: a broken log stream is followed again, a failed run fails."""
+"""A run's outcome is the SuperLink's record of it: a broken log stream is followed again, a failed
+run fails."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ state.write_text(json.dumps(doc))
 """
 
 
-def _fake_flwr(tmp_path: Path, statuses: list[str], details: str = "") -> tuple[dict[str, str], Path]:
+def _fake_flwr(
+    tmp_path: Path, statuses: list[str], details: str = ""
+) -> tuple[dict[str, str], Path]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     state = tmp_path / "state.json"
@@ -52,14 +55,23 @@ def _fake_flwr(tmp_path: Path, statuses: list[str], details: str = "") -> tuple[
 def _follow(tmp_path: Path, env: dict[str, str]) -> list[str]:
     echoed: list[str] = []
     launcher.run_federation_command(
-        ["flwr", "run", ".", "fibos", "--stream"], env, tmp_path / "run.log", 60, echoed.append, connection="fibos"
+        ["flwr", "run", ".", "fibos", "--stream"],
+        env,
+        tmp_path / "run.log",
+        60,
+        echoed.append,
+        connection="fibos",
     )
     return echoed
 
 
 def test_a_broken_stream_is_followed_again_and_a_failed_run_fails(tmp_path):
-    env, state = _fake_flwr(tmp_path, ["running", "finished:failed"], details="ServerApp exited with code 201")
-    with pytest.raises(RuntimeError, match=r"the run failed \(finished:failed\): ServerApp exited with code 201"):
+    env, state = _fake_flwr(
+        tmp_path, ["running", "finished:failed"], details="ServerApp exited with code 201"
+    )
+    with pytest.raises(
+        RuntimeError, match=r"the run failed \(finished:failed\): ServerApp exited with code 201"
+    ):
         _follow(tmp_path, env)
     calls = json.loads(state.read_text())["calls"]
     assert [c[0] for c in calls] == ["run", "ls", "log", "ls"]
@@ -89,10 +101,21 @@ def test_a_stopped_run_fails_and_an_unreadable_status_falls_back_to_the_log(tmp_
 
 
 def test_run_status_parses_flowers_json_and_says_why_it_cannot():
-    doc = {"success": True, "runs": [{"run-id": "3", "status": "finished:completed", "status-details": ""}]}
+    doc = {
+        "success": True,
+        "runs": [{"run-id": "3", "status": "finished:completed", "status-details": ""}],
+    }
     got = parse_run_status(json.dumps(doc), 3)
-    assert got == RunStatus("finished:completed") and got.succeeded and got.finished and not got.unfinished
+    assert (
+        got == RunStatus("finished:completed")
+        and got.succeeded
+        and got.finished
+        and not got.unfinished
+    )
     assert parse_run_status(json.dumps(doc), 4).status == "unknown"
-    assert "did not answer" in parse_run_status(json.dumps({"success": False, "error-message": "x"}), 3).details
+    assert (
+        "did not answer"
+        in parse_run_status(json.dumps({"success": False, "error-message": "x"}), 3).details
+    )
     assert parse_run_status("Traceback ...", 3).status == "unknown"
     assert RunStatus("running").unfinished and not RunStatus("finished:failed").succeeded

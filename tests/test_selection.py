@@ -1,4 +1,5 @@
-"""Selection rules: FedFIbOS is an exact minimiser of the masking surrogate; guards, budget, errors."""
+"""Selection rules: FedFIbOS is an exact minimiser of the masking surrogate; guards, budget,
+errors."""
 
 from __future__ import annotations
 
@@ -89,14 +90,19 @@ def test_fisher_topk_is_exact_minimiser_random_cases():
         assert masking_error(f, x, mask) == pytest.approx(got, rel=1e-12, abs=0)
 
 
-_vals = st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=1e3), st.sampled_from([0.5, 1.0, 2.0]))
+_vals = st.one_of(
+    st.just(0.0), st.floats(min_value=0.0, max_value=1e3), st.sampled_from([0.5, 1.0, 2.0])
+)
 
 
 @settings(max_examples=120, deadline=None)
 @given(
     data=st.lists(
         st.tuples(
-            _vals, st.one_of(st.just(0.0), st.floats(min_value=-1e3, max_value=1e3), st.sampled_from([1.0, -1.0]))
+            _vals,
+            st.one_of(
+                st.just(0.0), st.floats(min_value=-1e3, max_value=1e3), st.sampled_from([1.0, -1.0])
+            ),
         ),
         min_size=1,
         max_size=9,
@@ -150,7 +156,11 @@ def _forced(layout, scores, min_per_row):
     forced = set(np.flatnonzero(layout.always_kept).tolist())
     if min_per_row > 0:
         for r in np.unique(layout.row_ids[~layout.always_kept]):
-            pos = [j for j in range(layout.size) if layout.row_ids[j] == r and not layout.always_kept[j]]
+            pos = [
+                j
+                for j in range(layout.size)
+                if layout.row_ids[j] == r and not layout.always_kept[j]
+            ]
             pos.sort(key=lambda j: (-scores[j], j))
             forced |= set(pos[:min_per_row])
     return forced
@@ -164,7 +174,8 @@ def _check_guarded(shapes, f, x, gamma, min_per_row):
     assert mask.sum() == size
     assert forced <= set(np.flatnonzero(mask).tolist())
     np.testing.assert_array_equal(
-        row_guard(fisher_scores(f, x), layout, min_per_row) | layout.always_kept, _mask_from(forced, layout.size)
+        row_guard(fisher_scores(f, x), layout, min_per_row) | layout.always_kept,
+        _mask_from(forced, layout.size),
     )
     terms = _terms(f, x)
     assert _eps(terms, np.flatnonzero(mask)) == _brute_min(terms, size, forced)
@@ -183,7 +194,10 @@ def test_fisher_rule_with_guards_is_minimiser_over_supersets_of_forced_set():
 @settings(max_examples=60, deadline=None)
 @given(
     pairs=st.lists(
-        st.tuples(st.sampled_from([0.0, 0.5, 1.0, 3.0, 7.25]), st.sampled_from([0.0, 1.0, -1.0, 2.5, -0.125])),
+        st.tuples(
+            st.sampled_from([0.0, 0.5, 1.0, 3.0, 7.25]),
+            st.sampled_from([0.0, 1.0, -1.0, 2.5, -0.125]),
+        ),
         min_size=12,
         max_size=12,
     ),
@@ -243,7 +257,9 @@ def test_budget_exact_dyadic_values():
     assert budget(1.0, 5) == 5
 
 
-@pytest.mark.parametrize("gamma", [0.0, -0.0, -0.5, 1.0000001, 2.0, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(
+    "gamma", [0.0, -0.0, -0.5, 1.0000001, 2.0, float("nan"), float("inf"), float("-inf")]
+)
 def test_budget_rejects_bad_gamma(gamma):
     with pytest.raises(ValueError):
         budget(gamma, 10)
@@ -256,7 +272,14 @@ def test_budget_rejects_negative_d():
 
 def _cnn_like_layout():
     rng = np.random.default_rng(0)
-    shapes = {"c.w": (4, 2, 3, 3), "c.b": (4,), "f.w": (5, 8), "f.b": (5,), "o.w": (3, 5), "o.b": (3,)}
+    shapes = {
+        "c.w": (4, 2, 3, 3),
+        "c.b": (4,),
+        "f.w": (5, 8),
+        "f.b": (5,),
+        "o.w": (3, 5),
+        "o.b": (3,),
+    }
     return ParamLayout.from_arrays({n: rng.standard_normal(s) for n, s in shapes.items()}), rng
 
 
@@ -365,7 +388,11 @@ NAMED = {"conv.weight": (4, 2, 3), "conv.bias": (4,), "fc.weight": (3, 8), "fc.b
 def test_select_submodel_matches_select_mask(rule, gamma):
     rng = np.random.default_rng(5)
     params = {n: rng.standard_normal(s).astype(np.float32) for n, s in NAMED.items()}
-    fisher = {n: rng.exponential(size=s).astype(np.float32) for n, s in NAMED.items()} if rule == "fisher" else None
+    fisher = (
+        {n: rng.exponential(size=s).astype(np.float32) for n, s in NAMED.items()}
+        if rule == "fisher"
+        else None
+    )
     masks = select_submodel(params, gamma, rule, fisher, min_per_row=1)
     assert list(masks) == list(NAMED)
     for n, s in NAMED.items():

@@ -1,7 +1,9 @@
-"""Runs that heal themselves: the ServerApp and the SuperLink killed mid-run, SuperNodes killed and restarted.
+"""Runs that heal themselves: the ServerApp and the SuperLink killed mid-run, SuperNodes killed and
+restarted.
 
-The federation tests kill processes from outside, as a crash or the OOM killer would, and check that the run ends
-without a person, at the uninterrupted run's model to the bit, with a record of each restart.
+The federation tests kill processes from outside, as a crash or the OOM killer would, and check that
+the run ends without a person, at the uninterrupted run's model to the bit, with a record of each
+restart.
 """
 
 from __future__ import annotations
@@ -47,9 +49,14 @@ def test_a_restart_record_survives_the_resumed_runs_rewrite_of_both_files(tmp_pa
     record = restart_record(1, "serverapp", "the run failed: killed", 2, 3, 1_800_000_000.0)
     assert record["rounds_redone"] == 2 and record["failed_at"].startswith("2027-01-15T08:00:00")
     record_restart(tmp_path, record)
-    assert [r for r in read_rounds(tmp_path / ROUNDS_JSONL) if "restart" in r] == [{"restart": record}]
+    assert [r for r in read_rounds(tmp_path / ROUNDS_JSONL) if "restart" in r] == [
+        {"restart": record}
+    ]
     # the resumed run (after round 2) rewrites both files: the record stays, after round 2
-    metrics, rounds = MetricsLog(tmp_path / "metrics.json", run, keep_until=2), RoundLog(tmp_path / ROUNDS_JSONL, 2)
+    metrics, rounds = (
+        MetricsLog(tmp_path / "metrics.json", run, keep_until=2),
+        RoundLog(tmp_path / ROUNDS_JSONL, 2),
+    )
     for rnd in (3, 4):
         metrics.append({"round": rnd, "resumed": True})
         rounds.append({"round": rnd, "resumed": True})
@@ -59,7 +66,9 @@ def test_a_restart_record_survives_the_resumed_runs_rewrite_of_both_files(tmp_pa
     assert [r.get("round", "restart") for r in lines] == [0, 1, 2, "restart", 3, 4]
 
 
-def test_bad_restart_settings_are_refused_before_anything_starts(tmp_path: Path, no_process) -> None:
+def test_bad_restart_settings_are_refused_before_anything_starts(
+    tmp_path: Path, no_process
+) -> None:
     for flag in ("--restarts", "--node-restarts"):
         with pytest.raises(SystemExit):
             main([flag, "-1", "--results", str(tmp_path)])
@@ -81,11 +90,14 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
     monkeypatch.setattr(fed, "run", failing_run)
     monkeypatch.setattr("cli.launcher.time.sleep", lambda s: None)
     # nothing to resume from: not retried, and the error says why
-    with pytest.raises(RuntimeError, match="not restarted: resume=true: .*checkpoint.npz does not exist"):
+    with pytest.raises(
+        RuntimeError, match="not restarted: resume=true: .*checkpoint.npz does not exist"
+    ):
         fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=2))
     assert calls == [{"num-rounds": 3}]
 
-    # with a checkpoint: resumed twice (the policy's most), each recorded, then given up with the reason
+    # with a checkpoint: resumed twice (the policy's most), each recorded, then given up with the
+    # reason
     calls.clear()
     monkeypatch.setattr(fed, "run_overrides", lambda config, results_dir, app_dir: dict(config))
     monkeypatch.setattr("cli.launcher.check_checkpoint", lambda path: (2, 10))
@@ -115,7 +127,9 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
         return {"rounds": []}
 
     monkeypatch.setattr(fed, "run", locked_once)
-    assert fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=2)) == {"rounds": []}
+    assert fed.run_healing(
+        {"num-rounds": 3}, out, timeout=60, restarts=RestartPolicy(attempts=2)
+    ) == {"rounds": []}
     assert replaced == [True]
     assert json.loads((out / "metrics.json").read_text())["restarts"][-1]["fault"] == "superlink"
 
@@ -135,7 +149,8 @@ def _restarts(out: Path) -> list[dict]:
 
 
 def recovery_seconds(metrics: dict) -> list[float]:
-    """Per restart: seconds from the failure to the end of the first round after the one it resumed from."""
+    """Per restart: seconds from the failure to the end of the first round after the one it resumed
+    from."""
     ends = {r["round"]: r["time"] for r in metrics["rounds"]}
     out = []
     for r in metrics["restarts"]:
@@ -146,14 +161,17 @@ def recovery_seconds(metrics: dict) -> list[float]:
 
 @dataclass
 class HealingRun:
-    """:meth:`LocalFederation.run_healing` in a thread: its metrics once it ends, or what it raised."""
+    """:meth:`LocalFederation.run_healing` in a thread: its metrics once it ends, or what it
+    raised."""
 
     thread: threading.Thread
     result: dict
     failure: list[BaseException]
 
 
-def heal_in_background(fed: LocalFederation, config: dict, out: Path, policy: RestartPolicy) -> HealingRun:
+def heal_in_background(
+    fed: LocalFederation, config: dict, out: Path, policy: RestartPolicy
+) -> HealingRun:
     """Start ``fed.run_healing(config, out)`` in a thread, for a test to inject faults meanwhile."""
     result: dict = {}
     failure: list[BaseException] = []
@@ -170,12 +188,17 @@ def heal_in_background(fed: LocalFederation, config: dict, out: Path, policy: Re
 
 
 @pytest.mark.federation
-def test_a_run_heals_from_a_lost_serverapp_and_a_lost_superlink_to_the_same_model(tmp_path: Path) -> None:
-    """8 rounds; the ServerApp SIGKILLed in round 3 and the SuperLink in round 6: two restarts, the same bits."""
+def test_a_run_heals_from_a_lost_serverapp_and_a_lost_superlink_to_the_same_model(
+    tmp_path: Path,
+) -> None:
+    """8 rounds; the ServerApp SIGKILLed in round 3 and the SuperLink in round 6: two restarts, the
+    same bits."""
     config = {"num-rounds": 8, "eval-every": 0, "local-epochs": 1}
     lines: list[str] = []
     policy = RestartPolicy(attempts=3, backoff_s=0.5)
-    with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
+    with LocalFederation(
+        (1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy
+    ) as fed:
         reference = fed.run(config, tmp_path / "reference", timeout=900)
         out = tmp_path / "healed"
         healing = heal_in_background(fed, config, out, policy)
@@ -199,7 +222,12 @@ def test_a_run_heals_from_a_lost_serverapp_and_a_lost_superlink_to_the_same_mode
     restarts = result["restarts"]
     assert [r["fault"] for r in restarts] == ["serverapp", "superlink"], restarts
     assert [r["attempt"] for r in restarts] == [1, 2]
-    assert 2 <= restarts[0]["resumed_from_round"] < restarts[1]["resumed_from_round"] < config["num-rounds"]
+    assert (
+        2
+        <= restarts[0]["resumed_from_round"]
+        < restarts[1]["resumed_from_round"]
+        < config["num-rounds"]
+    )
     assert all(r["rounds_redone"] >= 1 for r in restarts)
     jsonl = read_rounds(out / ROUNDS_JSONL)
     assert [r["restart"] for r in jsonl if "restart" in r] == restarts
@@ -207,21 +235,35 @@ def test_a_run_heals_from_a_lost_serverapp_and_a_lost_superlink_to_the_same_mode
     assert sum("restart 1 of at most 3" in line for line in lines) == 1, lines
     recovery = recovery_seconds(result)
     assert all(0 < s < 600 for s in recovery), recovery
-    print(f"recovered in {', '.join(f'{s:.1f}' for s in recovery)} s (failure to the end of the round redone)")
-    ref_model, got_model = torch.load(tmp_path / "reference" / "model.pt"), torch.load(out / "model.pt")
+    print(
+        f"recovered in {', '.join(f'{s:.1f}' for s in recovery)} s (failure to the end of the "
+        "round redone)"
+    )
+    ref_model, got_model = (
+        torch.load(tmp_path / "reference" / "model.pt"),
+        torch.load(out / "model.pt"),
+    )
     assert all(torch.equal(ref_model[k], got_model[k]) for k in ref_model)
-    assert [r["global"]["accuracy"] for r in result["rounds"]] == [r["global"]["accuracy"] for r in reference["rounds"]]
+    assert [r["global"]["accuracy"] for r in result["rounds"]] == [
+        r["global"]["accuracy"] for r in reference["rounds"]
+    ]
 
 
 @pytest.mark.federation
-def test_a_supernode_killed_twice_comes_back_and_one_stopped_on_purpose_stays_down(tmp_path: Path) -> None:
+def test_a_supernode_killed_twice_comes_back_and_one_stopped_on_purpose_stays_down(
+    tmp_path: Path,
+) -> None:
     lines: list[str] = []
     policy = RestartPolicy(attempts=3, backoff_s=0.5)
     config = {"num-rounds": 6, "eval-every": 0, "local-epochs": 1, "round-timeout": 60.0}
-    with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
+    with LocalFederation(
+        (1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy
+    ) as fed:
         out = tmp_path / "run"
         result: dict = {}
-        thread = threading.Thread(target=lambda: result.update(fed.run_healing(config, out, timeout=900)))
+        thread = threading.Thread(
+            target=lambda: result.update(fed.run_healing(config, out, timeout=900))
+        )
         thread.start()
         for rnd in (2, 4):
             wait_for_round(out, rnd)
@@ -243,20 +285,32 @@ def test_a_supernode_killed_twice_comes_back_and_one_stopped_on_purpose_stays_do
     assert [r["round"] for r in result["rounds"]] == list(range(config["num-rounds"] + 1))
     assert "restarts" not in result
     small = [[c for c in r["clients"] if c["capacity"] == 0.25] for r in result["rounds"][1:]]
-    assert any(c["status"] == "ok" for c in small[-1]), "the restarted node did not train in the last round"
+    assert any(c["status"] == "ok" for c in small[-1]), (
+        "the restarted node did not train in the last round"
+    )
 
 
 def test_control_submit_resubmits_a_failed_run_with_resume_until_the_resume_is_refused(
     monkeypatch, capsys, tmp_path: Path
 ) -> None:
-    """The compose stack's `submit`: a lost run is resubmitted with resume=true; a refused resume is final."""
+    """The compose stack's `submit`: a lost run is resubmitted with resume=true; a refused resume is
+    final."""
     from cli import control
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(control, "wait_for_control_api", lambda *a, **k: None)
     monkeypatch.setattr(control.time, "sleep", lambda s: None)
     root = Path(__file__).resolve().parents[1]
-    argv = ["submit", "--superlink", "127.0.0.1:1", "--insecure", "--app", str(root), "--restarts", "3"]
+    argv = [
+        "submit",
+        "--superlink",
+        "127.0.0.1:1",
+        "--insecure",
+        "--app",
+        str(root),
+        "--restarts",
+        "3",
+    ]
 
     def scripted(outcomes: list[str | None]):
         commands: list[list[str]] = []
@@ -271,14 +325,18 @@ def test_control_submit_resubmits_a_failed_run_with_resume_until_the_resume_is_r
         monkeypatch.setattr(control, "run_federation_command", run)
         return commands
 
-    commands = scripted(["the run failed (finished:failed): No heartbeat received from the task", "lost", None])
+    commands = scripted(
+        ["the run failed (finished:failed): No heartbeat received from the task", "lost", None]
+    )
     assert control.main(argv) == 0
     assert ["resume=true" in " ".join(c) for c in commands] == [False, True, True]
     out = capsys.readouterr().out
     assert "resubmitting it with resume=true in 5 s (restart 1 of at most 3" in out
     assert "in 10 s (restart 2 of at most 3" in out
 
-    commands = scripted(["lost", "the run failed: resume=true: /results/x/checkpoint.npz does not exist", None])
+    commands = scripted(
+        ["lost", "the run failed: resume=true: /results/x/checkpoint.npz does not exist", None]
+    )
     assert control.main(argv) == 1 and len(commands) == 2
     assert "checkpoint.npz does not exist" in capsys.readouterr().err
 
@@ -291,15 +349,19 @@ def test_control_submit_resubmits_a_failed_run_with_resume_until_the_resume_is_r
 
 @pytest.mark.federation
 def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path: Path) -> None:
-    """The SuperLink's SQLite database held locked for 12 s (past Flower's 5 s busy timeout), then a SuperNode
-    stopped (SIGSTOP) past Flower's heartbeat expiry and continued: the run ends, every round recorded."""
+    """The SuperLink's SQLite database held locked for 12 s (past Flower's 5 s busy timeout), then a
+    SuperNode stopped (SIGSTOP) past Flower's heartbeat expiry and continued: the run ends, every
+    round recorded."""
     import sqlite3
 
     lines: list[str] = []
     policy = RestartPolicy(attempts=3, backoff_s=0.5)
-    # 14 rounds: a round waits at most 20 s for the stopped node, so rounds remain after it continues
+    # 14 rounds: a round waits at most 20 s for the stopped node, so rounds remain after it
+    # continues
     config = {"num-rounds": 14, "eval-every": 0, "local-epochs": 1, "round-timeout": 20.0}
-    with LocalFederation((1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy) as fed:
+    with LocalFederation(
+        (1.0, 0.25), tmp_path / "federation", echo=lines.append, node_restarts=policy
+    ) as fed:
         out = tmp_path / "run"
         healing = heal_in_background(fed, config, out, policy)
         result, failure, thread = healing.result, healing.failure, healing.thread
@@ -312,7 +374,9 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
         wait_for_round(out, 4, timeout=600)
         node = fed.nodes[1]
         os.kill(node.pid, signal.SIGSTOP)
-        time.sleep(75.0)  # past Flower's heartbeat expiry (the SuperLink then treats the node as gone)
+        time.sleep(
+            75.0
+        )  # past Flower's heartbeat expiry (the SuperLink then treats the node as gone)
         os.kill(node.pid, signal.SIGCONT)
         continued = time.time()
         thread.join(timeout=1500)
@@ -320,23 +384,35 @@ def test_a_locked_database_and_a_frozen_supernode_do_not_need_a_person(tmp_path:
 
     assert [r["round"] for r in result["rounds"]] == list(range(config["num-rounds"] + 1))
     assert len(result.get("restarts", [])) <= 1, result.get("restarts")
-    after = [c for r in result["rounds"] if r["time"] > continued for c in r["clients"] if c["status"] == "ok"]
-    assert any(c["capacity"] == 0.25 for c in after), "the stopped node never trained again after it continued"
+    after = [
+        c
+        for r in result["rounds"]
+        if r["time"] > continued
+        for c in r["clients"]
+        if c["status"] == "ok"
+    ]
+    assert any(c["capacity"] == 0.25 for c in after), (
+        "the stopped node never trained again after it continued"
+    )
     print(f"restarts: {result.get('restarts', [])}; node restarts: {fed.node_restarts_made}")
 
 
-def test_the_resumed_serverapp_stamps_the_launchers_record_or_writes_its_own(tmp_path: Path) -> None:
+def test_the_resumed_serverapp_stamps_the_launchers_record_or_writes_its_own(
+    tmp_path: Path,
+) -> None:
     launcher_record = restart_record(1, "superlink", "the run failed: lost", 3, 4, 1_800_000_000.0)
     restarts = [launcher_record]
     stamped = note_resume(restarts, 3, 4, 1_800_000_030.0)
     assert stamped is launcher_record and restarts == [launcher_record]
     assert stamped["resumed_at"].startswith("2027-01-15T08:00:30")
-    # a second resume from the same round that no launcher recorded (an operator's resume=true): a record of its own
+    # a second resume from the same round that no launcher recorded (an operator's resume=true): a
+    # record of its own
     own = note_resume(restarts, 3, 5, 1_800_000_100.0)
     assert own["attempt"] == 2 and own["fault"] == "unknown" and own["why"] == RESUBMITTED
     assert own["failed_at"] is None and own["rounds_redone"] == 3 and len(restarts) == 2
 
-    # in rounds.jsonl, the stamped record replaces the launcher's line; one of its own is added after the rounds
+    # in rounds.jsonl, the stamped record replaces the launcher's line; one of its own is added
+    # after the rounds
     path = tmp_path / ROUNDS_JSONL
     log = RoundLog(path)
     for rnd in range(5):
@@ -348,7 +424,15 @@ def test_the_resumed_serverapp_stamps_the_launchers_record_or_writes_its_own(tmp
     resumed.note_restart(stamped)
     resumed.note_restart(own)
     resumed.append({"round": 4})
-    assert [r.get("round", r.get("restart", {}).get("attempt")) for r in read_rounds(path)] == [0, 1, 2, 3, 1, 2, 4]
+    assert [r.get("round", r.get("restart", {}).get("attempt")) for r in read_rounds(path)] == [
+        0,
+        1,
+        2,
+        3,
+        1,
+        2,
+        4,
+    ]
     assert read_rounds(path)[4]["restart"]["resumed_at"] == stamped["resumed_at"]
     with pytest.raises(RuntimeError, match="resumed run"):
         RoundLog(path).note_restart(own)

@@ -53,8 +53,12 @@ def _cnn_data(pool: int = 2) -> server_bench.SyntheticRound:
 
 def test_mask_entropy_bytes():
     assert mask_entropy_bytes(0, 10) == 0 and mask_entropy_bytes(10, 10) == 0
-    assert mask_entropy_bytes(4, 8) == pytest.approx(1.0)  # H(1/2) = 1 bit per position, 8 positions
-    assert mask_entropy_bytes(1, 64) == pytest.approx(64 * -(math.log2(1 / 64) / 64 + 63 / 64 * math.log2(63 / 64)) / 8)
+    assert mask_entropy_bytes(4, 8) == pytest.approx(
+        1.0
+    )  # H(1/2) = 1 bit per position, 8 positions
+    assert mask_entropy_bytes(1, 64) == pytest.approx(
+        64 * -(math.log2(1 / 64) / 64 + 63 / 64 * math.log2(63 / 64)) / 8
+    )
 
 
 def test_capacities_cycle():
@@ -98,13 +102,27 @@ def test_round_memory_holds_every_message_of_the_round_and_the_parts_that_grow_w
     small = parse_run_config(
         {"fisher-memory-mb": 1.0, "fisher-precision": "fp16"}
     )  # a budget of 3 estimates (the floor)
-    assert round_memory(2**18, [1.0], 10, small)["fisher_state"] == 3 * 2**18 * 2 + 12 * 2**18 + 3 * 2**15
+    assert (
+        round_memory(2**18, [1.0], 10, small)["fisher_state"]
+        == 3 * 2**18 * 2 + 12 * 2**18 + 3 * 2**15
+    )
 
 
 def test_a_round_the_memory_cannot_hold_is_refused_before_it_runs_with_its_figure(tmp_path):
     pattern = r"refused before any round: .*\n.*cnn x 3, refresh round: needs ~\d+\.\d GiB \("
     with pytest.raises(SystemExit, match=pattern):
-        main(["--models", "cnn", "--clients", "3", "--max-memory-gb", "0.01", "--out", str(tmp_path / "out")])
+        main(
+            [
+                "--models",
+                "cnn",
+                "--clients",
+                "3",
+                "--max-memory-gb",
+                "0.01",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
 
@@ -125,12 +143,16 @@ def test_tables_and_scaling_line():
     assert "| m | 10 | validate + decode replies | 1.000 | - | - |" in text
     assert "| m | 20 | **whole round** | 40.00 | 20.00 | 2.0 |" in text
     assert "skipped: too big" in text
-    assert scaling_lines(rows) == ["m: server seconds per round = 0.000 + 2.0000 x clients (largest deviation 0%)"]
+    assert scaling_lines(rows) == [
+        "m: server seconds per round = 0.000 + 2.0000 x clients (largest deviation 0%)"
+    ]
     earlier = [{**rows[0], "project": {**steps, "select": 4.0}, "round_project": 30.0}]
     beside = table(rows, earlier)
     assert "| m | 10 | select client masks | 1.000 | 1.000 | 1.0 | 4.000 | 4.0 |" in beside
     assert "| m | 10 | **whole round** | 20.00 | 10.00 | 2.0 | 30.00 | 3.0 |" in beside
-    assert "| m | 20 | select client masks | 1.000 | 1.000 | 1.0 | - | - |" in beside  # not measured before
+    assert (
+        "| m | 20 | select client masks | 1.000 | 1.000 | 1.0 | - | - |" in beside
+    )  # not measured before
 
 
 def test_per_client_rows_divide_by_the_clients_and_take_slopes_between_counts():
@@ -233,7 +255,9 @@ def test_small_run_writes_json_and_plot(tmp_path):
         assert set(r["project"]) == set(r["cpu"]) == set(r["anchor"]) == {key for key, _ in STEPS}
         assert all(v >= 0 for v in r["project"].values())
         assert all(r["anchor"][key] is None for key in ("validate", "influence", "rest"))
-        assert 0 <= r["per_client_seconds"] <= r["round_project"] and 0 <= r["per_client_cpu_seconds"]
+        assert (
+            0 <= r["per_client_seconds"] <= r["round_project"] and 0 <= r["per_client_cpu_seconds"]
+        )
         # The steps of run_round are the strategy's own seconds of it, split: together never more.
         inside = sum(r["project"][key] for key in INSIDE_THE_STRATEGY)
         assert 0 < r["strategy_seconds"] and inside <= r["strategy_seconds"] + 1e-3
@@ -243,7 +267,9 @@ def test_small_run_writes_json_and_plot(tmp_path):
     refresh = [r for r in doc["rounds"] if r["round"] == "refresh"]
     assert all(r["project"]["fisher"] > 0 and r["anchor"]["fisher"] is not None for r in refresh)
     held = [r for r in doc["rounds"] if r["round"] == "held"]
-    assert all(r["project"]["fisher"] == 0.0 and r["anchor"]["fisher"] is None for r in held)  # no uploads
+    assert all(
+        r["project"]["fisher"] == 0.0 and r["anchor"]["fisher"] is None for r in held
+    )  # no uploads
     # The checkpoint is incremental: a held round changes no estimate and no held mask, so it
     # writes no state.
     assert all(r["checkpoint_written_mb"] > 0 for r in refresh)
@@ -407,7 +433,9 @@ def test_a_refresh_rounds_masks_are_every_clients_own_and_encoded_afresh_in_each
     Fisher-ranked mask's code, in its first run or a repeat; a held round finds the held masks'
     codes the round before it left."""
     data = _cnn_data()
-    assert all(data.estimate(i).tobytes() != data.estimate(j).tobytes() for i in range(6) for j in range(i))
+    assert all(
+        data.estimate(i).tobytes() != data.estimate(j).tobytes() for i in range(6) for j in range(i)
+    )
     cfg = parse_run_config({})  # every client's estimate stored: all masks ranked by their own
     levels = [1 / 16, 1 / 64]  # codes kept by content (indices, Elias-Fano)
     for repeat in range(2):

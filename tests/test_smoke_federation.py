@@ -24,7 +24,8 @@ ROUNDS = 3
 
 
 def _processes_with_env(marker: str) -> list[int]:
-    """PIDs whose environment mentions ``marker`` (every process the launcher started inherits it)."""
+    """PIDs whose environment mentions ``marker`` (every process the launcher started inherits
+    it)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -76,10 +77,12 @@ def test_download_bytes_follow_capacity_and_submodel_size(federation):
         clients = sorted(r["clients"], key=lambda c: -c["capacity"])
         down = [c["bytes_down"] for c in clients]
         if r["round"] == 1 and opening.get("with_round_one"):
-            # Round 1 came with discovery, whose message carried the whole model to every node (counted there).
+            # Round 1 came with discovery, whose message carried the whole model to every node
+            # (counted there).
             assert down == [0] * len(clients), down
             assert (
-                len({c["bytes_down"] for c in opening["clients"]}) == 1 and opening["clients"][0]["bytes_down"] > 4 * d
+                len({c["bytes_down"] for c in opening["clients"]}) == 1
+                and opening["clients"][0]["bytes_down"] > 4 * d
             )
             continue
         assert down == sorted(down, reverse=True) and len(set(down)) == len(down), down
@@ -101,7 +104,8 @@ def test_each_client_reports_its_peak_memory(federation):
     _, metrics, _ = federation
     for r in metrics["rounds"][1:]:
         for c in r["clients"]:
-            # a SuperNode's ClientApp holds Python, torch and the CNN: more than 50 MiB, far less than 16 GiB
+            # a SuperNode's ClientApp holds Python, torch and the CNN: more than 50 MiB, far less
+            # than 16 GiB
             assert 50 < c["peak_rss_mib"] < 16 * 1024, c
 
 
@@ -125,9 +129,10 @@ def test_no_process_left_behind(federation):
 
 
 def test_prior_influence_claims_no_bound_while_fewer_than_three_clients_report(federation):
-    """Under the default byte budget only the capacity-1 node can afford a refresh: the prior is its estimate
-    alone, which a trimmed mean cannot bound, so no round claims a certified share (the recomputation from the
-    saved state is tested with three or more reporting clients in tests/test_prior_influence.py)."""
+    """Under the default byte budget only the capacity-1 node can afford a refresh: the prior is its
+    estimate alone, which a trimmed mean cannot bound, so no round claims a certified share (the
+    recomputation from the saved state is tested with three or more reporting clients in
+    tests/test_prior_influence.py)."""
     results, metrics, _ = federation
     state = FisherState.from_bytes((results / "fisher_state.npz").read_bytes())
     assert len(state.clients) == 1 and state.prior_interval() is None

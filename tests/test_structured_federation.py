@@ -42,7 +42,9 @@ def test_downloads_are_small_models_chosen_by_norm_then_own_curvature(federation
     for r in metrics["rounds"][1:]:
         clients = sorted(r["clients"], key=lambda c: -c["capacity"])
         assert all(c["mask_kind"] == "channels" for c in clients)
-        assert all(c["mask_source"] == ("norm" if r["round"] == 1 else "client") for c in clients)  # own scores
+        assert all(
+            c["mask_source"] == ("norm" if r["round"] == 1 else "client") for c in clients
+        )  # own scores
         for c in clients:
             assert c["values_bytes"] == 4 * c["selected"]
             assert c["mask_bytes"] < 1024  # channel indices, not a mask over d positions

@@ -37,12 +37,16 @@ def full(request):
 
 def _random_selection(sizes, fraction, seed):
     rng = np.random.default_rng(seed)
-    return {g: np.sort(rng.choice(n, max(1, round(fraction * n)), replace=False)) for g, n in sizes.items()}
+    return {
+        g: np.sort(rng.choice(n, max(1, round(fraction * n)), replace=False))
+        for g, n in sizes.items()
+    }
 
 
 @pytest.mark.parametrize("fraction,seed", [(0.25, 0), (0.5, 1), (1 / 16, 2)])
 def test_small_model_computes_what_the_zeroed_full_model_computes(full, fraction, seed):
-    """Dropped channels (and their BatchNorm weight and bias) zeroed in the full model = the small model."""
+    """Dropped channels (and their BatchNorm weight and bias) zeroed in the full model = the small
+    model."""
     name, _, layout, graph, x = full
     selection = _random_selection(group_sizes(layout, graph), fraction, seed)
     mask = selection_mask(layout, graph, selection)
@@ -50,9 +54,17 @@ def test_small_model_computes_what_the_zeroed_full_model_computes(full, fraction
     load_flat(zeroed, layout, np.where(mask, x, 0).astype(np.float32))
     with torch.device("meta"):
         skeleton = build_model(name, 10, MODELS[name][0], 0)
-    small = build_structured_model(skeleton, slice_arrays(layout, graph, selection, layout.unflatten(x)))
+    small = build_structured_model(
+        skeleton, slice_arrays(layout, graph, selection, layout.unflatten(x))
+    )
     assert sum(p.numel() for p in small.parameters()) == int(mask.sum())
-    inp = torch.randn(5, MODELS[name][0], MODELS[name][1], MODELS[name][1], generator=torch.Generator().manual_seed(3))
+    inp = torch.randn(
+        5,
+        MODELS[name][0],
+        MODELS[name][1],
+        MODELS[name][1],
+        generator=torch.Generator().manual_seed(3),
+    )
     zeroed.eval(), small.eval()
     with torch.no_grad():
         torch.testing.assert_close(small(inp), zeroed(inp), rtol=1e-4, atol=1e-5)
@@ -68,7 +80,9 @@ def test_small_model_has_the_gradient_of_the_zeroed_full_model_at_held_positions
     mask = selection_mask(layout, graph, selection)
     zeroed = build_model(name, 10, 1, 0)
     load_flat(zeroed, layout, np.where(mask, x, 0).astype(np.float32))
-    small = build_structured_model(zeroed, slice_arrays(layout, graph, selection, layout.unflatten(x)))
+    small = build_structured_model(
+        zeroed, slice_arrays(layout, graph, selection, layout.unflatten(x))
+    )
     inp, target = torch.randn(8, 1, 8, 8), torch.arange(8) % 10
     for m in (zeroed, small):
         torch.nn.functional.cross_entropy(m(inp), target).backward()
@@ -87,7 +101,9 @@ def test_slicing_lists_the_held_positions_in_order_and_reconstruction_round_trip
     mask = selection_mask(layout, graph, selection)
     assert np.array_equal(np.concatenate([a.reshape(-1) for a in small.values()]), x[mask])
     assert sliced_layout(layout, graph, selection).size == int(mask.sum())
-    other = np.random.default_rng(6).normal(size=layout.size).astype(np.float32)  # a "current global model"
+    other = (
+        np.random.default_rng(6).normal(size=layout.size).astype(np.float32)
+    )  # a "current global model"
     rebuilt, held = reconstruct(layout, graph, selection, small, other)
     assert np.array_equal(held, mask)
     assert np.array_equal(rebuilt[mask], x[mask]) and np.array_equal(rebuilt[~mask], other[~mask])
@@ -182,7 +198,9 @@ def test_channel_indices_travel_in_the_narrowest_dtype_and_decode_strictly(full)
     sizes = group_sizes(layout, graph)
     selection = _random_selection(sizes, 0.5, 8)
     wire = encode_channels(selection, sizes)
-    assert all(a.dtype == np.uint8 if sizes[g] <= 256 else a.dtype == np.uint16 for g, a in wire.items())
+    assert all(
+        a.dtype == np.uint8 if sizes[g] <= 256 else a.dtype == np.uint16 for g, a in wire.items()
+    )
     back = decode_channels(wire, sizes)
     assert all(np.array_equal(back[g], selection[g]) for g in sizes)
     g0 = next(iter(sizes))

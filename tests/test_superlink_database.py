@@ -1,4 +1,5 @@
-"""``fibos local --superlink-database``: where the SuperLink keeps its state, and how a locked database is reported.
+"""``fibos local --superlink-database``: where the SuperLink keeps its state, and how a locked
+database is reported.
 
 The federation itself under a held lock: ``tests/test_superlink_lock.py``.
 """
@@ -32,7 +33,16 @@ def test_the_flag_takes_memory_or_a_file_in_an_existing_folder(tmp_path: Path) -
 
 def test_a_bad_database_is_refused_before_anything_starts(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
-        main(["--capacities", "1", "--results", str(tmp_path / "run"), "--superlink-database", str(tmp_path)])
+        main(
+            [
+                "--capacities",
+                "1",
+                "--results",
+                str(tmp_path / "run"),
+                "--superlink-database",
+                str(tmp_path),
+            ]
+        )
     assert exited.value.code == 2
     assert "--superlink-database" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
@@ -40,8 +50,12 @@ def test_a_bad_database_is_refused_before_anything_starts(tmp_path: Path, capsys
 def test_the_launch_database_defaults_to_a_file_of_the_launch(tmp_path: Path) -> None:
     default = LocalFederation([1.0], tmp_path)
     assert default.database_path == str(default.flwr_home / "state.db")
-    assert LocalFederation([1.0], tmp_path, database=MEMORY_DATABASE).database_path == MEMORY_DATABASE
-    assert LocalFederation([1.0], tmp_path, database="/srv/state.db").database_path == "/srv/state.db"
+    assert (
+        LocalFederation([1.0], tmp_path, database=MEMORY_DATABASE).database_path == MEMORY_DATABASE
+    )
+    assert (
+        LocalFederation([1.0], tmp_path, database="/srv/state.db").database_path == "/srv/state.db"
+    )
 
 
 def test_a_locked_database_in_the_superlink_log_is_named_with_what_to_do(tmp_path: Path) -> None:
@@ -50,13 +64,18 @@ def test_a_locked_database_in_the_superlink_log_is_named_with_what_to_do(tmp_pat
     assert database_diagnosis(log, "/x/state.db") == ""
     assert database_diagnosis(tmp_path / "missing.log", "/x/state.db") == ""
     log.write_text(
-        "ERROR: [/v1/runtime/push-messages][UnexpectedError:OperationalError] (sqlite3.OperationalError) "
-        "database is locked\nERROR: [/v1/fleet/pull-messages] ... database is locked\n"
+        "ERROR: [/v1/runtime/push-messages][UnexpectedError:OperationalError] "
+        "(sqlite3.OperationalError) database is locked\nERROR: [/v1/fleet/pull-messages] ... "
+        "database is locked\n"
     )
     why = database_diagnosis(log, "/x/state.db")
-    assert why.startswith("the SuperLink's database /x/state.db was locked ('database is locked', 2 times in ")
+    assert why.startswith(
+        "the SuperLink's database /x/state.db was locked ('database is locked', 2 times in "
+    )
     assert "--superlink-database memory" in why and "resume=true" in why
-    earlier = log.stat().st_size  # what an earlier run of the same SuperLink logged is not this run's cause
+    earlier = (
+        log.stat().st_size
+    )  # what an earlier run of the same SuperLink logged is not this run's cause
     assert database_diagnosis(log, "/x/state.db", since=earlier) == ""
     with open(log, "a") as more:
         more.write("ERROR: [/v1/runtime/push-messages] ... database is locked\n")

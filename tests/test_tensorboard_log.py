@@ -1,4 +1,5 @@
-"""The optional TensorBoard writer: scalars that read back, and ``tensorboard=true`` refused without its package."""
+"""The optional TensorBoard writer: scalars that read back, and ``tensorboard=true`` refused without
+its package."""
 
 from __future__ import annotations
 
@@ -21,13 +22,27 @@ HINT = "pip install 'fibos-fl[tensorboard]'"
 
 def _record(rnd: int) -> dict:
     if rnd == 0:  # the start record: central evaluation only
-        return {"round": 0, "global": {"accuracy": 0.1, "loss": 2.3, "per_capacity": {}}, "clients": []}
-    per_capacity = {"1": {"accuracy": 0.5 + 0.01 * rnd, "loss": 1.0}, "0.25": {"accuracy": 0.3 + 0.01 * rnd}}
+        return {
+            "round": 0,
+            "global": {"accuracy": 0.1, "loss": 2.3, "per_capacity": {}},
+            "clients": [],
+        }
+    per_capacity = {
+        "1": {"accuracy": 0.5 + 0.01 * rnd, "loss": 1.0},
+        "0.25": {"accuracy": 0.3 + 0.01 * rnd},
+    }
     return {
         "round": rnd,
-        "global": {"accuracy": 0.5 + 0.01 * rnd, "loss": 1.5 - 0.1 * rnd, "per_capacity": per_capacity},
+        "global": {
+            "accuracy": 0.5 + 0.01 * rnd,
+            "loss": 1.5 - 0.1 * rnd,
+            "per_capacity": per_capacity,
+        },
         "local": {"accuracy": 0.6, "loss": 1.2} if rnd % 2 == 0 else None,
-        "clients": [{"bytes_down": 1000 * rnd, "bytes_up": 10 * rnd}, {"bytes_down": 500, "bytes_up": 5}],
+        "clients": [
+            {"bytes_down": 1000 * rnd, "bytes_up": 10 * rnd},
+            {"bytes_down": 500, "bytes_up": 5},
+        ],
         "round_seconds": 1.5 * rnd,
     }
 
@@ -112,7 +127,9 @@ def test_tensorboard_true_without_the_package_is_refused_naming_the_key(monkeypa
     check_tensorboard(parse_run_config({"tensorboard": True}))
 
 
-def test_fibos_local_refuses_it_before_any_process_starts(monkeypatch, tmp_path, capsys, no_process):
+def test_fibos_local_refuses_it_before_any_process_starts(
+    monkeypatch, tmp_path, capsys, no_process
+):
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
     results = tmp_path / "run"
     assert launcher.main(["--results", str(results), "-c", "tensorboard=true"]) == 2
@@ -122,7 +139,8 @@ def test_fibos_local_refuses_it_before_any_process_starts(monkeypatch, tmp_path,
 
 
 def test_the_serverapp_refuses_it_before_it_builds_or_writes_anything(monkeypatch, tmp_path):
-    """A run submitted through the Control API has no launcher in front: the ServerApp refuses it itself."""
+    """A run submitted through the Control API has no launcher in front: the ServerApp refuses it
+    itself."""
     from flwr.app import Context, RecordDict
 
     from server.app import main as serverapp_main
@@ -130,7 +148,9 @@ def test_the_serverapp_refuses_it_before_it_builds_or_writes_anything(monkeypatc
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
     results = tmp_path / "results"
     run_config = {**launcher.app_run_config(ROOT), "results-dir": str(results), "tensorboard": True}
-    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
     with pytest.raises(ConfigError, match="tensorboard=true"):
         serverapp_main(None, context)
     assert not results.exists()
@@ -141,7 +161,10 @@ def test_the_package_is_found_when_installed():
 
 
 def test_importing_the_module_does_not_load_tensorboard():
-    code = "import sys, server.tensorboard_log; assert 'torch.utils.tensorboard' not in sys.modules, 'loaded'"
+    code = (
+        "import sys, server.tensorboard_log; assert 'torch.utils.tensorboard' not in sys.modules, "
+        "'loaded'"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT,

@@ -1,4 +1,5 @@
-"""``fibos bench-text-recipe``: recipes parsed, the model trained as each says, the rows and files written."""
+"""``fibos bench-text-recipe``: recipes parsed, the model trained as each says, the rows and files
+written."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.text_recipe_bench import Recipe, RecipeRow, build_recipe_model, main, table, train_recipe
+from benchmarks.text_recipe_bench import (
+    Recipe,
+    RecipeRow,
+    build_recipe_model,
+    main,
+    table,
+    train_recipe,
+)
 from common.data.arrays import ArrayDataset
 
 pytest.importorskip("transformers")
@@ -50,17 +58,23 @@ def test_lora_trains_only_the_adapters_and_head_and_full_every_unfrozen_weight(t
         recipe = Recipe(part, "adamw", 1e-2)
         model = build_recipe_model(recipe, model_path, 2, 0, "frozen", 2, 4.0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        rows = train_recipe(model, recipe, train, test, batches, eval_every=3, momentum=0.9, clip_grad_norm=1.0)
+        rows = train_recipe(
+            model, recipe, train, test, batches, eval_every=3, momentum=0.9, clip_grad_norm=1.0
+        )
         moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
         trainable = {n for n, p in model.named_parameters() if p.requires_grad}
         assert moved == trainable  # every trained weight moved; nothing frozen did
-        assert not any(n.endswith("_embeddings.weight") for n in moved)  # embedding tables stay frozen
+        assert not any(
+            n.endswith("_embeddings.weight") for n in moved
+        )  # embedding tables stay frozen
         if part == "lora":
             assert all("lora_" in n or "classifier" in n for n in moved)
         # step 0 before training, every eval_every steps, and the last step
         assert [r.step for r in rows] == [0, 3, 4]
         assert all(0 <= r.test_acc <= 1 for r in rows) and np.isnan(rows[0].train_loss)
-        assert rows[-1].trained_weights == sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert rows[-1].trained_weights == sum(
+            p.numel() for p in model.parameters() if p.requires_grad
+        )
         counts[part] = rows[-1].trained_weights
     assert counts["lora"] < counts["full"]
 
@@ -69,7 +83,9 @@ def test_the_table_gives_each_recipe_its_accuracy_per_step() -> None:
     rows = [
         RecipeRow("full:sgd:0.05", "full", "sgd", 0.05, 0, float("nan"), 0.5, float("nan"), 10),
         RecipeRow("full:sgd:0.05", "full", "sgd", 0.05, 30, 0.6, 0.625, 0.2, 10),
-        RecipeRow("lora:adamw:0.003", "lora", "adamw", 0.003, 0, float("nan"), 0.5, float("nan"), 4),
+        RecipeRow(
+            "lora:adamw:0.003", "lora", "adamw", 0.003, 0, float("nan"), 0.5, float("nan"), 4
+        ),
     ]
     text = table(rows)
     assert "| recipe | trained weights | acc @0 | acc @30 | final loss | s per step |" in text
@@ -80,8 +96,26 @@ def test_the_table_gives_each_recipe_its_accuracy_per_step() -> None:
 def test_the_command_writes_rows_and_plot(text_setup, tmp_path, capsys) -> None:
     model_path, data_path = text_setup
     out = tmp_path / "recipe"
-    argv = ["--model-path", model_path, "--dataset", "ag_news", "--data-path", data_path, "--text-length", "8"]
-    argv += ["--recipes", "full:sgd:0.05,lora:adamw:1e-2", "--steps", "4", "--eval-every", "2", "--batch-size", "8"]
+    argv = [
+        "--model-path",
+        model_path,
+        "--dataset",
+        "ag_news",
+        "--data-path",
+        data_path,
+        "--text-length",
+        "8",
+    ]
+    argv += [
+        "--recipes",
+        "full:sgd:0.05,lora:adamw:1e-2",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--batch-size",
+        "8",
+    ]
     assert main([*argv, "--lora-rank", "2", "--out", str(out)]) == 0
     with open(out / "text_recipe.csv") as f:
         rows = list(csv.DictReader(f))
@@ -92,7 +126,9 @@ def test_the_command_writes_rows_and_plot(text_setup, tmp_path, capsys) -> None:
     assert "| lora:adamw:0.01 |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--steps", "0"), ("--recipes", "full:sgd"), ("--test-examples", "-1")])
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--steps", "0"), ("--recipes", "full:sgd"), ("--test-examples", "-1")]
+)
 def test_bad_flags_fail_naming_the_flag(flag, value, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main([flag, value, "--model-path", "unused", "--out", str(tmp_path)])

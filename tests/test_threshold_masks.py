@@ -1,4 +1,5 @@
-"""FIARSE's elements: threshold mask, masked or surrogate gradient, in-round re-masking, non-zero-count aggregation."""
+"""FIARSE's elements: threshold mask, masked or surrogate gradient, in-round re-masking,
+non-zero-count aggregation."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def test_indicator_at_zero_threshold_gives_no_nan():
 )
 @settings(max_examples=60, deadline=None)
 def test_gate_gradient_matches_closed_form(values, theta):
-    """Autograd through ``w * 1[|w| >= theta]`` equals ``1[|w|>=theta] (1 + 2 theta |w| / (|w| + theta)^2)``."""
+    """Autograd through ``w * 1[|w| >= theta]`` equals ``1[|w|>=theta] (1 + 2 theta |w| / (|w| +
+    theta)^2)``."""
     w = torch.tensor(values, dtype=torch.float64, requires_grad=True)
     upstream = torch.linspace(-1, 1, w.numel(), dtype=torch.float64)
     (ThresholdGate(theta, surrogate=True)(w) * upstream).sum().backward()
@@ -74,7 +76,8 @@ def test_gate_without_surrogate_passes_the_effective_gradient_on_held_positions(
 
 
 class _PublishedBern(torch.autograd.Function):
-    """FIARSE's ``model_utils.Bern`` as published: the forward returns a bool tensor; ``calls`` counts backwards."""
+    """FIARSE's ``model_utils.Bern`` as published: the forward returns a bool tensor; ``calls``
+    counts backwards."""
 
     calls = 0
 
@@ -87,7 +90,9 @@ class _PublishedBern(torch.autograd.Function):
     def backward(ctx, grad_output):
         _PublishedBern.calls += 1
         scores, threshold = ctx.saved_tensors
-        grad = torch.nan_to_num(2 * threshold / torch.pow(scores + threshold, 2), nan=0.0, posinf=0.0, neginf=0.0)
+        grad = torch.nan_to_num(
+            2 * threshold / torch.pow(scores + threshold, 2), nan=0.0, posinf=0.0, neginf=0.0
+        )
         return grad_output * grad * (scores >= threshold), None
 
 
@@ -99,7 +104,8 @@ def _published_masked_linear(x, weight, bias, threshold):
 
 
 def test_default_gradient_is_the_published_codes_plain_masked_gradient():
-    """The published ``Bern`` is never differentiated; the default gate gives its gradient, ``1[|w| >= theta] g``."""
+    """The published ``Bern`` is never differentiated; the default gate gives its gradient, ``1[|w|
+    >= theta] g``."""
     torch.manual_seed(0)
     x, target = torch.randn(16, 6), torch.randn(16, 4)
     w0, b0 = torch.randn(4, 6), torch.randn(4)
@@ -108,7 +114,9 @@ def test_default_gradient_is_the_published_codes_plain_masked_gradient():
     w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
     _PublishedBern.calls = 0
     F.mse_loss(_published_masked_linear(x, w, b, theta), target).backward()
-    assert _PublishedBern.calls == 0  # a bool output is not differentiable: autograd never calls backward
+    assert (
+        _PublishedBern.calls == 0
+    )  # a bool output is not differentiable: autograd never calls backward
     held_w, held_b = w0.abs() >= theta, b0.abs() >= theta
     assert held_w.any() and (~held_w).any() and held_b.any() and (~held_b).any()
 
@@ -131,8 +139,11 @@ def test_default_gradient_is_the_published_codes_plain_masked_gradient():
     torch.testing.assert_close(grads[0], w.grad, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(grads[1], b.grad, rtol=1e-6, atol=1e-7)
 
-    # The paper's surrogate (``fiarse-surrogate = true``) is what a float-valued indicator would give instead.
-    on = create_method(parse_run_config({"method": "fiarse", "fiarse-surrogate": True})).opts.surrogate
+    # The paper's surrogate (``fiarse-surrogate = true``) is what a float-valued indicator would
+    # give instead.
+    on = create_method(
+        parse_run_config({"method": "fiarse", "fiarse-surrogate": True})
+    ).opts.surrogate
     lin_s = nn.Linear(6, 4)
     with torch.no_grad():
         lin_s.weight.copy_(w0)
@@ -140,7 +151,9 @@ def test_default_gradient_is_the_published_codes_plain_masked_gradient():
     attach_threshold_gates(lin_s, ["weight", "bias"], float(theta), on)
     F.mse_loss(lin_s(x), target).backward()
     expected = eff_w.grad.numpy() * surrogate_factor(w0.numpy(), float(theta))
-    np.testing.assert_allclose(lin_s.parametrizations.weight.original.grad.numpy(), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        lin_s.parametrizations.weight.original.grad.numpy(), expected, rtol=1e-5, atol=1e-7
+    )
     assert not torch.allclose(lin_s.parametrizations.weight.original.grad, w.grad)
 
 
@@ -176,7 +189,9 @@ def test_threshold_mask_against_brute_force(values, gamma, seed):
 
 
 def test_gated_count_and_bad_capacity():
-    assert gated_count(0.25, 100) == 25 and gated_count(0.001, 100) == 1 and gated_count(1.0, 7) == 7
+    assert (
+        gated_count(0.25, 100) == 25 and gated_count(0.001, 100) == 1 and gated_count(1.0, 7) == 7
+    )
     with pytest.raises(ValueError, match="gamma"):
         gated_count(0.0, 10)
     with pytest.raises(ValueError, match="gated"):
@@ -184,7 +199,8 @@ def test_gated_count_and_bad_capacity():
 
 
 def test_mask_changes_inside_the_round():
-    """A held weight pushed below theta leaves the forward pass at the next step and stops moving."""
+    """A held weight pushed below theta leaves the forward pass at the next step and stops
+    moving."""
     lin = nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         lin.weight.copy_(torch.tensor([[1.0, 0.3]]))
@@ -198,12 +214,15 @@ def test_mask_changes_inside_the_round():
         opt.step()
         raw = lin.parametrizations.weight.original.detach().clone()
         trace.append((raw.tolist()[0], lin.weight.detach().tolist()[0]))
-    # step 1: w1 = 0.3 - 0.1 * (1 + 2*0.25*0.3/0.55^2) = 0.1504...: below theta, gated out from step 2 on
+    # step 1: w1 = 0.3 - 0.1 * (1 + 2*0.25*0.3/0.55^2) = 0.1504...: below theta, gated out from step
+    # 2 on
     assert trace[0][0][1] == pytest.approx(0.3 - 0.1 * (1 + 2 * 0.25 * 0.3 / 0.55**2))
     assert trace[0][1][1] == 0.0 and trace[1][0][1] == trace[0][0][1] == trace[2][0][1]
     assert trace[2][0][0] < trace[1][0][0] < trace[0][0][0] < 1.0  # the large weight keeps training
     detach_threshold_gates(gates)
-    assert lin.weight.detach().tolist()[0][1] == pytest.approx(trace[0][0][1])  # raw value, not zeroed
+    assert lin.weight.detach().tolist()[0][1] == pytest.approx(
+        trace[0][0][1]
+    )  # raw value, not zeroed
 
 
 def test_nonzero_mean_against_brute_force():
@@ -218,7 +237,11 @@ def test_nonzero_mean_against_brute_force():
         updates.append(MaskedUpdate(idx, delta, float(rng.integers(1, 50))))
     got = nonzero_mean_step(x, updates, server_lr=0.7)
     for j in range(d):
-        moved = [u.delta[u.indices == j][0] for u in updates if j in u.indices and u.delta[u.indices == j][0] != 0]
+        moved = [
+            u.delta[u.indices == j][0]
+            for u in updates
+            if j in u.indices and u.delta[u.indices == j][0] != 0
+        ]
         expected = x[j] + 0.7 * (sum(moved) / len(moved)) if moved else x[j]
         assert got[j] == pytest.approx(expected, rel=1e-6, abs=1e-6)
     untouched = np.setdiff1d(np.arange(d), np.concatenate([u.indices for u in updates]))

@@ -28,8 +28,12 @@ def _setup(gamma=0.25, n=96):
 
 def test_only_selected_parameters_change():
     data, layout, x, mask = _setup()
-    cfg = TrainConfig(epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3, proximal_mu=0.01)
-    res = train_masked(build_model("cnn", 10, 1, 1), layout, np.where(mask, x, 0), mask, data, cfg, CPU)
+    cfg = TrainConfig(
+        epochs=2, batch_size=16, lr=0.1, momentum=0.9, weight_decay=1e-3, proximal_mu=0.01
+    )
+    res = train_masked(
+        build_model("cnn", 10, 1, 1), layout, np.where(mask, x, 0), mask, data, cfg, CPU
+    )
     assert np.all(res.params[~mask] == 0)
     assert np.mean(res.params[mask] != x[mask]) > 0.5
     assert res.num_examples == len(data)
@@ -38,9 +42,12 @@ def test_only_selected_parameters_change():
 
 def test_fisher_is_mean_squared_minibatch_gradient_including_unheld_positions():
     data, layout, x, mask = _setup(n=64)
-    # lr tiny and one step per batch: compare against gradients recomputed at the start point for batch 1.
+    # lr tiny and one step per batch: compare against gradients recomputed at the start point for
+    # batch 1.
     cfg = TrainConfig(epochs=1, batch_size=64, lr=1e-12, fisher_batches=1, seed=3)
-    res = train_masked(build_model("cnn", 10, 1, 1), layout, np.where(mask, x, 0), mask, data, cfg, CPU)
+    res = train_masked(
+        build_model("cnn", 10, 1, 1), layout, np.where(mask, x, 0), mask, data, cfg, CPU
+    )
     ref = build_model("cnn", 10, 1, 1)
     load_flat(ref, layout, np.where(mask, x, 0).astype(np.float32))
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(3))
@@ -49,14 +56,18 @@ def test_fisher_is_mean_squared_minibatch_gradient_including_unheld_positions():
     grads = torch.autograd.grad(loss, list(ref.parameters()))
     expected = np.concatenate([g.square().numpy().ravel() for g in grads])
     np.testing.assert_allclose(res.fisher, expected, rtol=1e-4, atol=1e-12)
-    assert np.count_nonzero(res.fisher[~mask]) > 0.5 * (~mask).sum()  # measured where the client holds nothing
+    assert (
+        np.count_nonzero(res.fisher[~mask]) > 0.5 * (~mask).sum()
+    )  # measured where the client holds nothing
 
 
 def test_attach_masks_uses_prune_reparametrisation():
     _, layout, x, mask = _setup()
     model = build_model("cnn", 10, 1, 0)
     gated = attach_masks(model, layout, mask)
-    assert gated and all(hasattr(m, f"{name}_mask") and hasattr(m, f"{name}_orig") for m, name in gated)
+    assert gated and all(
+        hasattr(m, f"{name}_mask") and hasattr(m, f"{name}_orig") for m, name in gated
+    )
 
 
 def test_evaluate_reports_loss_and_accuracy():

@@ -15,15 +15,22 @@ def _updates(seed: int, d: int, n: int) -> list[MaskedUpdate]:
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
-        idx = np.sort(rng.choice(d, size=int(rng.integers(0, d + 1)), replace=False)).astype(np.int64)
-        out.append(MaskedUpdate(idx, rng.normal(size=idx.size).astype(np.float32), float(rng.integers(1, 100))))
+        idx = np.sort(rng.choice(d, size=int(rng.integers(0, d + 1)), replace=False)).astype(
+            np.int64
+        )
+        out.append(
+            MaskedUpdate(
+                idx, rng.normal(size=idx.size).astype(np.float32), float(rng.integers(1, 100))
+            )
+        )
     return out
 
 
 @given(st.integers(0, 2**31 - 1), st.integers(1, 25), st.integers(1, 6), st.floats(0.1, 2.0))
 @settings(max_examples=60, deadline=None)
 def test_participant_mean_is_fedavg_over_reconstructed_models(seed, d, n, lr):
-    """``x + lr * sum_k p_k (w_k - x)`` where ``w_k`` is x with the client's held positions replaced."""
+    """``x + lr * sum_k p_k (w_k - x)`` where ``w_k`` is x with the client's held positions
+    replaced."""
     x = np.random.default_rng(seed + 1).normal(size=d).astype(np.float32)
     updates = _updates(seed, d, n)
     total = sum(u.weight for u in updates)
@@ -33,7 +40,9 @@ def test_participant_mean_is_fedavg_over_reconstructed_models(seed, d, n, lr):
         rebuilt[u.indices] += u.delta
         fedavg += u.weight / total * rebuilt
     expected = x + lr * (fedavg - x)
-    np.testing.assert_allclose(participant_mean_step(x, updates, lr), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        participant_mean_step(x, updates, lr), expected, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_participant_mean_dilutes_a_position_few_clients_held():

@@ -1,8 +1,9 @@
-"""`fibos bench-vs-flower` end to end: the product and the stock Flower FedAvg app on real SuperNode processes.
+"""`fibos bench-vs-flower` end to end: the product and the stock Flower FedAvg app on real SuperNode
+processes.
 
-One round on two nodes (capacities 1 and 1/4): the stock app must run under Flower as its template would
-(the comparison's baseline is otherwise never exercised), report what the fleet time needs, and the table must
-come out; ``--reuse`` then runs nothing again.
+One round on two nodes (capacities 1 and 1/4): the stock app must run under Flower as its template
+would (the comparison's baseline is otherwise never exercised), report what the fleet time needs,
+and the table must come out; ``--reuse`` then runs nothing again.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ pytestmark = pytest.mark.federation
 
 def test_the_product_and_stock_flower_run_side_by_side_and_are_tabulated(tmp_path, capsys):
     out = tmp_path / "vs"
-    argv = ["--capacities", "1,1/4", "--rounds", "1", "--repeats", "1", "--targets", "0.3", "--out", str(out)]
+    argv = [
+        "--capacities",
+        "1,1/4",
+        "--rounds",
+        "1",
+        "--repeats",
+        "1",
+        "--targets",
+        "0.3",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert [r["variant"] for r in rows] == ["product", "stock-capable", "stock-all"]
@@ -36,10 +48,14 @@ def test_the_product_and_stock_flower_run_side_by_side_and_are_tabulated(tmp_pat
     for variant, nodes in (("stock-capable", {1.0}), ("stock-all", {1.0, 0.25})):
         stock = json.loads((out / "runs" / f"{variant}-1" / "metrics.json").read_text())["rounds"]
         assert [r["round"] for r in stock] == [0, 1]
-        assert stock[0]["global"]["accuracy"] == product[0]["global"]["accuracy"]  # the same initial weights
+        assert (
+            stock[0]["global"]["accuracy"] == product[0]["global"]["accuracy"]
+        )  # the same initial weights
         replies = stock[1]["clients"]
         assert {c["capacity"] for c in replies} == nodes
-        assert all(c["cpu-seconds"] > 0 and c["bytes-down"] == c["bytes-up"] == 4 * d for c in replies)
+        assert all(
+            c["cpu-seconds"] > 0 and c["bytes-down"] == c["bytes-up"] == 4 * d for c in replies
+        )
 
     capsys.readouterr()
     assert main([*argv, "--reuse"]) == 0

@@ -1,4 +1,5 @@
-"""The wall-clock comparison's pure helpers (benchmarks/wallclock_bench.py) and the seconds-to-target column."""
+"""The wall-clock comparison's pure helpers (benchmarks/wallclock_bench.py) and the
+seconds-to-target column."""
 
 from __future__ import annotations
 
@@ -9,14 +10,32 @@ from benchmarks.wallclock_bench import table, variant_config, wallclock_row
 
 
 def _client(status="ok", staleness=None):
-    c = {"status": status, "bytes_down": 100, "bytes_up": 50, "train_seconds": 1.0, "fisher_seconds": 0.0}
+    c = {
+        "status": status,
+        "bytes_down": 100,
+        "bytes_up": 50,
+        "train_seconds": 1.0,
+        "fisher_seconds": 0.0,
+    }
     return c if staleness is None else {**c, "staleness": staleness}
 
 
 ASYNC = {
-    "run": {"method": "fedgmr", "dataset": "digits", "partitioner": "iid", "seed": 0, "fisher_encoding": "masked"},
+    "run": {
+        "method": "fedgmr",
+        "dataset": "digits",
+        "partitioner": "iid",
+        "seed": 0,
+        "fisher_encoding": "masked",
+    },
     "rounds": [
-        {"round": 0, "wall_seconds": 0.0, "global": {"accuracy": 0.1}, "clients": [], "server_seconds": 0.0},
+        {
+            "round": 0,
+            "wall_seconds": 0.0,
+            "global": {"accuracy": 0.1},
+            "clients": [],
+            "server_seconds": 0.0,
+        },
         {
             "round": 1,
             "wall_seconds": 9.0,

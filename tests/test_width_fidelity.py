@@ -1,4 +1,5 @@
-"""The published elements of HeteroFL and FedRolex: scaler, static BatchNorm, masked cross-entropy, label split."""
+"""The published elements of HeteroFL and FedRolex: scaler, static BatchNorm, masked cross-entropy,
+label split."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def test_scaled_batchnorm_is_norm_of_scaled_input(rate):
     assert torch.equal(bn.eval()(x), ref.eval()(x))
 
 
-@pytest.mark.parametrize("name,convs,linear", [("cnn-bn", 2, 1), ("cnn", 2, 1), ("resnet18", 20, 0)])
+@pytest.mark.parametrize(
+    "name,convs,linear", [("cnn-bn", 2, 1), ("cnn", 2, 1), ("resnet18", 20, 0)]
+)
 def test_every_convolution_has_a_scaler_and_the_hidden_linear_one_is_optional(name, convs, linear):
     model = build_model(name, 10, 3 if name == "resnet18" else 1, 0)
     scalers = [m for m in model.modules() if isinstance(m, (Scaler, ScaledBatchNorm2d))]
@@ -88,7 +91,8 @@ def test_every_convolution_has_a_scaler_and_the_hidden_linear_one_is_optional(na
 
 @pytest.mark.parametrize("model_name", ["cnn-bn", "cnn"])
 def test_hidden_linear_output_is_not_divided_by_the_rate_unless_asked(model_name, monkeypatch):
-    """The published conv model scales its conv blocks only: by default ``fc1`` (no norm after it) is unscaled."""
+    """The published conv model scales its conv blocks only: by default ``fc1`` (no norm after it)
+    is unscaled."""
     import common.methods.heterofl as heterofl
 
     real = heterofl.train_masked
@@ -101,15 +105,24 @@ def test_hidden_linear_output_is_not_divided_by_the_rate_unless_asked(model_name
     monkeypatch.setattr(heterofl, "train_masked", spy)
     for scaler_linear, fc1_rate in ((False, 1.0), (True, 0.25)):
         key = "width-scaler-linear"
-        r = _round(parse_run_config({"method": "heterofl", "model": model_name, key: scaler_linear}), 1 / 16)
-        r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
+        r = _round(
+            parse_run_config({"method": "heterofl", "model": model_name, key: scaler_linear}),
+            1 / 16,
+        )
+        r.method.client_train(
+            r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU
+        )
         model, seen = models.pop(), {}
         for name in ("conv1", "scale1", "fc1"):
-            getattr(model, name).register_forward_hook(lambda m, i, o, name=name, seen=seen: seen.setdefault(name, o))
+            getattr(model, name).register_forward_hook(
+                lambda m, i, o, name=name, seen=seen: seen.setdefault(name, o)
+            )
         model.fc2.register_forward_pre_hook(lambda m, i, seen=seen: seen.setdefault("fc2-in", i[0]))
         with torch.no_grad():
             model.train()(torch.rand(8, 1, 8, 8))
-        assert torch.allclose(seen["scale1"], seen["conv1"] / 0.25)  # conv blocks: divided by the rate
+        assert torch.allclose(
+            seen["scale1"], seen["conv1"] / 0.25
+        )  # conv blocks: divided by the rate
         assert torch.allclose(seen["fc2-in"], torch.relu(seen["fc1"] / fc1_rate))
 
 
@@ -130,7 +143,9 @@ def test_client_rate_is_the_width_ratio(model_name, gamma):
     layout = model_layout(model)
     graph = channel_graph(model_name, layout)
     for roll in (0, 5):
-        assert held_width(layout, graph, width_mask(layout, graph, width_ratio(gamma), roll)) == math.sqrt(gamma)
+        assert held_width(
+            layout, graph, width_mask(layout, graph, width_ratio(gamma), roll)
+        ) == math.sqrt(gamma)
 
 
 def test_client_rate_for_an_uneven_ratio_is_the_smallest_kept_share():
@@ -200,7 +215,8 @@ def test_static_batchnorm_normalises_with_the_batch_it_sees():
 @pytest.mark.parametrize("ratio", [0.5, 0.25, 0.125])
 @pytest.mark.parametrize("training", [True, False])
 def test_bn_width_submodel_equals_physically_smaller_network(ratio, training):
-    """Masked full-shape cnn-bn == narrower cnn-bn with the kept channels (norms of unheld channels inert)."""
+    """Masked full-shape cnn-bn == narrower cnn-bn with the kept channels (norms of unheld channels
+    inert)."""
     model = build_model("cnn-bn", 10, 1, 0)
     layout = model_layout(model)
     graph = channel_graph("cnn-bn", layout)
@@ -238,7 +254,8 @@ def test_output_layer_is_the_classifier():
 
 
 def _brute_force(x, updates, held, position_class, server_lr):
-    """Per position: mean over the clients that hold it and (for a classifier row) hold its class."""
+    """Per position: mean over the clients that hold it and (for a classifier row) hold its
+    class."""
     out = x.copy()
     for j in range(x.size):
         num = den = 0.0
@@ -258,14 +275,22 @@ def test_label_split_aggregation_matches_brute_force(seed):
     rng = np.random.default_rng(seed)
     # A toy layout: a hidden weight (3x2), then a classifier of 4 classes (4x3 weight, 4 bias).
     layout = ParamLayout(
-        (TensorSpec("h.weight", (3, 2)), TensorSpec("out.weight", (4, 3)), TensorSpec("out.bias", (4,)))
+        (
+            TensorSpec("h.weight", (3, 2)),
+            TensorSpec("out.weight", (4, 3)),
+            TensorSpec("out.bias", (4,)),
+        )
     )
     cls = class_of_position(layout)
     x = rng.normal(size=layout.size).astype(np.float32)
     updates, held = [], []
     for _ in range(rng.integers(1, 5)):
         idx = np.flatnonzero(rng.random(layout.size) < 0.7)
-        updates.append(MaskedUpdate(idx, rng.normal(size=idx.size).astype(np.float32), float(rng.integers(1, 4))))
+        updates.append(
+            MaskedUpdate(
+                idx, rng.normal(size=idx.size).astype(np.float32), float(rng.integers(1, 4))
+            )
+        )
         h = rng.random(4) < 0.5
         h[rng.integers(4)] = True
         held.append(h)
@@ -281,13 +306,17 @@ def test_label_split_rows_average_only_over_holders():
     every = np.arange(layout.size)
     dA, dB, dC = (np.full(layout.size, v, dtype=np.float32) for v in (1.0, 3.0, 10.0))
     held = [np.array([1, 0, 0], bool), np.array([1, 0, 0], bool), np.array([0, 1, 0], bool)]
-    ups = [restrict_to_classes(MaskedUpdate(every, d, 1.0), cls, h) for d, h in zip((dA, dB, dC), held)]
+    ups = [
+        restrict_to_classes(MaskedUpdate(every, d, 1.0), cls, h) for d, h in zip((dA, dB, dC), held)
+    ]
     new = layout.unflatten(aggregate_masked(x, ups))
     assert np.all(new["out.weight"][0] == 2.0) and new["out.bias"][0] == 2.0
     assert np.all(new["out.weight"][1] == 10.0) and new["out.bias"][1] == 10.0
     assert np.all(new["out.weight"][2] == 0.0) and new["out.bias"][2] == 0.0
     # Without the split every client counts for every row: the absent classes dilute each mean.
-    plain = layout.unflatten(aggregate_masked(x, [MaskedUpdate(every, d, 1.0) for d in (dA, dB, dC)]))
+    plain = layout.unflatten(
+        aggregate_masked(x, [MaskedUpdate(every, d, 1.0) for d in (dA, dB, dC)])
+    )
     assert np.all(plain["out.weight"] == 14.0 / 3)
 
 
@@ -305,21 +334,26 @@ def test_class_flags_are_checked():
 
 # ------------------------------------------------------- FedRolex aggregation
 def _published_combine(layout, x, clients, tmp_counts):
-    """FedRolex's ``ResnetServerRoll.combine`` with ``--weighting avg``, restated over a flat layout.
+    """FedRolex's ``ResnetServerRoll.combine`` with ``--weighting avg``, restated over a flat
+    layout.
 
-    ``clients``: ``(held, local)`` in the order the server adds them: the flat positions taken from the client
-    (classifier rows cut to its classes) and its trained parameters, full shape. ``tmp_counts``: the server's
-    per-tensor counts. Returns the new flat parameters and counts.
+    ``clients``: ``(held, local)`` in the order the server adds them: the flat positions taken from
+    the client (classifier rows cut to its classes) and its trained parameters, full shape.
+    ``tmp_counts``: the server's per-tensor counts. Returns the new flat parameters and counts.
     """
     classifier, _ = output_layer(layout)
     new = {k: v.astype(np.float64) for k, v in layout.unflatten(x).items()}
-    cpy = {k: v.copy() for k, v in tmp_counts.items()}  # tmp_counts_cpy = copy.deepcopy(self.tmp_counts)
+    cpy = {
+        k: v.copy() for k, v in tmp_counts.items()
+    }  # tmp_counts_cpy = copy.deepcopy(self.tmp_counts)
     counts = tmp_counts  # self.tmp_counts
     for k, v in layout.unflatten(x).items():
         tmp_v, count = np.zeros(v.shape), np.zeros(v.shape)
         for held, local in clients:
             h, lv = layout.unflatten(held)[k], layout.unflatten(local)[k].astype(np.float64)
-            K = np.ones(v.shape) if v.ndim > 1 and k != classifier else counts[k]  # avg: K = 1 on hidden weights
+            K = (
+                np.ones(v.shape) if v.ndim > 1 and k != classifier else counts[k]
+            )  # avg: K = 1 on hidden weights
             tmp_v[h] += K[h] * lv[h]
             count[h] += K[h]
             cpy[k][h] += 1
@@ -329,7 +363,8 @@ def _published_combine(layout, x, clients, tmp_counts):
 
 
 def _rolex_round(rng, layout, x, clients=4):
-    """Random held positions (classifier rows cut to random classes) and trained parameters of a few clients."""
+    """Random held positions (classifier rows cut to random classes) and trained parameters of a few
+    clients."""
     cls = class_of_position(layout)
     out = []
     for _ in range(clients):
@@ -348,14 +383,19 @@ TOY_LAYOUTS = {
         TensorSpec("out.weight", (4, 3)),
         TensorSpec("out.bias", (4,)),
     ),
-    "norm-first": (TensorSpec("n.weight", (2,)), TensorSpec("h.weight", (3, 2)), TensorSpec("out.weight", (4, 3))),
+    "norm-first": (
+        TensorSpec("n.weight", (2,)),
+        TensorSpec("h.weight", (3, 2)),
+        TensorSpec("out.weight", (4, 3)),
+    ),
 }
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("toy", sorted(TOY_LAYOUTS))
 def test_fedrolex_avg_weighting_matches_the_published_combine(toy, seed):
-    """Three rounds of :func:`update_count_mean_step` == the published loop, counts carried between rounds."""
+    """Three rounds of :func:`update_count_mean_step` == the published loop, counts carried between
+    rounds."""
     rng = np.random.default_rng(seed)
     layout = ParamLayout(TOY_LAYOUTS[toy])
     counted, fixed = count_weighted_positions(layout)
@@ -369,18 +409,24 @@ def test_fedrolex_avg_weighting_matches_the_published_combine(toy, seed):
     counts = np.ones(counted.size, dtype=np.int64)
     for _ in range(3):
         clients = _rolex_round(rng, layout, x)
-        updates = [MaskedUpdate(np.flatnonzero(h), (lv[h] - x[h]).astype(np.float32), 9.0) for h, lv in clients]
+        updates = [
+            MaskedUpdate(np.flatnonzero(h), (lv[h] - x[h]).astype(np.float32), 9.0)
+            for h, lv in clients
+        ]
         x, counts = update_count_mean_step(x, updates, counted, counts, fixed)
         pub_x, pub_counts = _published_combine(layout, pub_x, clients, pub_counts)
         np.testing.assert_allclose(x, pub_x, rtol=0, atol=1e-5)
         assert np.array_equal(counts, layout.flatten(pub_counts)[counted].astype(np.int64))
     # The count weights matter: the count-weighted positions differ from the holder mean.
     holders = aggregate_masked(x, [MaskedUpdate(u.indices, u.delta, 1.0) for u in updates])
-    assert not np.allclose(update_count_mean_step(x, updates, counted, counts, fixed)[0][counted], holders[counted])
+    assert not np.allclose(
+        update_count_mean_step(x, updates, counted, counts, fixed)[0][counted], holders[counted]
+    )
 
 
 def test_fedrolex_server_aggregates_as_published_and_keeps_its_counts():
-    """The method's default aggregation over two rounds == the published loop; the counts survive a checkpoint."""
+    """The method's default aggregation over two rounds == the published loop; the counts survive a
+    checkpoint."""
     rng = np.random.default_rng(5)
     run = parse_run_config({"method": "fedrolex", "model": "cnn-bn"})
     method = create_method(run)
@@ -399,7 +445,9 @@ def test_fedrolex_server_aggregates_as_published_and_keeps_its_counts():
             held = mask & ((cls < 0) | classes[np.maximum(cls, 0)])
             local = (x + rng.normal(0, 0.1, x.size)).astype(np.float32)
             clients.append((held, local))
-            update = MaskedUpdate(np.flatnonzero(held), (local[held] - x[held]).astype(np.float32), 1.0)
+            update = MaskedUpdate(
+                np.flatnonzero(held), (local[held] - x[held]).astype(np.float32), 1.0
+            )
             accepted.append(Accepted(i, str(i), TrainReply(update, None, {})))
         x = method.aggregate(x, accepted, rnd)
         pub_x, pub_counts = _published_combine(layout, pub_x, clients, pub_counts)
@@ -407,7 +455,9 @@ def test_fedrolex_server_aggregates_as_published_and_keeps_its_counts():
     restored = create_method(run)
     restored.start_server(layout)
     restored.load_state(method.state_bytes())
-    assert np.array_equal(restored.counts, layout.flatten(pub_counts)[restored.counted].astype(np.int64))
+    assert np.array_equal(
+        restored.counts, layout.flatten(pub_counts)[restored.counted].astype(np.int64)
+    )
     assert restored.counts.max() > 1
     uniform = create_method(parse_run_config({"method": "fedrolex", "width-weighting": "uniform"}))
     assert uniform.state_bytes() == b""
@@ -446,25 +496,36 @@ def _round(run, gamma) -> Round:
     x = layout.flatten(trainable_arrays(model))
     mask, _ = method.mask_for("c", 3, gamma, x)
     down = method.encode(x, mask)
-    return Round(method, Received(down.records, down.kind, down.digest, layout.size, 3), data, x, mask)
+    return Round(
+        method, Received(down.records, down.kind, down.digest, layout.size, 3), data, x, mask
+    )
 
 
 def _metrics(upd) -> dict[str, float]:
-    return {"num-examples": upd.num_examples, "train-loss": upd.loss, "train-seconds": 1.0, "fisher-seconds": 0.0}
+    return {
+        "num-examples": upd.num_examples,
+        "train-loss": upd.loss,
+        "train-seconds": 1.0,
+        "fisher-seconds": 0.0,
+    }
 
 
 @pytest.mark.parametrize("name", ["heterofl", "fedrolex"])
 def test_reply_carries_classes_and_the_server_cuts_the_classifier_to_them(name):
     run = parse_run_config({"method": name, "model": "cnn-bn", "momentum": 0.0})
     r = _round(run, gamma=1 / 4)
-    cfg = TrainConfig(epochs=1, batch_size=16, lr=0.05, label_mask=run.label_mask)  # the run's: `auto` = on
+    cfg = TrainConfig(
+        epochs=1, batch_size=16, lr=0.05, label_mask=run.label_mask
+    )  # the run's: `auto` = on
     upd = r.method.client_train(r.received, r.data, cfg, CPU)
     assert upd.arrays[CLASSES].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 0, 0]
     cls = class_of_position(r.method.layout)
     sent_idx = np.flatnonzero(r.mask)
     absent_rows = (cls[sent_idx] >= 0) & ~np.isin(cls[sent_idx], [3, 7])
     # Masked cross-entropy (on by default): absent classes' rows are not trained at all.
-    assert np.all(upd.arrays[P.DELTA][absent_rows] == 0) and np.any(upd.arrays[P.DELTA][~absent_rows] != 0)
+    assert np.all(upd.arrays[P.DELTA][absent_rows] == 0) and np.any(
+        upd.arrays[P.DELTA][~absent_rows] != 0
+    )
     meta = META | {"mask-digest": r.received.digest}
     reply = r.method.validate(ReplyRecords(upd.arrays, _metrics(upd), meta), r.sent(), r.x)
     kept = cls[reply.update.indices]
@@ -475,7 +536,11 @@ def test_reply_carries_classes_and_the_server_cuts_the_classifier_to_them(name):
     with pytest.raises(ReplyError, match="classes"):
         r.method.validate(ReplyRecords(missing, _metrics(upd), meta), r.sent(), r.x)
     with pytest.raises(ReplyError, match="no class"):
-        r.method.validate(ReplyRecords(missing | {CLASSES: np.zeros(10, np.uint8)}, _metrics(upd), meta), r.sent(), r.x)
+        r.method.validate(
+            ReplyRecords(missing | {CLASSES: np.zeros(10, np.uint8)}, _metrics(upd), meta),
+            r.sent(),
+            r.x,
+        )
 
 
 def test_published_elements_can_be_switched_off():
@@ -490,10 +555,14 @@ def test_published_elements_can_be_switched_off():
         }
     )
     r = _round(run, gamma=1 / 4)
-    upd = r.method.client_train(r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU)
+    upd = r.method.client_train(
+        r.received, r.data, TrainConfig(epochs=1, batch_size=16, lr=0.05), CPU
+    )
     assert CLASSES not in upd.arrays
     cls = class_of_position(r.method.layout)[np.flatnonzero(r.mask)]
-    assert np.any(upd.arrays[P.DELTA][(cls >= 0) & ~np.isin(cls, [3, 7])] != 0)  # absent classes pushed down
+    assert np.any(
+        upd.arrays[P.DELTA][(cls >= 0) & ~np.isin(cls, [3, 7])] != 0
+    )  # absent classes pushed down
     meta = META | {"mask-digest": r.received.digest}
     reply = r.method.validate(ReplyRecords(upd.arrays, _metrics(upd), meta), r.sent(), r.x)
     assert reply.update.indices.size == r.mask.sum() and reply.update.weight == len(r.data)
@@ -502,15 +571,30 @@ def test_published_elements_can_be_switched_off():
 def test_width_keys_are_shared_by_both_width_methods_with_their_published_defaults():
     width = parse_run_config({"method": "fedrolex", "width-scaler": False}).options("width")
     assert width.scaler is False
-    heterofl, fedrolex = (create_method(parse_run_config({"method": m})) for m in ("heterofl", "fedrolex"))
+    heterofl, fedrolex = (
+        create_method(parse_run_config({"method": m})) for m in ("heterofl", "fedrolex")
+    )
     o = heterofl.opts
     assert (o.scaler, o.scaler_linear, o.label_split, o.roll) == (True, False, True, "down")
-    assert (heterofl.weighting, fedrolex.weighting) == ("uniform", "avg")  # width-weighting = "auto"
-    for run in (heterofl.run, fedrolex.run):  # the common keys' `auto`: the published local training
+    assert (heterofl.weighting, fedrolex.weighting) == (
+        "uniform",
+        "avg",
+    )  # width-weighting = "auto"
+    for run in (
+        heterofl.run,
+        fedrolex.run,
+    ):  # the common keys' `auto`: the published local training
         assert (run.label_mask, run.clip_grad_norm) == (True, 1.0)
     with pytest.raises(ConfigError, match="width-weighting"):
-        parse_run_config({"method": "heterofl", "width-weighting": "avg"})  # HeteroFL counts every holder once
-    assert create_method(parse_run_config({"method": "fedrolex", "width-weighting": "uniform"})).weighting == "uniform"
+        parse_run_config(
+            {"method": "heterofl", "width-weighting": "avg"}
+        )  # HeteroFL counts every holder once
+    assert (
+        create_method(
+            parse_run_config({"method": "fedrolex", "width-weighting": "uniform"})
+        ).weighting
+        == "uniform"
+    )
     with pytest.raises(ConfigError, match="width-roll"):
         parse_run_config({"width-roll": "left"})
     with pytest.raises(ConfigError, match="width-weighting"):
@@ -544,7 +628,9 @@ def test_gradient_clipping_bounds_a_step(clip):
     x = layout.flatten(trainable_arrays(model))
     mask = np.ones(layout.size, dtype=bool)
     cfg = TrainConfig(epochs=1, batch_size=len(data), lr=0.1, clip_grad_norm=clip)
-    step = np.linalg.norm(train_masked(build_model("cnn-bn", 10, 1, 0), layout, x, mask, data, cfg, CPU).params - x)
+    step = np.linalg.norm(
+        train_masked(build_model("cnn-bn", 10, 1, 0), layout, x, mask, data, cfg, CPU).params - x
+    )
     if clip:
         assert step == pytest.approx(0.1 * clip, rel=1e-3)
     else:
@@ -552,11 +638,16 @@ def test_gradient_clipping_bounds_a_step(clip):
 
 
 def test_clip_keys_reach_local_training(monkeypatch):
-    """``clip-grad-norm`` clips any method's local steps; ``auto`` is 1 for the width methods, 0 for the others."""
+    """``clip-grad-norm`` clips any method's local steps; ``auto`` is 1 for the width methods, 0 for
+    the others."""
     node = NodeConfig(partition_id=0, num_partitions=1, capacity=1.0)
-    assert round_train_config(parse_run_config({"clip-grad-norm": 0.5}), node, 1).clip_grad_norm == 0.5
+    assert (
+        round_train_config(parse_run_config({"clip-grad-norm": 0.5}), node, 1).clip_grad_norm == 0.5
+    )
     assert round_train_config(parse_run_config({}), node, 1).clip_grad_norm == 0.0
-    assert round_train_config(parse_run_config({"method": "heterofl"}), node, 1).clip_grad_norm == 1.0
+    assert (
+        round_train_config(parse_run_config({"method": "heterofl"}), node, 1).clip_grad_norm == 1.0
+    )
     with pytest.raises(ConfigError, match="clip-grad-norm"):
         parse_run_config({"clip-grad-norm": -1.0})
     run = parse_run_config({"method": "heterofl", "model": "cnn-bn", "clip-grad-norm": 0.5})

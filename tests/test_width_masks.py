@@ -14,7 +14,13 @@ from common.methods import create_method
 from common.models.architectures import build_model, load_flat, model_layout, trainable_arrays
 from common.models.layout import ParamLayout
 from common.submodels.label_split import output_layer
-from common.submodels.width import SMALL_CNN_GRAPH, channel_graph, kept_channels, width_mask, width_ratio
+from common.submodels.width import (
+    SMALL_CNN_GRAPH,
+    channel_graph,
+    kept_channels,
+    width_mask,
+    width_ratio,
+)
 from server.strategy import SubmodelStrategy
 from server.strategy_core.node_registry import NodeProfile
 
@@ -79,12 +85,17 @@ def test_fedrolex_window_rolls_and_covers_every_channel(cnn):
         m = width_mask(layout, GRAPH, 0.25, roll=rnd)
         assert m.sum() == width_mask(layout, GRAPH, 0.25).sum()  # same size every round
         rows_covered[np.unique(layout.row_ids[m])] = True
-    assert rows_covered.all()  # every output unit of every layer is trained by small clients at some point
-    assert not np.array_equal(width_mask(layout, GRAPH, 0.25, 1), width_mask(layout, GRAPH, 0.25, 2))
+    assert (
+        rows_covered.all()
+    )  # every output unit of every layer is trained by small clients at some point
+    assert not np.array_equal(
+        width_mask(layout, GRAPH, 0.25, 1), width_mask(layout, GRAPH, 0.25, 2)
+    )
 
 
 def _published_window(c: int, k: int, t: int) -> set[int]:
-    """FedRolex's ``ResnetServerRoll.split_model`` (``overlap`` None), ``t`` its round counter (0 first)."""
+    """FedRolex's ``ResnetServerRoll.split_model`` (``overlap`` None), ``t`` its round counter (0
+    first)."""
     roll = t % c
     return set(torch.roll(torch.arange(c), roll, -1)[:k].tolist())
 
@@ -92,13 +103,16 @@ def _published_window(c: int, k: int, t: int) -> set[int]:
 @pytest.mark.parametrize("model_name", ["cnn", "resnet18"])
 @pytest.mark.parametrize("gamma", [1 / 4, 1 / 16])
 def test_fedrolex_window_is_the_published_roll(model_name, gamma):
-    """Server round ``n`` keeps the published window of round ``n - 1``: round 1 is HeteroFL's slice, then down."""
+    """Server round ``n`` keeps the published window of round ``n - 1``: round 1 is HeteroFL's
+    slice, then down."""
     model = build_model(model_name, 10, 3 if model_name == "resnet18" else 1, 0)
     layout = model_layout(model)
     x = layout.flatten(trainable_arrays(model))
     rolex = create_method(parse_run_config({"method": "fedrolex", "model": model_name}))
     hetero = create_method(parse_run_config({"method": "heterofl", "model": model_name}))
-    up = create_method(parse_run_config({"method": "fedrolex", "model": model_name, "width-roll": "up"}))
+    up = create_method(
+        parse_run_config({"method": "fedrolex", "model": model_name, "width-roll": "up"})
+    )
     for m in (rolex, hetero, up):
         m.start_server(layout)
     assert np.array_equal(rolex.mask_for("a", 1, gamma, x)[0], hetero.mask_for("a", 1, gamma, x)[0])
@@ -111,9 +125,14 @@ def test_fedrolex_window_is_the_published_roll(model_name, gamma):
                 continue  # 1-D tensors follow their layer; the classifier keeps every class
             c = t.shape[0]
             rows = set(np.flatnonzero(named[t.name].reshape(c, -1).any(axis=1)).tolist())
-            assert rows == _published_window(c, math.ceil(r * c), server_round - 1), (t.name, server_round)
+            assert rows == _published_window(c, math.ceil(r * c), server_round - 1), (
+                t.name,
+                server_round,
+            )
             rows_up = set(np.flatnonzero(named_up[t.name].reshape(c, -1).any(axis=1)).tolist())
-            assert rows_up == set(kept_channels(c, r, server_round % c).tolist())  # the other reading
+            assert rows_up == set(
+                kept_channels(c, r, server_round % c).tolist()
+            )  # the other reading
 
 
 def test_width_ratio_gives_about_gamma_of_the_parameters(cnn):
@@ -157,7 +176,8 @@ def test_resnet18_width_submodel_ties_residual_channels_and_matches_a_narrow_for
 
 
 @pytest.mark.parametrize(
-    "method,source", [("heterofl", "width"), ("fedrolex", "width"), ("fedavg", "full"), ("fiarse", "threshold")]
+    "method,source",
+    [("heterofl", "width"), ("fedrolex", "width"), ("fedavg", "full"), ("fiarse", "threshold")],
 )
 def test_strategy_dispatches_mask_by_method(cnn, method, source):
     model, layout = cnn

@@ -1,8 +1,9 @@
-"""A tiny randomly initialised BERT and a generated 4-topic news set, written to disk for the text tests.
+"""A tiny randomly initialised BERT and a generated 4-topic news set, written to disk for the text
+tests.
 
-Nothing is downloaded: the model is built from a ``transformers`` config (2 layers, 16 wide, a 40-word
-vocabulary) and saved with its tokenizer as a ``model-path`` folder; the news set has AG News' schema and
-is saved as a ``data-path`` folder.
+Nothing is downloaded: the model is built from a ``transformers`` config (2 layers, 16 wide, a
+40-word vocabulary) and saved with its tokenizer as a ``model-path`` folder; the news set has AG
+News' schema and is saved as a ``data-path`` folder.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def tiny_bert(folder: Path, seed: int = 0, extra_tokens: int = 0, hidden: int = 
     seed : int
         Seed of the random weights.
     extra_tokens : int
-        Words added to the tokenizer beyond the model's embedding table (a mismatched pair when > 0).
+        Words added to the tokenizer beyond the model's embedding table (a mismatched pair when >
+        0).
     hidden : int
         Hidden width (attention heads: 2).
     """
@@ -65,11 +67,14 @@ def news_texts(n: int, rng: np.random.Generator, words: int = 10) -> tuple[list[
 
 
 def news_dataset(folder: Path, train: int = 160, test: int = 40, seed: int = 0) -> Path:
-    """Save a generated AG-News-shaped ``DatasetDict`` (``text``, 4-class ``label``) in ``folder``."""
+    """Save a generated AG-News-shaped ``DatasetDict`` (``text``, 4-class ``label``) in
+    ``folder``."""
     import datasets
 
     rng = np.random.default_rng(seed)
-    feats = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(num_classes=4)})
+    feats = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(num_classes=4)}
+    )
     splits = {}
     for name, n in (("train", train), ("test", test)):
         texts, labels = news_texts(n, rng)
@@ -79,7 +84,8 @@ def news_dataset(folder: Path, train: int = 160, test: int = 40, seed: int = 0) 
 
 
 def tiny_text_run(model_path: str, data_path: str, **extra: object) -> dict:
-    """Run config of a small, fast text federation on :func:`tiny_bert` and :func:`news_dataset` (``extra`` wins)."""
+    """Run config of a small, fast text federation on :func:`tiny_bert` and :func:`news_dataset`
+    (``extra`` wins)."""
     return {
         "dataset": "ag_news",
         "data-path": data_path,

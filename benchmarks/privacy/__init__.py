@@ -1,1 +1,2 @@
-"""What a node's uploads reveal to a curious server (label-inference attacks) and what hiding them would cost."""
+"""What a node's uploads reveal to a curious server (label-inference attacks) and what hiding them
+would cost."""

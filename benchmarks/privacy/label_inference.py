@@ -1,25 +1,29 @@
-"""What a curious server can read from one node's upload: which classes the node holds, and in what shares.
+"""What a curious server can read from one node's upload: which classes the node holds, and in what
+shares.
 
-Both attacks look at the classifier, the last layer, whose row ``c`` (weights and bias) serves class ``c`` alone:
+Both attacks look at the classifier, the last layer, whose row ``c`` (weights and bias) serves class
+``c`` alone:
 
-* **From a Fisher upload.** The Fisher of the classifier's row ``c`` is the mean over the node's examples of
-  ``(p_c - y_c)^2 h^2``: for an example of class ``c`` it is ``(1 - p_c)^2 h^2``, for the others ``p_c^2 h^2``.
-  While the model is not yet sure of its classes the first term dominates, so the rows of the classes the node
-  holds carry the most mass, in proportion to how many examples of each it holds. The attack scores each class
-  by its row's mean Fisher, splits the scores at their largest gap on a log scale (held above it), and reads the
-  shares from the scores.
-* **From an update.** One SGD step moves row ``c`` by ``-lr sum (p_c - y_c) h``: with non-negative features
-  (ReLU) the row rises for a class the node holds and falls for one it does not. The attack scores each class
-  by the mean of its row's update over the positions the node held, calls a class held when that is positive,
-  and reads the shares from the positive scores.
+* **From a Fisher upload.** The Fisher of the classifier's row ``c`` is the mean over the node's
+  examples of ``(p_c - y_c)^2 h^2``: for an example of class ``c`` it is ``(1 - p_c)^2 h^2``, for
+  the others ``p_c^2 h^2``. While the model is not yet sure of its classes the first term dominates,
+  so the rows of the classes the node holds carry the most mass, in proportion to how many examples
+  of each it holds. The attack scores each class by its row's mean Fisher, splits the scores at
+  their largest gap on a log scale (held above it), and reads the shares from the scores.
+* **From an update.** One SGD step moves row ``c`` by ``-lr sum (p_c - y_c) h``: with non-negative
+  features (ReLU) the row rises for a class the node holds and falls for one it does not. The attack
+  scores each class by the mean of its row's update over the positions the node held, calls a class
+  held when that is positive, and reads the shares from the positive scores.
 
-A server that holds labelled data of its own (its test set) can do better than read the classifier: a node's
-Fisher is the mean of its examples' squared gradients, so it is the mixture ``sum_c q_c F_c`` of the per-class
-Fisher ``F_c`` the server measures on its own examples of each class, with ``q`` the node's class shares; and one
-epoch's update points along ``-sum_c q_c g_c``, the per-class mean gradients. :func:`mixture_shares` solves for
-``q`` by non-negative least squares over the positions the upload carries (the *signature* attacks).
+A server that holds labelled data of its own (its test set) can do better than read the classifier:
+a node's Fisher is the mean of its examples' squared gradients, so it is the mixture ``sum_c q_c
+F_c`` of the per-class Fisher ``F_c`` the server measures on its own examples of each class, with
+``q`` the node's class shares; and one epoch's update points along ``-sum_c q_c g_c``, the per-class
+mean gradients. :func:`mixture_shares` solves for ``q`` by non-negative least squares over the
+positions the upload carries (the *signature* attacks).
 
-All functions are pure, on flat numpy arrays in the model's :class:`~common.models.layout.ParamLayout`.
+All functions are pure, on flat numpy arrays in the model's
+:class:`~common.models.layout.ParamLayout`.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class Classifier:
     num_classes: int
 
     def rows(self, flat: NDArray, default: float = 0.0) -> NDArray[np.float64]:
-        """``flat``'s classifier as a ``(num_classes, fan_in + 1)`` array, the bias (or ``default``) last."""
+        """``flat``'s classifier as a ``(num_classes, fan_in + 1)`` array, the bias (or ``default``)
+        last."""
         weight = np.asarray(flat[self.weight], dtype=np.float64).reshape(self.num_classes, -1)
         if self.bias is None:
             bias = np.full((self.num_classes, 1), default)
@@ -62,7 +67,8 @@ class Classifier:
 
 
 def find_classifier(layout: ParamLayout, num_classes: int) -> Classifier:
-    """The last 2-D tensor with ``num_classes`` rows, and the 1-D tensor of that length right after it.
+    """The last 2-D tensor with ``num_classes`` rows, and the 1-D tensor of that length right after
+    it.
 
     Raises
     ------
@@ -79,7 +85,9 @@ def find_classifier(layout: ParamLayout, num_classes: int) -> Classifier:
                 start = int(offsets[i + 1])
                 bias = slice(start, start + num_classes)
             return Classifier(weight, bias, num_classes)
-    raise ValueError(f"no classifier with {num_classes} rows in the layout ({', '.join(layout.names)})")
+    raise ValueError(
+        f"no classifier with {num_classes} rows in the layout ({', '.join(layout.names)})"
+    )
 
 
 def fisher_scores(fisher: NDArray, classifier: Classifier) -> NDArray[np.float64]:
@@ -87,8 +95,11 @@ def fisher_scores(fisher: NDArray, classifier: Classifier) -> NDArray[np.float64
     return classifier.rows(fisher).mean(axis=1)
 
 
-def update_scores(update: NDArray, held: NDArray[np.bool_], classifier: Classifier) -> NDArray[np.float64]:
-    """Per class, the mean update over the positions of its classifier row that the node held (0 where none)."""
+def update_scores(
+    update: NDArray, held: NDArray[np.bool_], classifier: Classifier
+) -> NDArray[np.float64]:
+    """Per class, the mean update over the positions of its classifier row that the node held (0
+    where none)."""
     held_rows = classifier.rows(held.astype(np.float64))
     counts = held_rows.sum(axis=1)
     sums = (classifier.rows(update) * held_rows).sum(axis=1)
@@ -96,7 +107,8 @@ def update_scores(update: NDArray, held: NDArray[np.bool_], classifier: Classifi
 
 
 def split_at_largest_gap(scores: NDArray, floor: float = 1e-12) -> NDArray[np.bool_]:
-    """The classes above the largest gap between consecutive sorted ``log(scores)``: at least one, at most all.
+    """The classes above the largest gap between consecutive sorted ``log(scores)``: at least one,
+    at most all.
 
     When every score is equal (no gap), every class is called held.
     """
@@ -132,21 +144,24 @@ def shares(scores: NDArray, held: NDArray[np.bool_]) -> NDArray[np.float64]:
     return weights / total
 
 
-def mixture_shares(upload: NDArray, signatures: NDArray, positions: NDArray[np.bool_]) -> NDArray[np.float64]:
-    """The class shares ``q >= 0``, summing to 1, whose mixture ``q @ signatures`` best fits ``upload``.
+def mixture_shares(
+    upload: NDArray, signatures: NDArray, positions: NDArray[np.bool_]
+) -> NDArray[np.float64]:
+    """The class shares ``q >= 0``, summing to 1, whose mixture ``q @ signatures`` best fits
+    ``upload``.
 
     Parameters
     ----------
     upload : NDArray
         What the node sent, flat (a Fisher, or the negated update: both are non-negative mixtures).
     signatures : NDArray
-        ``(num_classes, d)``: what one example of each class contributes (the server's per-class Fisher, or
-        per-class mean gradient), at the same model.
+        ``(num_classes, d)``: what one example of each class contributes (the server's per-class
+        Fisher, or per-class mean gradient), at the same model.
     positions : NDArray[bool]
         The positions the upload carries (a node's mask); the others are not fitted.
 
-    Each position is scaled by the norm of its column of ``signatures`` so that large-valued layers do not drown
-    the rest. With no signal (every fitted coefficient 0) the shares are uniform.
+    Each position is scaled by the norm of its column of ``signatures`` so that large-valued layers
+    do not drown the rest. With no signal (every fitted coefficient 0) the shares are uniform.
     """
     a = np.asarray(signatures, dtype=np.float64)[:, positions].T
     b = np.asarray(upload, dtype=np.float64)[positions]
@@ -173,13 +188,15 @@ class LeakScore:
     membership : float
         Share of (node, class) pairs whose held / not held the attack called right.
     membership_chance : float
-        The same for the best guess that reads no upload: for each class, "held" when most nodes hold it.
+        The same for the best guess that reads no upload: for each class, "held" when most nodes
+        hold it.
     exact : float
         Share of nodes whose whole set of classes the attack called right.
     exact_chance : float
         The same for that guess.
     share_error : float
-        Mean total-variation distance between the inferred and the true class shares (0 = exact, 1 = disjoint).
+        Mean total-variation distance between the inferred and the true class shares (0 = exact, 1 =
+        disjoint).
     share_error_chance : float
         The same for the guess that every node holds the classes in the pool's proportions.
     """
@@ -193,11 +210,14 @@ class LeakScore:
 
 
 def score_attack(
-    inferred: NDArray[np.bool_], inferred_shares: NDArray, true_counts: NDArray, min_share: float = 0.0
+    inferred: NDArray[np.bool_],
+    inferred_shares: NDArray,
+    true_counts: NDArray,
+    min_share: float = 0.0,
 ) -> LeakScore:
-    """Score an attack over nodes: ``inferred`` and ``inferred_shares`` are ``(nodes, classes)``, as is
-    ``true_counts`` (each node's examples per class). A node holds a class when the class is more than
-    ``min_share`` of its examples (0: any example at all)."""
+    """Score an attack over nodes: ``inferred`` and ``inferred_shares`` are ``(nodes, classes)``, as
+    is ``true_counts`` (each node's examples per class). A node holds a class when the class is more
+    than ``min_share`` of its examples (0: any example at all)."""
     counts = np.asarray(true_counts, dtype=np.float64)
     true_shares = counts / counts.sum(axis=1, keepdims=True)
     truth = true_shares > min_share

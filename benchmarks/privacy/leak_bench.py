@@ -1,26 +1,30 @@
-"""Benchmark: which classes a node holds, read by a curious server from its Fisher upload or its update.
+"""Benchmark: which classes a node holds, read by a curious server from its Fisher upload or its
+update.
 
-For each partition and seed: the CNN after a short central warm-up (a model mid-training) is the global model
-``x``; 8 nodes (two each at capacity 1, 1/4, 1/16, 1/64) split the training pool. Each node's upload is made
-with the product's own code, as a round would make it:
+For each partition and seed: the CNN after a short central warm-up (a model mid-training) is the
+global model ``x``; 8 nodes (two each at capacity 1, 1/4, 1/16, 1/64) split the training pool. Each
+node's upload is made with the product's own code, as a round would make it:
 
-* ``fedfibos Fisher``: its per-example Fisher at ``x`` on ``fisher-examples`` of its examples, encoded
-  ``ranked`` at its mask and decoded as the server decodes it. Under the default byte budget only the
-  capacity-1 nodes upload one; under ``fedfibos-byte-budget = 0`` every node does (rows per capacity);
-* ``fedfibos update``: one local epoch of masked SGD from ``x`` on its mask (capacity 1: everything; below:
-  the top of ``F x^2`` by the capacity-1 nodes' pooled Fisher, the default's nested masks);
+* ``fedfibos Fisher``: its per-example Fisher at ``x`` on ``fisher-examples`` of its examples,
+  encoded ``ranked`` at its mask and decoded as the server decodes it. Under the default byte budget
+  only the capacity-1 nodes upload one; under ``fedfibos-byte-budget = 0`` every node does (rows per
+  capacity);
+* ``fedfibos update``: one local epoch of masked SGD from ``x`` on its mask (capacity 1: everything;
+  below: the top of ``F x^2`` by the capacity-1 nodes' pooled Fisher, the default's nested masks);
 * ``fedavg update``: the same on the full model.
 
-Two attacks read each upload (:mod:`benchmarks.privacy.label_inference`): ``classifier`` reads the classifier's
-rows alone; ``signature`` fits the upload as a mixture of per-class signatures the server measures at ``x`` on its
-own test set (per-class Fisher, per-class mean gradient). Each is scored against the best guess that reads no
-upload (:class:`~benchmarks.privacy.label_inference.LeakScore`); a node holds a class when the class is more than
-``--min-share`` of its examples.
+Two attacks read each upload (:mod:`benchmarks.privacy.label_inference`): ``classifier`` reads the
+classifier's rows alone; ``signature`` fits the upload as a mixture of per-class signatures the
+server measures at ``x`` on its own test set (per-class Fisher, per-class mean gradient). Each is
+scored against the best guess that reads no upload
+(:class:`~benchmarks.privacy.label_inference.LeakScore`); a node holds a class when the class is
+more than ``--min-share`` of its examples.
 
-With ``--epsilons`` each upload is also made as a node under ``dp-epsilon`` makes it: its local steps run DP-SGD
-and its Fisher's per-example gradients are clipped and the sum noised, with the noise multiplier the node's
-accountant would choose for a run of ``--dp-rounds`` rounds (:mod:`common.privacy`); ``0`` is the run without.
-Differential privacy needs a model without batch statistics (``--model cnn``).
+With ``--epsilons`` each upload is also made as a node under ``dp-epsilon`` makes it: its local
+steps run DP-SGD and its Fisher's per-example gradients are clipped and the sum noised, with the
+noise multiplier the node's accountant would choose for a run of ``--dp-rounds`` rounds
+(:mod:`common.privacy`); ``0`` is the run without. Differential privacy needs a model without batch
+statistics (``--model cnn``).
 
 Usage::
 
@@ -28,7 +32,7 @@ Usage::
     fibos bench-leak --model cnn --epsilons 0,1,4,8 --out results/leak-dp
 
 Writes ``leak.json`` and ``leak.csv`` to ``--out`` and prints the table (means over seeds).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -81,7 +85,8 @@ SIGNATURE_EXAMPLES = 64  # the server's examples per class in a signature
 
 @dataclass(frozen=True, kw_only=True)
 class Row(LeakScore):
-    """One attack on one partition, over the nodes of one capacity (or all): its score, mean over seeds."""
+    """One attack on one partition, over the nodes of one capacity (or all): its score, mean over
+    seeds."""
 
     partition: str
     epsilon: float
@@ -92,7 +97,8 @@ class Row(LeakScore):
 
 
 def partition_options(partition: Partition) -> dict[str, float | int]:
-    """The keyword of :func:`~common.data.partitioning.partition_indices` that ``partition`` sets."""
+    """The keyword of :func:`~common.data.partitioning.partition_indices` that ``partition``
+    sets."""
     if partition.kind == "dirichlet":
         return {"alpha": float(partition.value or 0.5)}
     if partition.kind == "pathological":
@@ -100,14 +106,18 @@ def partition_options(partition: Partition) -> dict[str, float | int]:
     return {}
 
 
-def mean_gradient(model: torch.nn.Module, layout: ParamLayout, x: np.ndarray, data: ArrayDataset) -> np.ndarray:
+def mean_gradient(
+    model: torch.nn.Module, layout: ParamLayout, x: np.ndarray, data: ArrayDataset
+) -> np.ndarray:
     """The mean gradient of the loss over ``data`` at ``x``, flat in ``layout``'s order."""
     load_flat(model, layout, x)
     model.zero_grad()
     inputs, labels = torch.from_numpy(data.x), torch.from_numpy(data.y)
     torch.nn.functional.cross_entropy(model(inputs), labels).backward()
     named = dict(model.named_parameters())
-    return np.concatenate([named[n].grad.detach().numpy().reshape(-1) for n in layout.names]).astype(np.float64)
+    return np.concatenate(
+        [named[n].grad.detach().numpy().reshape(-1) for n in layout.names]
+    ).astype(np.float64)
 
 
 def measure(
@@ -121,10 +131,12 @@ def measure(
     epsilon: float = 0.0,
     dp_rounds: int = 20,
 ) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per (source, attack, capacity label): inferred held classes, inferred shares and true counts, per node.
+    """Per (source, attack, capacity label): inferred held classes, inferred shares and true counts,
+    per node.
 
-    ``epsilon`` > 0: each node's uploads under that budget for a run of ``dp_rounds`` rounds (the product's
-    default clipping bounds, delta ``1e-5``, the noise multiplier its accountant would choose).
+    ``epsilon`` > 0: each node's uploads under that budget for a run of ``dp_rounds`` rounds (the
+    product's default clipping bounds, delta ``1e-5``, the noise multiplier its accountant would
+    choose).
     """
     spec = Partition.parse(partition)
     kind, options = spec.kind, partition_options(spec)
@@ -137,7 +149,9 @@ def measure(
     device = torch.device("cpu")
     whole = np.ones(layout.size, dtype=bool)
     data = [
-        split.train.subset(partition_indices(split.train.y, kind, len(capacities), i, seed, **options))
+        split.train.subset(
+            partition_indices(split.train.y, kind, len(capacities), i, seed, **options)
+        )
         for i in range(len(capacities))
     ]
     counts = np.stack([np.bincount(d.y, minlength=classes) for d in data])
@@ -145,10 +159,14 @@ def measure(
     cfg = TrainConfig(epochs=1, batch_size=32, lr=0.1, momentum=0.9, seed=seed, clip_grad_norm=1.0)
     noise = [0.0] * len(data)
     if epsilon > 0:
-        fisher = FisherOptions()  # the definition's refreshes: the warm-up, then every `fisher-every` rounds
+        fisher = (
+            FisherOptions()
+        )  # the definition's refreshes: the warm-up, then every `fisher-every` rounds
         uploads = fisher_uploads(dp_rounds, fisher.every, fisher.warmup)
         noise = [
-            calibrate_multiplier(epsilon, dp.delta, node_releases(len(d), cfg.batch_size, 1, dp_rounds, uploads))
+            calibrate_multiplier(
+                epsilon, dp.delta, node_releases(len(d), cfg.batch_size, 1, dp_rounds, uploads)
+            )
             for d in data
         ]
 
@@ -156,7 +174,9 @@ def measure(
         idx = example_indices(len(data[i]), examples, seed + i)
         if epsilon <= 0:
             return per_example_fisher(model, layout, x, whole, data[i], idx, None, device)
-        clipped = per_example_fisher(model, layout, x, whole, data[i], idx, None, device, clip_norm=dp.fisher_clip)
+        clipped = per_example_fisher(
+            model, layout, x, whole, data[i], idx, None, device, clip_norm=dp.fisher_clip
+        )
         return privatise_fisher(clipped, noise[i], dp.fisher_clip, len(idx), seed + i)
 
     def uploaded(f: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -165,9 +185,15 @@ def measure(
         return decoded
 
     own = [fisher(i) for i in range(len(capacities))]
-    by_class = [split.test.subset(np.flatnonzero(split.test.y == c)[:SIGNATURE_EXAMPLES]) for c in range(classes)]
+    by_class = [
+        split.test.subset(np.flatnonzero(split.test.y == c)[:SIGNATURE_EXAMPLES])
+        for c in range(classes)
+    ]
     fisher_signatures = np.stack(
-        [per_example_fisher(model, layout, x, whole, d, np.arange(len(d)), None, device) for d in by_class]
+        [
+            per_example_fisher(model, layout, x, whole, d, np.arange(len(d)), None, device)
+            for d in by_class
+        ]
     )
     gradient_signatures = -np.stack([mean_gradient(model, layout, x, d) for d in by_class])
     full = [i for i, g in enumerate(capacities) if g >= 1]
@@ -176,20 +202,31 @@ def measure(
         axis=0,
         weights=[len(data[i]) for i in full],
     )
-    # select_mask's "fisher" rule ranks F^2 x^2: the square root of the prior makes it F x^2 (the default power 1).
+    # select_mask's "fisher" rule ranks F^2 x^2: the square root of the prior makes it F x^2 (the
+    # default power 1).
     masks = [
-        whole if g >= 1 else select_mask(layout, x, g, "fisher", np.sqrt(prior).astype(np.float32), 0, False)
+        whole
+        if g >= 1
+        else select_mask(layout, x, g, "fisher", np.sqrt(prior).astype(np.float32), 0, False)
         for g in capacities
     ]
 
     def update(i: int, mask: np.ndarray) -> np.ndarray:
-        private = replace(cfg, dp_grad_clip=dp.grad_clip, dp_noise_multiplier=noise[i]) if epsilon > 0 else cfg
-        trained = train_masked(model, layout, x, mask, data[i], private, device, measure_fisher=False).params
+        private = (
+            replace(cfg, dp_grad_clip=dp.grad_clip, dp_noise_multiplier=noise[i])
+            if epsilon > 0
+            else cfg
+        )
+        trained = train_masked(
+            model, layout, x, mask, data[i], private, device, measure_fisher=False
+        ).params
         return np.where(mask, trained - x, 0.0)
 
     found: dict[tuple[str, str, str], list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
-    def note(source: str, attack: str, label: str, held: np.ndarray, inferred: np.ndarray, i: int) -> None:
+    def note(
+        source: str, attack: str, label: str, held: np.ndarray, inferred: np.ndarray, i: int
+    ) -> None:
         found.setdefault((source, attack, label), []).append((held, inferred, counts[i]))
 
     for i, gamma in enumerate(capacities):
@@ -214,10 +251,13 @@ def measure(
             note(source, "signature", label, held_from_shares(q, min_share), q, i)
         dp_note = f", epsilon {epsilon:g}, noise multiplier {noise[i]:.2f}" if epsilon > 0 else ""
         print(
-            f"  {partition} seed {seed}: node {i} (capacity {label}, {len(data[i])} examples{dp_note}) read",
+            f"  {partition} seed {seed}: node {i} (capacity {label}, {len(data[i])} "
+            f"examples{dp_note}) read",
             flush=True,
         )
-    out = {key: tuple(np.stack(column) for column in zip(*per_node)) for key, per_node in found.items()}
+    out = {
+        key: tuple(np.stack(column) for column in zip(*per_node)) for key, per_node in found.items()
+    }
     for source in SOURCES:
         for attack in ATTACKS:
             parts = [v for (s, a, _), v in out.items() if (s, a) == (source, attack)]
@@ -227,21 +267,34 @@ def measure(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dataset", default="digits", help="offline dataset")
     ap.add_argument("--model", default="cnn-bn")
     ap.add_argument("--partitions", default="dirichlet:0.1,dirichlet:0.5,pathological:2")
-    ap.add_argument("--capacities", default="1,1/4,1/16,1/64", help="the mix, one node each, repeated")
+    ap.add_argument(
+        "--capacities", default="1,1/4,1/16,1/64", help="the mix, one node each, repeated"
+    )
     ap.add_argument("--clients-per-capacity", type=int, default=2)
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated")
-    ap.add_argument("--fisher-examples", type=int, default=32, help="examples in a node's Fisher estimate")
     ap.add_argument(
-        "--min-share", type=float, default=0.05, help="a node holds a class above this share of its examples"
+        "--fisher-examples", type=int, default=32, help="examples in a node's Fisher estimate"
     )
     ap.add_argument(
-        "--epsilons", default="0", help="comma-separated dp-epsilon budgets to make the uploads under (0 = no DP)"
+        "--min-share",
+        type=float,
+        default=0.05,
+        help="a node holds a class above this share of its examples",
     )
-    ap.add_argument("--dp-rounds", type=int, default=20, help="the run each budget is spread over (rounds)")
+    ap.add_argument(
+        "--epsilons",
+        default="0",
+        help="comma-separated dp-epsilon budgets to make the uploads under (0 = no DP)",
+    )
+    ap.add_argument(
+        "--dp-rounds", type=int, default=20, help="the run each budget is spread over (rounds)"
+    )
     ap.add_argument("--out", default="results/leak")
     args = ap.parse_args(argv)
     try:
@@ -251,7 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not epsilons or any(e < 0 for e in epsilons):
         ap.error(f"--epsilons {args.epsilons!r}: give budgets >= 0 (0 = no DP)")
     if any(e > 0 for e in epsilons) and args.model in BATCH_STATISTICS_MODELS:
-        ap.error(f"--model {args.model}: normalises by batch statistics; differential privacy needs --model cnn")
+        ap.error(
+            f"--model {args.model}: normalises by batch statistics; differential privacy needs "
+            "--model cnn"
+        )
     if args.dp_rounds < 1:
         ap.error(f"--dp-rounds {args.dp_rounds}: give 1 or more")
     if not 0 <= args.min_share < 1:
@@ -281,11 +337,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 epsilon,
                 args.dp_rounds,
             ).items():
-                per_seed.setdefault(key, []).append(score_attack(held, inferred, counts, args.min_share))
+                per_seed.setdefault(key, []).append(
+                    score_attack(held, inferred, counts, args.min_share)
+                )
                 nodes[key] = len(counts)
         for (source, attack, capacity), scores in sorted(
             per_seed.items(),
-            key=lambda kv: (SOURCES.index(kv[0][0]), ATTACKS.index(kv[0][1]), kv[0][2] != "all", -_level(kv[0][2])),
+            key=lambda kv: (
+                SOURCES.index(kv[0][0]),
+                ATTACKS.index(kv[0][1]),
+                kv[0][2] != "all",
+                -_level(kv[0][2]),
+            ),
         ):
             mean = {f: statistics.fmean(getattr(s, f) for s in scores) for f in asdict(scores[0])}
             rows.append(
@@ -317,10 +380,10 @@ def table(rows: Sequence[Row]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.partition} | {f'{r.epsilon:g}' if r.epsilon else 'no DP'} | {r.source} | {r.attack}"
-            f" | {r.nodes} ({r.capacity})"
-            f" | {r.membership:.3f} ({r.membership_chance:.3f}) | {r.exact:.3f} ({r.exact_chance:.3f})"
-            f" | {r.share_error:.3f} ({r.share_error_chance:.3f}) |"
+            f"| {r.partition} | {f'{r.epsilon:g}' if r.epsilon else 'no DP'} | {r.source} | "
+            f"{r.attack} | {r.nodes} ({r.capacity}) | {r.membership:.3f} "
+            f"({r.membership_chance:.3f}) | {r.exact:.3f} ({r.exact_chance:.3f}) | "
+            f"{r.share_error:.3f} ({r.share_error_chance:.3f}) |"
         )
     return "\n".join(lines)
 

@@ -1,22 +1,25 @@
 """Benchmark: the bytes a node would upload if its masked update went through Flower's SecAgg+.
 
-Secure aggregation hides each node's update inside the sum: the server learns only the total. Flower's SecAgg+
-(``flwr.serverapp``'s ``SecAggPlusWorkflow`` with the ``secaggplus_mod`` on each node) masks every node's arrays
-with pseudo-random vectors that cancel in the sum, so every node must send arrays of the same shapes. A masked
-update holds a different set of positions per node, so it has to be sent dense: zeros outside the node's mask,
-and, for the mask-aware mean, a second dense vector of the positions it holds (the per-position holder counts are
-a sum too). This benchmark measures what that costs, with Flower's own functions, for one node at each capacity:
+Secure aggregation hides each node's update inside the sum: the server learns only the total.
+Flower's SecAgg+ (``flwr.serverapp``'s ``SecAggPlusWorkflow`` with the ``secaggplus_mod`` on each
+node) masks every node's arrays with pseudo-random vectors that cancel in the sum, so every node
+must send arrays of the same shapes. A masked update holds a different set of positions per node, so
+it has to be sent dense: zeros outside the node's mask, and, for the mask-aware mean, a second dense
+vector of the positions it holds (the per-position holder counts are a sum too). This benchmark
+measures what that costs, with Flower's own functions, for one node at each capacity:
 
-* ``masked update``: what the node uploads today, the ``delta`` of its ``k`` held values as a Flower ``Array``;
-* ``keys``: SecAgg+'s stage 0 and 1, the node's two public keys and one encrypted pair of Shamir shares per
-  neighbour (``flwr.common.secure_aggregation``: ``create_shares``, ``encrypt``);
-* ``masked vectors``: stage 2, the quantised, masked, reduced dense vectors as ``secaggplus_mod`` serialises them
-  (``quantize``, ``factor_combine``, ``pseudo_rand_gen``, ``parameters_mod``, ``ndarray_to_bytes``): the update
-  and the holder counts.
+* ``masked update``: what the node uploads today, the ``delta`` of its ``k`` held values as a Flower
+  ``Array``;
+* ``keys``: SecAgg+'s stage 0 and 1, the node's two public keys and one encrypted pair of Shamir
+  shares per neighbour (``flwr.common.secure_aggregation``: ``create_shares``, ``encrypt``);
+* ``masked vectors``: stage 2, the quantised, masked, reduced dense vectors as ``secaggplus_mod``
+  serialises them (``quantize``, ``factor_combine``, ``pseudo_rand_gen``, ``parameters_mod``,
+  ``ndarray_to_bytes``): the update and the holder counts.
 
-The same code sums the nodes' masked vectors and removes the masks, as the server would with the shares it
-collects, and checks that the result is the sum of the dense updates (:func:`secure_sum`). The Fisher upload
-cannot go through it at all: the server ranks each node's mask by that node's own Fisher, not by the sum.
+The same code sums the nodes' masked vectors and removes the masks, as the server would with the
+shares it collects, and checks that the result is the sum of the dense updates (:func:`secure_sum`).
+The Fisher upload cannot go through it at all: the server ranks each node's mask by that node's own
+Fisher, not by the sum.
 
 Usage::
 
@@ -47,7 +50,10 @@ from flwr.common.secure_aggregation.ndarrays_arithmetic import (
     parameters_subtraction,
 )
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
-from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen, share_keys_plaintext_concat
+from flwr.common.secure_aggregation.secaggplus_utils import (
+    pseudo_rand_gen,
+    share_keys_plaintext_concat,
+)
 from flwr.supercore.primitives.asymmetric import (
     bytes_to_private_key,
     bytes_to_public_key,
@@ -111,15 +117,20 @@ def make_node(node_id: int, rng: np.random.Generator) -> SecAggNode:
 
 
 def key_bytes(node: SecAggNode, peers: Sequence[SecAggNode], threshold: int) -> int:
-    """Bytes ``node`` uploads in stages 0 and 1: its public keys, and one ciphertext of its Shamir shares (of
-    the mask seed and of its first private key) per peer, as ``secaggplus_mod`` makes them."""
+    """Bytes ``node`` uploads in stages 0 and 1: its public keys, and one ciphertext of its Shamir
+    shares (of the mask seed and of its first private key) per peer, as ``secaggplus_mod`` makes
+    them."""
     seed_shares = create_shares(node.seed, threshold, len(peers) + 1)
     key_shares = create_shares(node.sk1, threshold, len(peers) + 1)
     total = len(node.pk1) + len(node.pk2)
     for i, peer in enumerate(peers):
         shared = generate_shared_key(bytes_to_private_key(node.sk2), bytes_to_public_key(peer.pk2))
-        plaintext = share_keys_plaintext_concat(node.node_id, peer.node_id, seed_shares[i], key_shares[i])
-        total += len(encrypt(shared, plaintext)) + 16  # the ciphertext, its source and destination ids
+        plaintext = share_keys_plaintext_concat(
+            node.node_id, peer.node_id, seed_shares[i], key_shares[i]
+        )
+        total += (
+            len(encrypt(shared, plaintext)) + 16
+        )  # the ciphertext, its source and destination ids
     return total
 
 
@@ -130,8 +141,8 @@ def masked_vectors(
     num_examples: int,
     s: SecAggSettings,
 ) -> list[NDArray[np.int64]]:
-    """Stage 2 of ``secaggplus_mod``: ``arrays`` weighted, quantised, masked by the private seed and every
-    pairwise key, reduced modulo ``s.modulus_range``."""
+    """Stage 2 of ``secaggplus_mod``: ``arrays`` weighted, quantised, masked by the private seed and
+    every pairwise key, reduced modulo ``s.modulus_range``."""
     q_ratio = round(num_examples / s.max_weight * s.quantization_range)
     weighted = parameters_multiply(arrays, q_ratio / s.quantization_range)
     vectors = factor_combine(q_ratio, quantize(weighted, s.clipping_range, s.quantization_range))
@@ -148,10 +159,10 @@ def masked_vectors(
 def secure_sum(
     nodes: Sequence[SecAggNode], uploads: Sequence[list[NDArray[np.int64]]], s: SecAggSettings
 ) -> list[NDArray[np.float64]]:
-    """What the server recovers from every node's stage-2 upload, as ``SecAggPlusWorkflow`` computes it: the
-    sum, the private masks removed (from the seeds the shares reconstruct; the pairwise masks cancel), the
-    weight factor extracted, dequantised, the clipping offsets removed: the example-weighted mean of the
-    nodes' arrays."""
+    """What the server recovers from every node's stage-2 upload, as ``SecAggPlusWorkflow`` computes
+    it: the sum, the private masks removed (from the seeds the shares reconstruct; the pairwise
+    masks cancel), the weight factor extracted, dequantised, the clipping offsets removed: the
+    example-weighted mean of the nodes' arrays."""
     shapes = [a.shape for a in uploads[0]]
     total = uploads[0]
     for upload in uploads[1:]:
@@ -216,21 +227,24 @@ def upload_bytes(d: int, capacity: float, nodes: int, s: SecAggSettings, seed: i
     update_bytes = sum(len(ndarray_to_bytes(a)) for a in update)
     counts_bytes = sum(len(ndarray_to_bytes(a)) for a in counts)
     total = keys + update_bytes + counts_bytes
-    return UploadBytes(capacity, kept, d, today, keys, update_bytes, counts_bytes, total, total / today)
+    return UploadBytes(
+        capacity, kept, d, today, keys, update_bytes, counts_bytes, total, total / today
+    )
 
 
 def table(rows: Sequence[UploadBytes]) -> str:
     """Markdown table of the measured uploads."""
     lines = [
-        "| capacity | kept values | masked update (today) | SecAgg+ keys and shares | SecAgg+ update "
-        "| SecAgg+ holder counts | SecAgg+ total | x today |",
+        "| capacity | kept values | masked update (today) | SecAgg+ keys and shares | SecAgg+ "
+        "update | SecAgg+ holder counts | SecAgg+ total | x today |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.capacity:g} | {r.kept:,} of {r.d:,} | {r.masked_update / 1024:.1f} KiB "
             f"| {r.secagg_keys / 1024:.1f} KiB | {r.secagg_update / 1024:.1f} KiB "
-            f"| {r.secagg_counts / 1024:.1f} KiB | {r.secagg_total / 1024:.1f} KiB | {r.ratio:.1f} |"
+            f"| {r.secagg_counts / 1024:.1f} KiB | {r.secagg_total / 1024:.1f} KiB | {r.ratio:.1f} "
+            "|"
         )
     return "\n".join(lines)
 
@@ -238,9 +252,13 @@ def table(rows: Sequence[UploadBytes]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """``fibos bench-secagg``: one node's upload per capacity, today and through SecAgg+."""
     ap = argparse.ArgumentParser(prog="fibos bench-secagg", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="cnn-bn", help="model whose size d the vectors have (digits input)")
+    ap.add_argument(
+        "--model", default="cnn-bn", help="model whose size d the vectors have (digits input)"
+    )
     ap.add_argument("--capacities", default="1,1/4,1/16,1/64", help="capacities to measure")
-    ap.add_argument("--nodes", type=int, default=10, help="nodes in the SecAgg+ group (the node and its peers)")
+    ap.add_argument(
+        "--nodes", type=int, default=10, help="nodes in the SecAgg+ group (the node and its peers)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="folder for secagg.json and secagg.csv")
     args = ap.parse_args(argv)
@@ -248,8 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--nodes must be at least 2: SecAgg+ masks a node's vector with its peers'")
     d = model_layout(build_model(args.model, 10, 1, args.seed)).size
     settings = SecAggSettings()
-    rows = [upload_bytes(d, c, args.nodes, settings, args.seed) for c in parse_capacities(args.capacities)]
-    print(f"{args.model}: d = {d:,} parameters, {args.nodes} nodes per SecAgg+ group (Flower's default ranges)")
+    rows = [
+        upload_bytes(d, c, args.nodes, settings, args.seed)
+        for c in parse_capacities(args.capacities)
+    ]
+    print(
+        f"{args.model}: d = {d:,} parameters, {args.nodes} nodes per SecAgg+ group (Flower's "
+        "default ranges)"
+    )
     print(table(rows))
     if args.out is not None:
         write_rows(rows, args.out, "secagg")

@@ -1,1 +1,2 @@
-"""Benchmarks of how submodels are ranked: masks against the exact Fisher's, rules on finished models, refreshes."""
+"""Benchmarks of how submodels are ranked: masks against the exact Fisher's, rules on finished
+models, refreshes."""

@@ -33,7 +33,7 @@ run's ``label-mask``), measured here at the full global model.
 Usage::
 
     fibos ranking-rules results/bench/runs/digits-dirichlet0.1-s0-fedfibos [more run folders] --out rules.csv
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -64,14 +64,16 @@ RULES = ("fisher", "client-fisher", "obd", "magnitude")
 """Every rule the report knows, in the order its tables list them."""
 
 
-def rule_scores(rule: str, x: NDArray[np.float32], fisher: NDArray[np.floating] | None) -> NDArray[np.float64]:
+def rule_scores(
+    rule: str, x: NDArray[np.float32], fisher: NDArray[np.floating] | None
+) -> NDArray[np.float64]:
     """Ranking key of one pooled rule (larger: kept first).
 
     Parameters
     ----------
     rule : str
-        ``fisher`` (``F |x|``, which orders as ``F^2 x^2``), ``obd`` (``F x^2``) or ``magnitude`` (``|x|``).
-        ``client-fisher`` is ``fisher`` with one client's estimate passed as ``fisher``.
+        ``fisher`` (``F |x|``, which orders as ``F^2 x^2``), ``obd`` (``F x^2``) or ``magnitude``
+        (``|x|``). ``client-fisher`` is ``fisher`` with one client's estimate passed as ``fisher``.
     x : NDArray[float32]
         The flat global parameters.
     fisher : NDArray, optional
@@ -88,7 +90,9 @@ def rule_scores(rule: str, x: NDArray[np.float32], fisher: NDArray[np.floating] 
     raise ValueError(f"unknown rule {rule!r}; choose from {', '.join(RULES)}")
 
 
-def pooled_fisher(estimates: Sequence[NDArray[np.floating]], weights: Sequence[float]) -> NDArray[np.float64]:
+def pooled_fisher(
+    estimates: Sequence[NDArray[np.floating]], weights: Sequence[float]
+) -> NDArray[np.float64]:
     """Examples-weighted mean of the clients' Fisher estimates.
 
     Parameters
@@ -103,7 +107,9 @@ def pooled_fisher(estimates: Sequence[NDArray[np.floating]], weights: Sequence[f
     w = np.asarray(weights, dtype=np.float64)
     if np.any(w <= 0):
         raise ValueError(f"weights must be positive: {weights}")
-    return np.tensordot(w / w.sum(), np.stack([np.asarray(e, dtype=np.float64) for e in estimates]), axes=1)
+    return np.tensordot(
+        w / w.sum(), np.stack([np.asarray(e, dtype=np.float64) for e in estimates]), axes=1
+    )
 
 
 def submodel_accuracy(
@@ -115,7 +121,8 @@ def submodel_accuracy(
     test: ArrayDataset,
     device: torch.device,
 ) -> float:
-    """Test accuracy of ``x`` restricted to its top ``ceil(gamma d)`` positions by ``scores`` (the rest zero).
+    """Test accuracy of ``x`` restricted to its top ``ceil(gamma d)`` positions by ``scores`` (the
+    rest zero).
 
     Parameters
     ----------
@@ -162,7 +169,9 @@ class RunRankings:
     by_rule: Mapping[tuple[str, Fraction], float]
 
 
-def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[str] = RULES) -> RunRankings:
+def run_rankings(
+    folder: Path, capacities: Sequence[Fraction], rules: Sequence[str] = RULES
+) -> RunRankings:
     """Evaluate a finished run folder's global model under each rule and capacity.
 
     Parameters
@@ -181,7 +190,12 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     from common.data.datasets import load_dataset
     from common.data.local_split import derive_local_data
     from common.fisher.estimation import example_indices, per_example_fisher
-    from common.models.architectures import build_run_model, load_flat, model_layout, trainable_arrays
+    from common.models.architectures import (
+        build_run_model,
+        load_flat,
+        model_layout,
+        trainable_arrays,
+    )
     from common.training.evaluation import evaluate
     from common.training.loop import local_classes
 
@@ -193,7 +207,9 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     device = torch.device("cpu")
     test = load_dataset(run.dataset, run.test_fraction, run.seed, run.data_path).test
     trains = [
-        derive_local_data(run, NodeConfig(partition_id=i, num_partitions=len(mix), capacity=c)).train
+        derive_local_data(
+            run, NodeConfig(partition_id=i, num_partitions=len(mix), capacity=c)
+        ).train
         for i, c in enumerate(mix)
     ]
     model = build_run_model(run, test.num_classes, trains[0].in_channels)
@@ -208,7 +224,9 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     for i, train in enumerate(trains):
         present = local_classes(torch.from_numpy(train.y), train.num_classes, run.label_mask)
         indices = example_indices(len(train), run.options("fisher").examples, run.seed + i)
-        estimates.append(per_example_fisher(model, layout, x, whole, train, indices, present, device))
+        estimates.append(
+            per_example_fisher(model, layout, x, whole, train, indices, present, device)
+        )
     pooled = pooled_fisher(estimates, [len(t) for t in trains])
 
     by_rule: dict[tuple[str, Fraction], float] = {}
@@ -224,17 +242,25 @@ def run_rankings(folder: Path, capacities: Sequence[Fraction], rules: Sequence[s
     return RunRankings(run.method, float(full_accuracy), by_rule)
 
 
-def rankings_table(runs: Sequence[RunRankings], capacities: Sequence[Fraction], rules: Sequence[str]) -> list[str]:
-    """Markdown table: per method (mean over its runs) and rule, the submodel accuracy at each capacity."""
+def rankings_table(
+    runs: Sequence[RunRankings], capacities: Sequence[Fraction], rules: Sequence[str]
+) -> list[str]:
+    """Markdown table: per method (mean over its runs) and rule, the submodel accuracy at each
+    capacity."""
     grouped: dict[str, list[RunRankings]] = defaultdict(list)
     for r in runs:
         grouped[r.method].append(r)
     head = " | ".join(f"@{g}" for g in capacities)
-    lines = [f"| weights of | runs | full | rule | {head} |", "|---|---|---|---|" + "---|" * len(capacities)]
+    lines = [
+        f"| weights of | runs | full | rule | {head} |",
+        "|---|---|---|---|" + "---|" * len(capacities),
+    ]
     for method, rs in grouped.items():
         full = np.mean([r.accuracy for r in rs])
         for rule in rules:
-            cells = " | ".join(f"{np.mean([r.by_rule[rule, g] for r in rs]):.3f}" for g in capacities)
+            cells = " | ".join(
+                f"{np.mean([r.by_rule[rule, g] for r in rs]):.3f}" for g in capacities
+            )
             lines.append(f"| {method} | {len(rs)} | {full:.3f} | `{rule}` | {cells} |")
     return lines
 
@@ -248,14 +274,21 @@ def _capacity(text: str) -> Fraction:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``fibos ranking-rules``)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "runs", nargs="+", type=Path, help="finished run folders (metrics.json + model.pt)"
+    )
     ap.add_argument(
         "--capacities",
         default="1/4,1/16,1/64",
-        help="comma-separated capacities to evaluate (fractions of the model's parameters; default 1/4,1/16,1/64)",
+        help="comma-separated capacities to evaluate (fractions of the model's parameters; default "
+        "1/4,1/16,1/64)",
     )
-    ap.add_argument("--rules", default=",".join(RULES), help=f"comma-separated rules from {', '.join(RULES)}")
+    ap.add_argument(
+        "--rules", default=",".join(RULES), help=f"comma-separated rules from {', '.join(RULES)}"
+    )
     ap.add_argument("--out", type=Path, help="CSV file for one row per run, rule and capacity")
     args = ap.parse_args(argv)
     try:
@@ -266,19 +299,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [r for r in rules if r not in RULES]
     if unknown:
         ap.error(f"--rules: unknown {', '.join(unknown)}; choose from {', '.join(RULES)}")
-    missing = [str(f) for f in args.runs if not (f / "metrics.json").is_file() or not (f / "model.pt").is_file()]
+    missing = [
+        str(f)
+        for f in args.runs
+        if not (f / "metrics.json").is_file() or not (f / "model.pt").is_file()
+    ]
     if missing:
-        ap.error(f"not a finished run folder (needs metrics.json and model.pt): {', '.join(missing)}")
+        ap.error(
+            f"not a finished run folder (needs metrics.json and model.pt): {', '.join(missing)}"
+        )
 
     found = []
     rows = []
     for i, folder in enumerate(args.runs, 1):
         r = run_rankings(folder, capacities, rules)
         found.append(r)
-        cells = "  ".join(f"{rule}@{g} {r.by_rule[rule, g]:.3f}" for rule in rules for g in capacities)
+        cells = "  ".join(
+            f"{rule}@{g} {r.by_rule[rule, g]:.3f}" for rule in rules for g in capacities
+        )
         print(f"[{i}/{len(args.runs)}] {folder.name}: full {r.accuracy:.3f}  {cells}", flush=True)
         rows += [
-            {"run": folder.name, "method": r.method, "rule": rule, "capacity": str(g), "accuracy": r.by_rule[rule, g]}
+            {
+                "run": folder.name,
+                "method": r.method,
+                "rule": rule,
+                "capacity": str(g),
+                "accuracy": r.by_rule[rule, g],
+            }
             for rule in rules
             for g in capacities
         ]
@@ -286,7 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=["run", "method", "rule", "capacity", "accuracy"])
+            writer = csv.DictWriter(
+                fh, fieldnames=["run", "method", "rule", "capacity", "accuracy"]
+            )
             writer.writeheader()
             writer.writerows(rows)
     return 0

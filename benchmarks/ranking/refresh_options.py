@@ -1,35 +1,38 @@
-"""Benchmark: ways to rank a small client's next mask at the global model, what each costs it and what it keeps.
+"""Benchmark: ways to rank a small client's next mask at the global model, what each costs it and
+what it keeps.
 
-FedFIbOS ranks a client of capacity ``gamma`` by its Fisher at the current global model ``x``. Measuring that
-needs ``x`` on the client, and the client holds only its submodel: sending it the rest costs ``4 (d - k)`` bytes,
-``1/gamma - 1`` times its share (the bytes of its ``k`` values and its mask). This command compares, for each
-client below capacity 1 of a Dirichlet split, the masks these options give against the exact one:
+FedFIbOS ranks a client of capacity ``gamma`` by its Fisher at the current global model ``x``.
+Measuring that needs ``x`` on the client, and the client holds only its submodel: sending it the
+rest costs ``4 (d - k)`` bytes, ``1/gamma - 1`` times its share (the bytes of its ``k`` values and
+its mask). This command compares, for each client below capacity 1 of a Dirichlet split, the masks
+these options give against the exact one:
 
-* ``own-32`` (the definition, ``fedfibos-byte-budget = 0``): the rest of the model in float32, the client's
-  Fisher at ``x`` on 32 examples, uploaded ``ranked``;
-* ``int8-rest``: the rest of the model as 8-bit integers (one float32 scale per tensor), used only for the Fisher
-  pass;
-* ``candidates-4k``: the server sends the ``4k`` positions of the largest prior score (its current mask's
-  included) and the client measures its Fisher at ``x`` on those positions, zero elsewhere; the mask is the top
-  ``k`` among them;
-* ``prior`` (``fedfibos-byte-budget > 0``): no extra bytes; the pooled Fisher of the clients that can afford a
-  refresh (here the capacity-1 clients, whose refresh costs no download);
+* ``own-32`` (the definition, ``fedfibos-byte-budget = 0``): the rest of the model in float32, the
+  client's Fisher at ``x`` on 32 examples, uploaded ``ranked``;
+* ``int8-rest``: the rest of the model as 8-bit integers (one float32 scale per tensor), used only
+  for the Fisher pass;
+* ``candidates-4k``: the server sends the ``4k`` positions of the largest prior score (its current
+  mask's included) and the client measures its Fisher at ``x`` on those positions, zero elsewhere;
+  the mask is the top ``k`` among them;
+* ``prior`` (``fedfibos-byte-budget > 0``): no extra bytes; the pooled Fisher of the clients that
+  can afford a refresh (here the capacity-1 clients, whose refresh costs no download);
 * ``magnitude``: ``|x|`` alone.
 
-The exact mask ``S*`` is the top ``k`` of ``F*^2 x^2`` with ``F*`` the client's per-example Fisher at ``x`` over
-all its examples (row ``exact``); ``overlap`` is ``|S ∩ S*| / k`` and ``mass kept`` the share of the total
-``sum_j F*_j^2 x_j^2`` that ``S`` keeps (one minus the masking surrogate over its value for the empty mask).
-``extra down`` is the refresh's bytes beyond the submodel, and ``rounds per refresh`` how many rounds of a
-``1.05`` byte budget's slack (5 % of the share a round) pay for one. The global model is the CNN after a short
-central warm-up (a model mid-training). Both the client's own ranking and the server's test set matter: the
-per-capacity accuracy of the masks each option gives, on the server's test set, is ``acc``.
+The exact mask ``S*`` is the top ``k`` of ``F*^2 x^2`` with ``F*`` the client's per-example Fisher
+at ``x`` over all its examples (row ``exact``); ``overlap`` is ``|S ∩ S*| / k`` and ``mass kept``
+the share of the total ``sum_j F*_j^2 x_j^2`` that ``S`` keeps (one minus the masking surrogate over
+its value for the empty mask). ``extra down`` is the refresh's bytes beyond the submodel, and
+``rounds per refresh`` how many rounds of a ``1.05`` byte budget's slack (5 % of the share a round)
+pay for one. The global model is the CNN after a short central warm-up (a model mid-training). Both
+the client's own ranking and the server's test set matter: the per-capacity accuracy of the masks
+each option gives, on the server's test set, is ``acc``.
 
 Usage::
 
     fibos bench-refresh --dataset digits --alpha 0.1 --out results/refresh-options
 
-Writes ``refresh.json`` and ``refresh.csv`` to ``--out`` and prints the table (means over the clients of each
-capacity).
+Writes ``refresh.json`` and ``refresh.csv`` to ``--out`` and prints the table (means over the
+clients of each capacity).
 """
 
 from __future__ import annotations
@@ -77,8 +80,9 @@ class Row:
 
 
 def int8_rest(x: np.ndarray, mask: np.ndarray, layout: ParamLayout) -> tuple[np.ndarray, int]:
-    """``x`` with the positions outside ``mask`` rounded to 8-bit integers, one symmetric scale per tensor, and the
-    bytes that copy takes on the wire (one byte per position outside plus a float32 scale per tensor)."""
+    """``x`` with the positions outside ``mask`` rounded to 8-bit integers, one symmetric scale per
+    tensor, and the bytes that copy takes on the wire (one byte per position outside plus a float32
+    scale per tensor)."""
     out = x.copy()
     tensors = 0
     bounds = layout.offsets.tolist()
@@ -100,13 +104,19 @@ def _mask_bytes(mask: np.ndarray) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dataset", default="digits", help="offline dataset")
     ap.add_argument("--model", default="cnn-bn")
-    ap.add_argument("--capacities", default="1,1/4,1/16,1/64", help="the mix, one client each, repeated")
+    ap.add_argument(
+        "--capacities", default="1,1/4,1/16,1/64", help="the mix, one client each, repeated"
+    )
     ap.add_argument("--clients-per-capacity", type=int, default=2)
     ap.add_argument("--alpha", type=float, default=0.1, help="Dirichlet concentration")
-    ap.add_argument("--examples", type=int, default=32, help="examples in a client's Fisher estimate")
+    ap.add_argument(
+        "--examples", type=int, default=32, help="examples in a client's Fisher estimate"
+    )
     ap.add_argument("--warmup-examples", type=int, default=512)
     ap.add_argument("--warmup-epochs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
@@ -116,13 +126,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacities = parse_capacities(args.capacities) * args.clients_per_capacity
     torch.manual_seed(args.seed)
     split = load_dataset(args.dataset, 0.2, args.seed)
-    x, layout = received_model(args.model, split.train, args.warmup_examples, args.warmup_epochs, args.seed)
+    x, layout = received_model(
+        args.model, split.train, args.warmup_examples, args.warmup_epochs, args.seed
+    )
     model = build_model(args.model, split.train.num_classes, split.train.in_channels, args.seed)
     device = torch.device("cpu")
     whole = np.ones(layout.size, dtype=bool)
     data = [
         split.train.subset(
-            partition_indices(split.train.y, "dirichlet", len(capacities), i, args.seed, alpha=args.alpha)
+            partition_indices(
+                split.train.y, "dirichlet", len(capacities), i, args.seed, alpha=args.alpha
+            )
         )
         for i in range(len(capacities))
     ]
@@ -137,11 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return decoded
 
     full = [i for i, g in enumerate(capacities) if g == 1]
-    pooled = [FisherState.normalise(uploaded(fisher(i, x, whole, args.examples), whole)) for i in full]
+    pooled = [
+        FisherState.normalise(uploaded(fisher(i, x, whole, args.examples), whole)) for i in full
+    ]
     weights = [len(data[i]) for i in full]
-    prior = (np.average(np.stack(pooled), axis=0, weights=weights) if pooled else np.ones(layout.size)).astype(
-        np.float32
-    )
+    prior = (
+        np.average(np.stack(pooled), axis=0, weights=weights) if pooled else np.ones(layout.size)
+    ).astype(np.float32)
 
     def accuracy(mask: np.ndarray) -> float:
         load_flat(model, layout, np.where(mask, x, 0).astype(np.float32))
@@ -152,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if gamma >= 1:
             continue
         k = budget(gamma, layout.size)
-        # Inert positions (biases feeding a BatchNorm) never take budget: their score must not enter the error.
+        # Inert positions (biases feeding a BatchNorm) never take budget: their score must not enter
+        # the error.
         exact_f = np.where(layout.inert_mask, 0, fisher(i, x, whole, 0)).astype(np.float32)
         exact = select_mask(layout, x, gamma, "fisher", exact_f, 0, False)
         total = masking_error(exact_f, x, np.zeros(layout.size, dtype=bool))
@@ -160,7 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         share = 4 * k + _mask_bytes(current)
         masks: dict[str, tuple[np.ndarray, int]] = {"exact": (exact, 4 * (layout.size - k))}
         f = uploaded(fisher(i, x, whole, args.examples), current)
-        masks["own-32"] = (select_mask(layout, x, gamma, "fisher", f, 0, False), 4 * (layout.size - k))
+        masks["own-32"] = (
+            select_mask(layout, x, gamma, "fisher", f, 0, False),
+            4 * (layout.size - k),
+        )
         rough, rough_bytes = int8_rest(x, current, layout)
         f = uploaded(fisher(i, rough, whole, args.examples), current)
         masks["int8-rest"] = (select_mask(layout, x, gamma, "fisher", f, 0, False), rough_bytes)
@@ -186,7 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         print(f"client {i} (capacity {gamma:g}, {len(data[i])} examples) measured", flush=True)
     rows = []
-    for (option, gamma), vals in sorted(per.items(), key=lambda kv: (OPTIONS.index(kv[0][0]), -kv[0][1])):
+    for (option, gamma), vals in sorted(
+        per.items(), key=lambda kv: (OPTIONS.index(kv[0][0]), -kv[0][1])
+    ):
 
         def m(key: str, vals: list[dict[str, float]] = vals) -> float:
             return statistics.fmean(v[key] for v in vals)
@@ -220,8 +242,9 @@ def table(rows: Sequence[Row]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.option} | {r.capacity:g} | {r.overlap:.3f} | {r.mass_kept:.4f} | {r.accuracy:.3f} "
-            f"| {r.extra_down_bytes / r.share_bytes:.2f} | {r.rounds_per_refresh:.0f} |"
+            f"| {r.option} | {r.capacity:g} | {r.overlap:.3f} | {r.mass_kept:.4f} | "
+            f"{r.accuracy:.3f} | {r.extra_down_bytes / r.share_bytes:.2f} | "
+            f"{r.rounds_per_refresh:.0f} |"
         )
     return "\n".join(lines)
 

@@ -126,7 +126,9 @@ def measure_client(
                 payload = encode_fisher(fisher, held, layout, enc)
                 decoded = decode_fisher(payload, held, layout, enc)
                 chosen = select_mask(layout, x, gamma, "fisher", decoded, min_per_row)
-                out.append(_entry(est, enc, gamma, chosen, best, reference, x, optimum, payload, cost))
+                out.append(
+                    _entry(est, enc, gamma, chosen, best, reference, x, optimum, payload, cost)
+                )
         chosen = select_mask(layout, x, gamma, "magnitude", min_per_row=min_per_row)
         out.append(_entry("none", "magnitude", gamma, chosen, best, reference, x, optimum, {}, 0.0))
     return out
@@ -149,20 +151,30 @@ def _entry(est, enc, gamma, chosen, best, reference, x, optimum, payload, cost) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--datasets", default="digits", help="comma-separated offline datasets")
     ap.add_argument("--models", default="cnn", help="comma-separated: cnn, resnet18")
     ap.add_argument("--capacities", default="1/4,1/16,1/64")
     ap.add_argument(
         "--estimators",
         default="path,received32,received128",
-        help="path (minibatch gradients along local SGD) and/or receivedN (N examples at the received weights)",
+        help="path (minibatch gradients along local SGD) and/or receivedN (N examples at the "
+        "received weights)",
     )
     ap.add_argument("--encodings", default=",".join(FISHER_ENCODINGS))
-    ap.add_argument("--clients", type=int, default=4, help="clients measured (of --partitions Dirichlet partitions)")
+    ap.add_argument(
+        "--clients",
+        type=int,
+        default=4,
+        help="clients measured (of --partitions Dirichlet partitions)",
+    )
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--alpha", type=float, default=0.1, help="Dirichlet concentration")
-    ap.add_argument("--reference-examples", type=int, default=0, help="examples in the exact Fisher (0 = all)")
+    ap.add_argument(
+        "--reference-examples", type=int, default=0, help="examples in the exact Fisher (0 = all)"
+    )
     ap.add_argument("--warmup-examples", type=int, default=512)
     ap.add_argument("--warmup-epochs", type=int, default=1)
     ap.add_argument("--min-per-row", type=int, default=1)
@@ -184,10 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for dataset in args.datasets.split(","):
         split = load_dataset(dataset, 0.2, args.seed)
         for model_name in args.models.split(","):
-            x, layout = received_model(model_name, split.train, args.warmup_examples, args.warmup_epochs, args.seed)
+            x, layout = received_model(
+                model_name, split.train, args.warmup_examples, args.warmup_epochs, args.seed
+            )
             per_client = []
             for c in range(args.clients):
-                idx = partition_indices(split.train.y, "dirichlet", args.partitions, c, args.seed, alpha=args.alpha)
+                idx = partition_indices(
+                    split.train.y, "dirichlet", args.partitions, c, args.seed, alpha=args.alpha
+                )
                 t0 = time.perf_counter()
                 per_client.append(
                     measure_client(
@@ -231,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def table(rows: Sequence[Row]) -> str:
     """Markdown table of the rows."""
     lines = [
-        "| dataset | model | estimator | encoding | capacity | overlap | error / optimum | Fisher bytes | cost |",
+        "| dataset | model | estimator | encoding | capacity | overlap | error / optimum | Fisher "
+        "bytes | cost |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

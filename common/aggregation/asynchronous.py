@@ -50,7 +50,9 @@ def staleness_weight(staleness: float, exponent: float) -> float:
     return float((1.0 + staleness) ** (-exponent))
 
 
-def mask_overlap(indices: NDArray[np.int64], last_changed: NDArray[np.int64], sent_version: int) -> float:
+def mask_overlap(
+    indices: NDArray[np.int64], last_changed: NDArray[np.int64], sent_version: int
+) -> float:
     """Share of ``indices`` changed by an update applied after ``sent_version``.
 
     Parameters
@@ -138,7 +140,9 @@ def apply_async_update(
     weight = staleness_weight(overlap * tau, staleness_exponent)
     new_x = x.copy()
     idx = update.indices
-    new_x[idx] = (x[idx].astype(np.float64) + server_lr * weight * update.delta.astype(np.float64)).astype(x.dtype)
+    new_x[idx] = (
+        x[idx].astype(np.float64) + server_lr * weight * update.delta.astype(np.float64)
+    ).astype(x.dtype)
     new_changed = last_changed.copy()
     new_changed[idx] = version + 1
     return AsyncStep(new_x, new_changed, version + 1, tau, overlap, weight)

@@ -29,8 +29,8 @@ class MaskedUpdate:
         Flat positions the client held, strictly increasing (a validated reply's are ``int32`` while
         ``d <= 2^31``: :func:`common.wire.mask_codec.position_dtype`).
     delta : NDArray[float32]
-        The client's change at those positions (trained minus received), same length; read, never written
-        (a validated reply's is a read-only view of the received array).
+        The client's change at those positions (trained minus received), same length; read, never
+        written (a validated reply's is a read-only view of the received array).
     weight : float
         Aggregation weight, normally the number of local training examples (> 0).
     """
@@ -40,12 +40,14 @@ class MaskedUpdate:
     weight: float
 
 
-#: Positions per block of the accumulation: two float64 blocks of this size (16 MiB) bound the temporaries.
+#: Positions per block of the accumulation: two float64 blocks of this size (16 MiB) bound the
+#: temporaries.
 AGGREGATION_BLOCK = 1 << 20
 
 
 def check_updates(updates: Sequence[MaskedUpdate], d: int) -> None:
-    """Raise ``ValueError`` unless every update pairs each index in ``[0, d)`` with a delta and has weight > 0.
+    """Raise ``ValueError`` unless every update pairs each index in ``[0, d)`` with a delta and has
+    weight > 0.
 
     Parameters
     ----------
@@ -85,7 +87,9 @@ def aggregate_masked(
     """
     d = x.shape[0]
     check_updates(updates, d)
-    full = [u.indices.size == d for u in updates]  # strictly increasing indices below d: exactly 0..d-1
+    full = [
+        u.indices.size == d for u in updates
+    ]  # strictly increasing indices below d: exactly 0..d-1
     out = x.copy()
     scaled = np.empty(min(d, AGGREGATION_BLOCK), dtype=np.float64)
     for start in range(0, d, AGGREGATION_BLOCK):
@@ -94,16 +98,21 @@ def aggregate_masked(
         den = np.zeros(stop - start, dtype=np.float64)
         for u, dense in zip(updates, full):
             if dense:
-                num += np.multiply(u.delta[start:stop], u.weight, out=scaled[: stop - start], dtype=np.float64)
+                num += np.multiply(
+                    u.delta[start:stop], u.weight, out=scaled[: stop - start], dtype=np.float64
+                )
                 den += u.weight
                 continue
             lo, hi = np.searchsorted(u.indices, (start, stop))
             if lo == hi:
                 continue
-            idx = np.subtract(u.indices[lo:hi], start, dtype=np.intp)  # one cast, then indexed twice per array
+            idx = np.subtract(
+                u.indices[lo:hi], start, dtype=np.intp
+            )  # one cast, then indexed twice per array
             num[idx] += np.multiply(u.delta[lo:hi], u.weight, dtype=np.float64)
             den[idx] += u.weight
-        # x + eta * num / den where somebody held the position, in place on the block's float64 sums.
+        # x + eta * num / den where somebody held the position, in place on the block's float64
+        # sums.
         held = den > 0
         block = out[start:stop]
         num *= server_lr

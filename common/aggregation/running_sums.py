@@ -1,10 +1,12 @@
-"""The round's update means as running sums: one client update added at a time, the mean applied once at the end.
+"""The round's update means as running sums: one client update added at a time, the mean applied
+once at the end.
 
-Each class here is the incremental form of one batch rule: it keeps the per-position sums the batch function
-builds (float64, length ``d``), takes the round's updates one by one through :meth:`RunningSum.add` and gives
-the new global vector with :meth:`RunningSum.apply`. Every position's sum is then built from the same
-float64 operations, in the same client order, as the batch function builds it, so for the same updates in
-the same order the result is the same to the bit (``tests/test_running_sums.py``):
+Each class here is the incremental form of one batch rule: it keeps the per-position sums the batch
+function builds (float64, length ``d``), takes the round's updates one by one through
+:meth:`RunningSum.add` and gives the new global vector with :meth:`RunningSum.apply`. Every
+position's sum is then built from the same float64 operations, in the same client order, as the
+batch function builds it, so for the same updates in the same order the result is the same to the
+bit (``tests/test_running_sums.py``):
 
 ===========================  ==============================================================================
 running sum                  batch rule
@@ -15,13 +17,14 @@ running sum                  batch rule
 :class:`UpdateCountSum`      :func:`common.aggregation.update_means.update_count_mean_step` (FedRolex ``avg``)
 ===========================  ==============================================================================
 
-A client's update can be dropped as soon as it has been added: what the round holds is the sums (16 bytes
-per position, 8 for :class:`ParticipantSum`), whatever the number of clients. The sums are a buffer of their
-own; the global vector is read, never written, until :meth:`RunningSum.apply` returns a new one, so a round
-that is abandoned (too few replies) leaves it as it was. Float64 addition is not associative: the same
-updates added in another order may differ in the last bits of a sum, and so, rarely, in a float32 result;
-the strategy therefore adds them in the clients' stable key order (:mod:`server.grid_io`).
-"""
+A client's update can be dropped as soon as it has been added: what the round holds is the sums (16
+bytes per position, 8 for :class:`ParticipantSum`), whatever the number of clients. The sums are a
+buffer of their own; the global vector is read, never written, until :meth:`RunningSum.apply`
+returns a new one, so a round that is abandoned (too few replies) leaves it as it was. Float64
+addition is not associative: the same updates added in another order may differ in the last bits of
+a sum, and so, rarely, in a float32 result; the strategy therefore adds them in the clients' stable
+key order (:mod:`server.grid_io`).
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -37,40 +40,48 @@ class RunningSum(Protocol):
     """An update mean built one client at a time."""
 
     def add(self, update: MaskedUpdate) -> None:
-        """Add one validated client update; ``ValueError`` (and nothing added) when it does not fit."""
+        """Add one validated client update; ``ValueError`` (and nothing added) when it does not
+        fit."""
         ...
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """The new global vector: ``x`` moved by the mean of the updates added (``x`` is not modified)."""
+        """The new global vector: ``x`` moved by the mean of the updates added (``x`` is not
+        modified)."""
         ...
 
 
 def _chunks(n: int) -> range:
-    """Starts of the chunks of :data:`AGGREGATION_BLOCK` entries that bound each float64 temporary."""
+    """Starts of the chunks of :data:`AGGREGATION_BLOCK` entries that bound each float64
+    temporary."""
     return range(0, n, AGGREGATION_BLOCK)
 
 
 def _positions(indices: NDArray[np.signedinteger]) -> NDArray[np.intp]:
-    """A chunk of an update's indices as numpy's index type: cast once (``int32`` ones), not at every indexing.
+    """A chunk of an update's indices as numpy's index type: cast once (``int32`` ones), not at
+    every indexing.
 
     ``a[idx] += v`` indexes twice (read, then write), and numpy casts non-``intp`` indices at each.
     """
     return indices.astype(np.intp, copy=False)
 
 
-#: Update entries added at a time by :class:`HolderSum` and :class:`ParticipantSum` (their two buffers stay in L2).
+#: Update entries added at a time by :class:`HolderSum` and :class:`ParticipantSum` (their two
+#: buffers stay in L2).
 ADD_BLOCK = 1 << 16
 
 
-def _scatter_add(sums: tuple[NDArray[np.float64], ...], update: MaskedUpdate, terms: tuple[float | None, ...]) -> None:
-    """Add ``w delta`` (a term ``None``) or the constant term to each of ``sums`` at the update's positions.
+def _scatter_add(
+    sums: tuple[NDArray[np.float64], ...], update: MaskedUpdate, terms: tuple[float | None, ...]
+) -> None:
+    """Add ``w delta`` (a term ``None``) or the constant term to each of ``sums`` at the update's
+    positions.
 
-    ``np.add.at`` with ``intp`` positions and float64 values adds each entry in place (numpy 1.25 and later
-    have its fast path), as ``a[idx] += v`` does for positions that are all distinct, which a validated
-    update's are, without the gathered copy and the scatter back: the same float64 additions, the same sums to
-    the bit, in about half the time below capacity 1. An update holding every position is added as slices.
-    The scaled deltas and the positions go through two buffers of :data:`ADD_BLOCK` entries reused block by
-    block, so nothing of the update's length is allocated.
+    ``np.add.at`` with ``intp`` positions and float64 values adds each entry in place (numpy 1.25
+    and later have its fast path), as ``a[idx] += v`` does for positions that are all distinct,
+    which a validated update's are, without the gathered copy and the scatter back: the same float64
+    additions, the same sums to the bit, in about half the time below capacity 1. An update holding
+    every position is added as slices. The scaled deltas and the positions go through two buffers of
+    :data:`ADD_BLOCK` entries reused block by block, so nothing of the update's length is allocated.
 
     Parameters
     ----------
@@ -100,7 +111,8 @@ def _scatter_add(sums: tuple[NDArray[np.float64], ...], update: MaskedUpdate, te
 
 
 class HolderSum:
-    """``x_j + eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j``, the holder mean of :func:`aggregate_masked`.
+    """``x_j + eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j``, the holder mean of
+    :func:`aggregate_masked`.
 
     Parameters
     ----------
@@ -118,13 +130,15 @@ class HolderSum:
         self.count = 0
 
     def add(self, update: MaskedUpdate) -> None:
-        """Add ``w delta`` to the numerator and ``w`` to the denominator at the update's positions."""
+        """Add ``w delta`` to the numerator and ``w`` to the denominator at the update's
+        positions."""
         check_updates([update], self.d)
         _scatter_add((self.num, self.den), update, (None, update.weight))
         self.count += 1
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """``x`` where nobody held a position, else ``x + eta_g * num / den`` rounded once to float32."""
+        """``x`` where nobody held a position, else ``x + eta_g * num / den`` rounded once to
+        float32."""
         out = x.copy()
         work = np.empty(min(self.d, AGGREGATION_BLOCK), dtype=np.float64)
         for start in _chunks(self.d):
@@ -139,7 +153,8 @@ class HolderSum:
 
 
 class ParticipantSum:
-    """``x + eta_g * sum_n w_n M^(n) delta^(n) / sum_n w_n`` over every client added (:func:`participant_mean_step`).
+    """``x + eta_g * sum_n w_n M^(n) delta^(n) / sum_n w_n`` over every client added
+    (:func:`participant_mean_step`).
 
     Parameters
     ----------
@@ -164,7 +179,8 @@ class ParticipantSum:
         self.count += 1
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """``x + eta_g * num / total`` in float64, rounded once to float32 (``x`` itself when nothing was added)."""
+        """``x + eta_g * num / total`` in float64, rounded once to float32 (``x`` itself when
+        nothing was added)."""
         if self.total == 0.0:
             return x.copy()
         out = np.empty_like(x)
@@ -176,7 +192,8 @@ class ParticipantSum:
 
 
 class NonzeroSum:
-    """``x + eta_g * sum_n delta^(n) / #{n : delta^(n) != 0}`` per position, unweighted (:func:`nonzero_mean_step`).
+    """``x + eta_g * sum_n delta^(n) / #{n : delta^(n) != 0}`` per position, unweighted
+    (:func:`nonzero_mean_step`).
 
     Parameters
     ----------
@@ -205,20 +222,23 @@ class NonzeroSum:
         self.count += 1
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """``x`` where no update moved a position, else ``x + eta_g * num / count`` rounded once to float32."""
+        """``x`` where no update moved a position, else ``x + eta_g * num / count`` rounded once to
+        float32."""
         out = x.copy()
         moved = self.moved > 0
-        out[moved] = (x[moved].astype(np.float64) + self.server_lr * self.num[moved] / self.moved[moved]).astype(
-            x.dtype
-        )
+        out[moved] = (
+            x[moved].astype(np.float64) + self.server_lr * self.num[moved] / self.moved[moved]
+        ).astype(x.dtype)
         return out
 
 
 class UpdateCountSum:
-    """FedRolex's published ``avg`` (:func:`update_count_mean_step`): holder mean, count-weighted at ``counted``.
+    """FedRolex's published ``avg`` (:func:`update_count_mean_step`): holder mean, count-weighted at
+    ``counted``.
 
-    The weight of a holder of a counted position grows with each holder added before it in the round, so the
-    result depends on the order of :meth:`add`, exactly as the batch rule's on its list order.
+    The weight of a holder of a counted position grows with each holder added before it in the
+    round, so the result depends on the order of :meth:`add`, exactly as the batch rule's on its
+    list order.
 
     Parameters
     ----------
@@ -227,7 +247,8 @@ class UpdateCountSum:
     counted : NDArray[int64]
         The count-weighted positions, strictly increasing.
     counts : NDArray[int64]
-        One count per ``counted`` position before the round; not modified (:attr:`running` is the new one).
+        One count per ``counted`` position before the round; not modified (:attr:`running` is the
+        new one).
     fixed : NDArray[bool]
         ``True`` where a counted position's count does not grow within the round.
     server_lr : float
@@ -257,7 +278,8 @@ class UpdateCountSum:
         return self.holders.count
 
     def add(self, update: MaskedUpdate) -> None:
-        """Add the update with weight 1 to the holder mean, and count-weighted at the counted positions it held."""
+        """Add the update with weight 1 to the holder mean, and count-weighted at the counted
+        positions it held."""
         check_updates([update], self.holders.d)
         self.holders.add(MaskedUpdate(update.indices, update.delta, 1.0))
         if update.indices.size == 0:
@@ -271,9 +293,12 @@ class UpdateCountSum:
         self.running[held] += 1
 
     def apply(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        """The holder mean, with each counted position that somebody held replaced by its count-weighted mean."""
+        """The holder mean, with each counted position that somebody held replaced by its
+        count-weighted mean."""
         out = self.holders.apply(x)
         moved = self.den > 0
         where = self.counted[moved]
-        out[where] = (x[where].astype(np.float64) + self.server_lr * self.num[moved] / self.den[moved]).astype(x.dtype)
+        out[where] = (
+            x[where].astype(np.float64) + self.server_lr * self.num[moved] / self.den[moved]
+        ).astype(x.dtype)
         return out

@@ -2,13 +2,14 @@
 
 A capacity reaches the server as a float (``capacity=0.07`` in a node config, ``1/3`` parsed from
 ``--capacities``). Multiplying that float by ``d`` in floating point can land just above an integer
-(``0.07 * 100 = 7.000000000000001``), and ``ceil`` then keeps one parameter more than the operator asked
-for. Even the float's exact binary value is not what was meant: ``0.07`` is stored as
+(``0.07 * 100 = 7.000000000000001``), and ``ceil`` then keeps one parameter more than the operator
+asked for. Even the float's exact binary value is not what was meant: ``0.07`` is stored as
 ``0.070000000000000006661...``. The capacity a float stands for is therefore read as the **simplest
 rational that rounds to it** (smallest denominator, then smallest numerator): ``0.07`` is ``7/100``,
 ``float(1/3)`` is ``1/3``, and ``float(k/d)`` is ``k/d`` for every ``d`` below about ``10**8`` (two
-fractions with such denominators differ by far more than the float's rounding interval). A capacity given
-as a :class:`~fractions.Fraction` or a fraction string (``"1/3"``, ``"0.07"``) is taken exactly as written.
+fractions with such denominators differ by far more than the float's rounding interval). A capacity
+given as a :class:`~fractions.Fraction` or a fraction string (``"1/3"``, ``"0.07"``) is taken
+exactly as written.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from common.config.schema import ConfigError
 
 Capacity = float | int | Fraction | str
 
-#: What a node's capacity limits (``capacity-kind``): ``bandwidth`` (a slow link: a method may grow the node's
-#: submodel past it) or ``memory`` (a hard cap on what the node can hold).
+#: What a node's capacity limits (``capacity-kind``): ``bandwidth`` (a slow link: a method may grow
+#: the node's submodel past it) or ``memory`` (a hard cap on what the node can hold).
 CAPACITY_KINDS: tuple[str, ...] = ("bandwidth", "memory")
 
 
@@ -45,9 +46,9 @@ def simplest_between(lo: Fraction, hi: Fraction | None) -> Fraction:
 
 def _simplest_between(an: int, ad: int, bn: int, bd: int) -> tuple[int, int]:
     """:func:`simplest_between` of ``(an/ad, bn/bd)`` on integers (``bd == 0``: no upper end)."""
-    # Continued-fraction descent (Stern-Brocot): take the integer part shared by both ends, invert the
-    # fractional parts, repeat until an integer fits strictly between them. (p0, q0), (p1, q1) are the
-    # last two convergents of the partial quotients taken so far.
+    # Continued-fraction descent (Stern-Brocot): take the integer part shared by both ends, invert
+    # the fractional parts, repeat until an integer fits strictly between them. (p0, q0), (p1, q1)
+    # are the last two convergents of the partial quotients taken so far.
     p0, q0, p1, q1 = 0, 1, 1, 0
     while True:
         f = an // ad
@@ -62,14 +63,15 @@ def _simplest_between(an: int, ad: int, bn: int, bd: int) -> tuple[int, int]:
 def float_fraction(x: float) -> Fraction:
     """The simplest rational that rounds to the float ``x`` (``x >= 0``, finite).
 
-    Every real strictly between the midpoints to ``x``'s neighbouring floats rounds to ``x``; the answer
-    is the simplest of those.
+    Every real strictly between the midpoints to ``x``'s neighbouring floats rounds to ``x``; the
+    answer is the simplest of those.
     """
     if not math.isfinite(x) or x < 0:
         raise ValueError(f"expected a finite non-negative number, got {x}")
     if x == 0:
         return Fraction(0)
-    # Floats are dyadic: over the largest of the three denominators (a power of two) all are integers.
+    # Floats are dyadic: over the largest of the three denominators (a power of two) all are
+    # integers.
     below, above = math.nextafter(x, 0.0), math.nextafter(x, math.inf)
     (p, q), (pb, qb), (pa, qa) = (v.as_integer_ratio() for v in (x, below, above))
     m = max(q, qb, qa)
@@ -122,7 +124,9 @@ def parse_capacity_list(value: Any, key: str = "capacity-mix") -> tuple[float, .
     out = []
     for position, item in enumerate((i.strip() for i in value.split(",")), start=1):
         if not item:
-            raise ConfigError(f"{key}={value!r}: item {position} is empty (two commas in a row, or one at an end)")
+            raise ConfigError(
+                f"{key}={value!r}: item {position} is empty (two commas in a row, or one at an end)"
+            )
         try:
             gamma = capacity_fraction(item)
         except ValueError as err:

@@ -18,8 +18,11 @@ from common.data.client_seed import client_seed
 from common.training.catalog import DEVICES
 
 
-def _num(key: str, value: Any, lo: float, hi: float, lo_open: bool = False, integer: bool = False) -> int | float:
-    """Node-config number check: ``value`` in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``), naming ``key``."""
+def _num(
+    key: str, value: Any, lo: float, hi: float, lo_open: bool = False, integer: bool = False
+) -> int | float:
+    """Node-config number check: ``value`` in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``), naming
+    ``key``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}={value!r}: expected a {'whole ' if integer else ''}number")
     if integer and isinstance(value, float) and not value.is_integer():
@@ -32,21 +35,30 @@ def _num(key: str, value: Any, lo: float, hi: float, lo_open: bool = False, inte
 
 
 def _node_field(default: Any, required: str, allowed: str, description: str) -> Any:
-    """A node-config key: its default, when it is required, what it accepts, and its meaning (README's table)."""
-    return Field(default, description=description, json_schema_extra={"required": required, "allowed": allowed})
+    """A node-config key: its default, when it is required, what it accepts, and its meaning
+    (README's table)."""
+    return Field(
+        default,
+        description=description,
+        json_schema_extra={"required": required, "allowed": allowed},
+    )
 
 
 class NodeConfig(Schema):
     """Validated SuperNode configuration (``--node-config``), built by :func:`parse_node_config`.
 
-    The field descriptions are the README's node-config table (``fibos docs``); ``capacity`` is ``None`` for
-    ``capacity=auto`` (the ClientApp measures its device, :mod:`client.capacity_probe`), ``partition_id`` and
-    ``num_partitions`` are ``None`` for a node that only has its own data, and ``capacity_kind`` ``None`` leaves
-    it to the run's ``capacity-kind``.
+    The field descriptions are the README's node-config table (``fibos docs``); ``capacity`` is
+    ``None`` for ``capacity=auto`` (the ClientApp measures its device,
+    :mod:`client.capacity_probe`), ``partition_id`` and ``num_partitions`` are ``None`` for a node
+    that only has its own data, and ``capacity_kind`` ``None`` leaves it to the run's
+    ``capacity-kind``.
     """
 
     partition_id: int | None = _node_field(
-        None, "yes, without `data-path`", "`[0, num-partitions)`", "this node's partition of the run's shared dataset"
+        None,
+        "yes, without `data-path`",
+        "`[0, num-partitions)`",
+        "this node's partition of the run's shared dataset",
     )
     num_partitions: int | None = _node_field(
         None, "yes, without `data-path`", ">= 1", "partitions the training pool is split into"
@@ -58,7 +70,10 @@ class NodeConfig(Schema):
         "the node's own data instead of a partition (docs/guide/own-data.md)",
     )
     label_column: str = _node_field(
-        "label", "no (`label`)", "column name", "tables (Parquet, CSV, `save_to_disk`): the label column"
+        "label",
+        "no (`label`)",
+        "column name",
+        "tables (Parquet, CSV, `save_to_disk`): the label column",
     )
     input_column: str = _node_field(
         "",
@@ -70,36 +85,42 @@ class NodeConfig(Schema):
         None,
         "yes, unless the run sets `capacity-mix` (a node with `data-path` always)",
         '(0, 1] or `"auto"`',
-        'fraction of the global model this node holds; `"auto"` measures the device (docs/guide/real-client.md)',
+        'fraction of the global model this node holds; `"auto"` measures the device '
+        "(docs/guide/real-client.md)",
     )
     device: Literal[DEVICES] = _node_field(  # type: ignore[valid-type]
-        "auto", "no (`auto`)", ", ".join(f"`{d}`" for d in DEVICES), "`auto`: CUDA, then MPS, then CPU"
+        "auto",
+        "no (`auto`)",
+        ", ".join(f"`{d}`" for d in DEVICES),
+        "`auto`: CUDA, then MPS, then CPU",
     )
     client_id: str = _node_field(
         "",
         "no (`partition-<id>`, or `<host>:<data-path>`)",
         "string",
-        "stable name; the server keys this client's Fisher state by it, so a restarted SuperNode (new node id) "
-        "keeps it",
+        "stable name; the server keys this client's Fisher state by it, so a restarted SuperNode "
+        "(new node id) keeps it",
     )
     bench_delay_s: float = _node_field(
         0.0,
         "no (0)",
         "[0, 3600]",
-        "TEST/BENCHMARK KNOB: extra seconds per local epoch, to emulate a slower device (`docs/design/fedgmr.md`)",
+        "TEST/BENCHMARK KNOB: extra seconds per local epoch, to emulate a slower device "
+        "(`docs/design/fedgmr.md`)",
     )
     capacity_kind: Literal[CAPACITY_KINDS] | None = _node_field(  # type: ignore[valid-type]
         None,
         "no (the run's `capacity-kind`)",
         ", ".join(f"`{k}`" for k in CAPACITY_KINDS),
-        "what `capacity` limits: `bandwidth` (a slow link; FedGMR may restore the submodel past it, up to "
-        "`gmr-ceiling`) or `memory` (a hard cap); FedGMR reads it (`docs/design/fedgmr.md`), the other methods treat "
-        "every capacity as a cap",
+        "what `capacity` limits: `bandwidth` (a slow link; FedGMR may restore the submodel past "
+        "it, up to `gmr-ceiling`) or `memory` (a hard cap); FedGMR reads it "
+        "(`docs/design/fedgmr.md`), the other methods treat every capacity as a cap",
     )
 
     @property
     def key(self) -> str:
-        """The identity reported to the server (default: the partition, or this host and its data folder)."""
+        """The identity reported to the server (default: the partition, or this host and its data
+        folder)."""
         if self.client_id:
             return self.client_id
         if self.partition_id is not None:
@@ -108,8 +129,11 @@ class NodeConfig(Schema):
 
     @property
     def stream(self) -> int:
-        """This node's stream of the run's seed (local split, batch order): its partition, or a hash of its key."""
-        return self.partition_id if self.partition_id is not None else client_seed(self.key) % 100_003
+        """This node's stream of the run's seed (local split, batch order): its partition, or a hash
+        of its key."""
+        return (
+            self.partition_id if self.partition_id is not None else client_seed(self.key) % 100_003
+        )
 
 
 def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeConfig:
@@ -123,8 +147,11 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     mix = parse_capacity_list(capacity_mix)
     data_path = raw.get("data-path", "")
     if "data-path" in raw and (not isinstance(data_path, str) or not data_path.strip()):
-        raise ConfigError(f"data-path={data_path!r}: expected the path of this node's data folder or file")
-    # A node with its own data may also hold a partition (for runs on a shared dataset); without data-path it must.
+        raise ConfigError(
+            f"data-path={data_path!r}: expected the path of this node's data folder or file"
+        )
+    # A node with its own data may also hold a partition (for runs on a shared dataset); without
+    # data-path it must.
     partitioned = not data_path or "partition-id" in raw or "num-partitions" in raw
     _check_keys(raw, data_path, partitioned, bool(mix))
     partition_id, num_partitions = _partition(raw, partitioned)
@@ -135,7 +162,11 @@ def parse_node_config(raw: Mapping[str, Any], capacity_mix: str = "") -> NodeCon
     client_id = raw.get("client-id", "")
     if "client-id" in raw and (not isinstance(client_id, str) or not client_id):
         raise ConfigError(f"client-id={client_id!r}: expected a non-empty string")
-    delay = float(_num("bench-delay-s", raw["bench-delay-s"], 0, 3600)) if "bench-delay-s" in raw else 0.0
+    delay = (
+        float(_num("bench-delay-s", raw["bench-delay-s"], 0, 3600))
+        if "bench-delay-s" in raw
+        else 0.0
+    )
     kind = raw.get("capacity-kind")
     if kind is not None and kind not in CAPACITY_KINDS:
         raise ConfigError(f"capacity-kind={kind!r}: allowed values are {', '.join(CAPACITY_KINDS)}")
@@ -196,8 +227,12 @@ def _partition(raw: Mapping[str, Any], partitioned: bool) -> tuple[int | None, i
     partition_id: int | None = None
     num_partitions: int | None = None
     if partitioned:
-        num_partitions = int(_num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True))
-        partition_id = int(_num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True))
+        num_partitions = int(
+            _num("num-partitions", raw["num-partitions"], 1, 1_000_000, integer=True)
+        )
+        partition_id = int(
+            _num("partition-id", raw["partition-id"], 0, num_partitions - 1, integer=True)
+        )
     return partition_id, num_partitions
 
 

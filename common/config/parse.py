@@ -1,7 +1,9 @@
-"""Parsing a whole run configuration: the common keys and every key group the registered methods own.
+"""Parsing a whole run configuration: the common keys and every key group the registered methods
+own.
 
-The one place that needs the method registry: :mod:`common.config.run` (the common keys) stays free of it. The
-registry holds the methods' specs (:mod:`common.methods.specs`), so parsing imports no torch.
+The one place that needs the method registry: :mod:`common.config.run` (the common keys) stays free
+of it. The registry holds the methods' specs (:mod:`common.methods.specs`), so parsing imports no
+torch.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from common.config.run import RunConfig, common_keys, describe_error
 from common.config.schema import ConfigError, KeyGroup, kebab
 from common.methods import method_spec, registry
 
-#: Keys that were merged into or renamed to another: refused with the new name, so that an old setting is
-#: never silently ignored.
+#: Keys that were merged into or renamed to another: refused with the new name, so that an old
+#: setting is never silently ignored.
 RENAMED_KEYS: dict[str, str] = {
     "heterofl-clip-grad": "clip-grad-norm",
     "fedrolex-clip-grad": "clip-grad-norm",
@@ -24,7 +26,11 @@ RENAMED_KEYS: dict[str, str] = {
     "fedrolex-label-mask": "label-mask",
     "gmr-server-lr": "server-lr",
     "gmr-capacity-kind": "capacity-kind",
-    **{f"{m}-{k}": f"width-{k}" for m in ("heterofl", "fedrolex") for k in ("scaler", "scaler-linear", "label-split")},
+    **{
+        f"{m}-{k}": f"width-{k}"
+        for m in ("heterofl", "fedrolex")
+        for k in ("scaler", "scaler-linear", "label-split")
+    },
     "heterofl-weighting": "width-weighting",
     "fedrolex-weighting": "width-weighting",
     "fedrolex-roll": "width-roll",
@@ -32,7 +38,8 @@ RENAMED_KEYS: dict[str, str] = {
 
 
 def key_groups() -> dict[str, KeyGroup]:
-    """Every key group of the registered methods by name, in registration order (a shared group once)."""
+    """Every key group of the registered methods by name, in registration order (a shared group
+    once)."""
     groups: dict[str, KeyGroup] = {}
     for cls in registry().values():
         for group in cls.key_groups():
@@ -49,8 +56,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Validate a run configuration (e.g. ``context.run_config``).
 
     Unknown keys are rejected, so a typo never silently falls back to a default. The keys of every
-    registered method's groups are validated (Flower passes the manifest's defaults for all of them),
-    whichever method is selected; then the selected method's own rules across keys
+    registered method's groups are validated (Flower passes the manifest's defaults for all of
+    them), whichever method is selected; then the selected method's own rules across keys
     (:meth:`~common.methods.specs.base.MethodSpec.check_run`).
     """
     groups = key_groups()
@@ -60,7 +67,11 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     unknown = []
     renamed = sorted(k for k in raw if k in RENAMED_KEYS)
     if renamed:
-        raise ConfigError("; ".join(f"{k} is now {RENAMED_KEYS[k]}: set {RENAMED_KEYS[k]} instead" for k in renamed))
+        raise ConfigError(
+            "; ".join(
+                f"{k} is now {RENAMED_KEYS[k]}: set {RENAMED_KEYS[k]} instead" for k in renamed
+            )
+        )
     for key, value in raw.items():
         if key in common:
             continue
@@ -70,7 +81,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         else:
             values[owner][key.removeprefix(groups[owner].prefix)] = value
     if unknown:
-        raise ConfigError(f"unknown run-config key(s) {sorted(unknown)}; known keys: {sorted(run_config_keys())}")
+        raise ConfigError(
+            f"unknown run-config key(s) {sorted(unknown)}; known keys: {sorted(run_config_keys())}"
+        )
     options = {}
     for name, group in groups.items():
         try:
@@ -80,7 +93,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     prefixes = {name: group.prefix for name, group in groups.items()}
     try:
         run = RunConfig.model_validate(
-            {k: v for k, v in raw.items() if k in common} | {"method_options": options, "option_prefixes": prefixes}
+            {k: v for k, v in raw.items() if k in common}
+            | {"method_options": options, "option_prefixes": prefixes}
         )
     except ValidationError as err:
         raise ConfigError(describe_error(err, raw)) from None
@@ -98,7 +112,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
 
 def config_from_flat(flat: Mapping[str, Any]) -> RunConfig:
-    """The run configuration behind a :meth:`RunConfig.flat` dict (e.g. the settings in a metrics.json).
+    """The run configuration behind a :meth:`RunConfig.flat` dict (e.g. the settings in a
+    metrics.json).
 
     Entries that are not run-config keys (``d``, ``upload_encoding``, ...) are ignored.
     """

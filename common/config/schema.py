@@ -1,7 +1,8 @@
 """The base of every configuration model, and the error a bad value raises.
 
-Kept apart from :mod:`common.config.run` so that method modules (:mod:`common.methods`) can declare their own
-options models without importing the run configuration, which looks methods up in the registry.
+Kept apart from :mod:`common.config.run` so that method modules (:mod:`common.methods`) can declare
+their own options models without importing the run configuration, which looks methods up in the
+registry.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class Schema(BaseModel):
 
 @dataclass(frozen=True)
 class KeyGroup:
-    """Run-config keys that one or more methods own: an options model whose keys carry a common prefix.
+    """Run-config keys that one or more methods own: an options model whose keys carry a common
+    prefix.
 
     Parameters
     ----------

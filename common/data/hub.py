@@ -71,13 +71,16 @@ def _read(name: str, path: str | None) -> dict[str, Any]:
     if not path:
         return dict(datasets.load_dataset(spec.hub_id))
     if os.path.isdir(path) and (
-        os.path.exists(os.path.join(path, "dataset_dict.json")) or os.path.exists(os.path.join(path, "state.json"))
+        os.path.exists(os.path.join(path, "dataset_dict.json"))
+        or os.path.exists(os.path.join(path, "state.json"))
     ):
         loaded = datasets.load_from_disk(path)
         return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
     files = sorted(glob.glob(os.path.join(path, "*.parquet") if os.path.isdir(path) else path))
     if not files:
-        raise FileNotFoundError(f"data-path {path!r} holds neither a save_to_disk folder nor parquet files")
+        raise FileNotFoundError(
+            f"data-path {path!r} holds neither a save_to_disk folder nor parquet files"
+        )
     by_split: dict[str, list[str]] = {}
     for f in files:
         split = "test" if os.path.basename(f).startswith("test") else "train"
@@ -87,10 +90,14 @@ def _read(name: str, path: str | None) -> dict[str, Any]:
 
 def _check_columns(name: str, split: str, columns: list[str]) -> None:
     spec = HUB_DATASETS[name]
-    wanted = [spec.input_column, spec.label_column] + ([spec.group_column] if spec.group_column else [])
+    wanted = [spec.input_column, spec.label_column] + (
+        [spec.group_column] if spec.group_column else []
+    )
     missing = [c for c in wanted if c not in columns]
     if missing:
-        raise ValueError(f"dataset {name!r} split {split!r} lacks column(s) {missing}; it has {columns}")
+        raise ValueError(
+            f"dataset {name!r} split {split!r} lacks column(s) {missing}; it has {columns}"
+        )
 
 
 def _images(column: list[Any], channels: int) -> NDArray[np.uint8]:
@@ -102,7 +109,9 @@ def _images(column: list[Any], channels: int) -> NDArray[np.uint8]:
     return np.stack(out) if out else np.zeros((0, channels, 1, 1), np.uint8)
 
 
-def hash_tokens(texts: Sequence[str], length: int = TEXT_LENGTH, vocab: int = TEXT_VOCAB) -> NDArray[np.int64]:
+def hash_tokens(
+    texts: Sequence[str], length: int = TEXT_LENGTH, vocab: int = TEXT_VOCAB
+) -> NDArray[np.int64]:
     """Lower-cased whitespace tokens hashed (stable crc32) into ``[1, vocab)``, padded with 0."""
     import zlib
 
@@ -113,7 +122,9 @@ def hash_tokens(texts: Sequence[str], length: int = TEXT_LENGTH, vocab: int = TE
     return out
 
 
-def _convert(name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.int64]] | None = None) -> ArrayDataset:
+def _convert(
+    name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.int64]] | None = None
+) -> ArrayDataset:
     spec = HUB_DATASETS[name]
     labels = np.asarray(ds[spec.label_column], dtype=np.int64)
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
@@ -127,16 +138,19 @@ def _convert(name: str, ds: Any, encode: Callable[[Sequence[str]], NDArray[np.in
 
 
 def _group_ids(column: Sequence[Any]) -> NDArray[np.int64]:
-    """Natural group values (e.g. FEMNIST writers) as ids ``0..k-1``, numbered in sorted order of the values."""
+    """Natural group values (e.g. FEMNIST writers) as ids ``0..k-1``, numbered in sorted order of
+    the values."""
     return np.unique(np.asarray(column).astype(str), return_inverse=True)[1].astype(np.int64)
 
 
 def _pool_rows(
     labels: NDArray[np.int64], test_fraction: float, seed: int
 ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Rows of a ``train`` split without a ``test`` split: the training pool's and the held-out test set's.
+    """Rows of a ``train`` split without a ``test`` split: the training pool's and the held-out test
+    set's.
 
-    ``test_fraction`` of the rows is held out, stratified by label when every label present has two rows.
+    ``test_fraction`` of the rows is held out, stratified by label when every label present has two
+    rows.
     """
     from sklearn.model_selection import train_test_split
 
@@ -189,16 +203,21 @@ def load_hub_partition(
 ) -> ArrayDataset:
     """One node's part of a hub dataset's training pool, decoding only that part's images or texts.
 
-    The pool is the one :func:`load_hub_dataset` returns (``train`` less the held-out test rows); ``select``
-    gets the pool's labels (and natural groups, if the dataset has them) and returns the positions in the pool
-    this node holds. The result equals ``load_hub_dataset(...).train.subset(positions)``, but only the label
-    (and group) column is read for the whole pool: a node pays for its own partition, not for everyone's.
+    The pool is the one :func:`load_hub_dataset` returns (``train`` less the held-out test rows);
+    ``select`` gets the pool's labels (and natural groups, if the dataset has them) and returns the
+    positions in the pool this node holds. The result equals
+    ``load_hub_dataset(...).train.subset(positions)``, but only the label (and group) column is read
+    for the whole pool: a node pays for its own partition, not for everyone's.
     """
     splits = _splits(name, path)
     spec = HUB_DATASETS[name]
     raw = splits["train"]
     labels = np.asarray(raw[spec.label_column], dtype=np.int64)
-    pool = np.arange(labels.shape[0]) if "test" in splits else _pool_rows(labels, test_fraction, seed)[0]
+    pool = (
+        np.arange(labels.shape[0])
+        if "test" in splits
+        else _pool_rows(labels, test_fraction, seed)[0]
+    )
     groups = None
     if spec.group_column:
         groups = _group_ids(raw[spec.group_column])[pool]

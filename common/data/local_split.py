@@ -1,4 +1,5 @@
-"""A node's local train and test splits, derived deterministically from the run's seed and its partition.
+"""A node's local train and test splits, derived deterministically from the run's seed and its
+partition.
 
 The ClientApp caches the result on the node (:mod:`client.local_data`); analyses re-derive the same
 splits (e.g. which classes each client held).
@@ -44,13 +45,16 @@ class LocalData:
 
 
 def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
-    """Deterministically derive this node's splits: its partition of the shared pool, or its own data."""
+    """Deterministically derive this node's splits: its partition of the shared pool, or its own
+    data."""
     if run.dataset == NODE_DATASET:
         return node_local_data(run, node)
     if node.partition_id is None or node.num_partitions is None:
         raise NodeDataError(
-            f"the run's dataset={run.dataset!r} is shared by the nodes: this node's node-config needs partition-id "
-            f'and num-partitions (its data-path={node.data_path!r} is read in dataset = "node" runs)'
+            f"the run's dataset={run.dataset!r} is shared by the nodes: this node's node-config "
+            "needs partition-id "
+            f'and num-partitions (its data-path={node.data_path!r} is read in dataset = "node" '
+            "runs)"
         )
     num_partitions, partition_id = node.num_partitions, node.partition_id
 
@@ -66,19 +70,28 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
             groups=groups,
         )
 
-    if run.dataset in HUB_DATASET_NAMES:  # only this node's partition is decoded, not the whole pool
+    if (
+        run.dataset in HUB_DATASET_NAMES
+    ):  # only this node's partition is decoded, not the whole pool
         encode = text_encoder(run) if run.dataset in TEXT_DATASETS else None
-        part = load_hub_partition(run.dataset, run.test_fraction, run.seed, select, run.data_path, encode)
+        part = load_hub_partition(
+            run.dataset, run.test_fraction, run.seed, select, run.data_path, encode
+        )
     else:
         pool = load_run_dataset(run).train
         part = pool.subset(select(pool.y, pool.groups))
     if len(part) < 2:
-        raise ValueError(f"partition {partition_id} holds {len(part)} examples; at least 2 are needed")
+        raise ValueError(
+            f"partition {partition_id} holds {len(part)} examples; at least 2 are needed"
+        )
     return LocalData(*split_off_test(part, run, node))
 
 
-def split_off_test(data: ArrayDataset, run: RunConfig, node: NodeConfig) -> tuple[ArrayDataset, ArrayDataset]:
-    """``data`` as ``(train, test)``: ``local-test-fraction`` held out, seeded by the run and the node's stream.
+def split_off_test(
+    data: ArrayDataset, run: RunConfig, node: NodeConfig
+) -> tuple[ArrayDataset, ArrayDataset]:
+    """``data`` as ``(train, test)``: ``local-test-fraction`` held out, seeded by the run and the
+    node's stream.
 
     Each part keeps ``data``'s order. At least 2 examples are needed (one each side).
     """
@@ -91,21 +104,27 @@ def split_off_test(data: ArrayDataset, run: RunConfig, node: NodeConfig) -> tupl
 
 
 def node_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
-    """The node's own data (``data-path``), split into train and test unless it names its own test part.
+    """The node's own data (``data-path``), split into train and test unless it names its own test
+    part.
 
-    Raises :class:`~common.data.node_data.NodeDataError` (the node cannot take part) for a node without data-path,
-    unreadable data, or fewer training examples than one batch.
+    Raises :class:`~common.data.node_data.NodeDataError` (the node cannot take part) for a node
+    without data-path, unreadable data, or fewer training examples than one batch.
     """
     if not node.data_path:
         raise NodeDataError(
-            'dataset = "node": this node\'s node-config has no data-path (the folder of its own data), e.g. '
+            'dataset = "node": this node\'s node-config has no data-path (the folder of its own '
+            "data), e.g. "
             "--node-config 'data-path=\"/data\" capacity=0.25'"
         )
-    data = read_node_data(node.data_path, run.class_names, node_input_spec(run), node.label_column, node.input_column)
+    data = read_node_data(
+        node.data_path, run.class_names, node_input_spec(run), node.label_column, node.input_column
+    )
     train, test = data.train, data.test
     if test is None:
         if len(train) < 2:
-            raise NodeDataError(f"data-path {node.data_path!r}: {len(train)} example; at least 2 are needed")
+            raise NodeDataError(
+                f"data-path {node.data_path!r}: {len(train)} example; at least 2 are needed"
+            )
         train, test = split_off_test(train, run, node)
     if len(train) < run.batch_size:
         raise NodeDataError(

@@ -2,17 +2,20 @@
 
 The layouts users already have are read with the libraries that define them:
 
-* an **image folder**, one sub-folder per class (torchvision's ``ImageFolder`` layout: ``root/cat/001.png``);
+* an **image folder**, one sub-folder per class (torchvision's ``ImageFolder`` layout:
+  ``root/cat/001.png``);
 * a Hugging Face **``save_to_disk``** folder (a ``Dataset`` or a ``DatasetDict``);
-* **Parquet or CSV** files (a file, or a folder of them; files named ``test*`` are the local test split), with a
-  label column and an image or text column (an image column may also hold file paths, relative to the table);
+* **Parquet or CSV** files (a file, or a folder of them; files named ``test*`` are the local test
+  split), with a label column and an image or text column (an image column may also hold file paths,
+  relative to the table);
 * **text lines**: ``.txt`` / ``.tsv`` files of ``label<TAB>text`` per line.
 
-Labels are matched by class name against the run's classes (``classes``), which fixes every class's index for
-the whole federation: a node whose labels fall outside them, or whose data carries a different name-to-index
-mapping (a ``ClassLabel`` feature), cannot take part (:class:`NodeDataError`). Examples that cannot be read (a
-corrupt image, a row without a label, an empty text) are skipped and counted in the :class:`NodeDataReport`,
-never dropped silently. Images pass through one transform, :func:`image_to_input`.
+Labels are matched by class name against the run's classes (``classes``), which fixes every class's
+index for the whole federation: a node whose labels fall outside them, or whose data carries a
+different name-to-index mapping (a ``ClassLabel`` feature), cannot take part
+(:class:`NodeDataError`). Examples that cannot be read (a corrupt image, a row without a label, an
+empty text) are skipped and counted in the :class:`NodeDataReport`, never dropped silently. Images
+pass through one transform, :func:`image_to_input`.
 """
 
 from __future__ import annotations
@@ -92,7 +95,13 @@ class NodeDataReport:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> NodeDataReport:
         """The report behind ``dataclasses.asdict(report)`` (e.g. read back from JSON)."""
-        return cls(d["layout"], int(d["examples"]), dict(d["skipped"]), tuple(d["held_classes"]), tuple(d["notes"]))
+        return cls(
+            d["layout"],
+            int(d["examples"]),
+            dict(d["skipped"]),
+            tuple(d["held_classes"]),
+            tuple(d["notes"]),
+        )
 
     def summary(self) -> str:
         """One line: layout, examples, classes held, and every skip and note."""
@@ -104,7 +113,8 @@ class NodeDataReport:
 
 @dataclass(frozen=True)
 class NodeData:
-    """A node's examples as arrays: its training part and, when the data names one, its own test part."""
+    """A node's examples as arrays: its training part and, when the data names one, its own test
+    part."""
 
     train: ArrayDataset
     test: ArrayDataset | None
@@ -114,8 +124,9 @@ class NodeData:
 def image_to_input(image: Any, size: int, channels: int) -> NDArray[np.uint8]:
     """The one image transform: a PIL image -> uint8 ``(channels, size, size)``.
 
-    Grey (``L``) or RGB as the run's ``image-channels`` says, resized (bilinear) to the run's ``image-size``. Pixel
-    values stay in [0, 255]; training scales uint8 inputs to [0, 1] per batch, as it does for the built-in data.
+    Grey (``L``) or RGB as the run's ``image-channels`` says, resized (bilinear) to the run's
+    ``image-size``. Pixel values stay in [0, 255]; training scales uint8 inputs to [0, 1] per batch,
+    as it does for the built-in data.
     """
     from PIL import Image
 
@@ -144,26 +155,30 @@ class LabelSpace:
         outside = sorted({str(n) for n in names} - set(self.index))
         if outside:
             raise NodeDataError(
-                f"{where}: label(s) {outside[:10]}{' ...' if len(outside) > 10 else ''} are not among the run's "
-                f"classes {list(self.classes)}; this node is left out (nothing of its data leaves it)"
+                f"{where}: label(s) {outside[:10]}{' ...' if len(outside) > 10 else ''} are not "
+                f"among the run's classes {list(self.classes)}; this node is left out (nothing of "
+                "its data leaves it)"
             )
 
     def check_mapping(self, names: Sequence[str], where: str) -> None:
-        """Refuse a name-to-index mapping (e.g. a ``ClassLabel`` feature) that differs from the run's."""
+        """Refuse a name-to-index mapping (e.g. a ``ClassLabel`` feature) that differs from the
+        run's."""
         self.check_names(names, where)
         moved = [(n, i, self.index[n]) for i, n in enumerate(names) if self.index[n] != i]
         if moved:
             shown = ", ".join(f"{n!r} is {i} here but {j} in the run" for n, i, j in moved[:5])
             raise NodeDataError(
-                f"{where}: the data's class mapping differs from the run's ({shown}); relabel the data or list the "
-                f"run's classes in the data's order"
+                f"{where}: the data's class mapping differs from the run's ({shown}); relabel the "
+                "data or list the run's classes in the data's order"
             )
 
-    def indices(self, labels: Sequence[Any], where: str, names: Sequence[str] | None = None) -> NDArray[np.int64]:
+    def indices(
+        self, labels: Sequence[Any], where: str, names: Sequence[str] | None = None
+    ) -> NDArray[np.int64]:
         """Labels -> class indices; ``-1`` for a missing label (``None``, NaN, empty).
 
-        ``names``: the data's own index-to-name mapping (a ``ClassLabel``), checked against the run's. Without
-        it, whole numbers are class indices and anything else a class name.
+        ``names``: the data's own index-to-name mapping (a ``ClassLabel``), checked against the
+        run's. Without it, whole numbers are class indices and anything else a class name.
         """
         if names is not None:
             self.check_mapping(names, where)
@@ -172,7 +187,9 @@ class LabelSpace:
         for i, label in enumerate(labels):
             if _missing(label):
                 continue
-            if isinstance(label, (int, np.integer)) or (isinstance(label, float) and label.is_integer()):
+            if isinstance(label, (int, np.integer)) or (
+                isinstance(label, float) and label.is_integer()
+            ):
                 k = int(label)
                 if not 0 <= k < len(self.classes):
                     unknown.add(str(k))
@@ -241,26 +258,33 @@ def read_node_data(
     spec : InputSpec
         How examples become model input.
     label_column, input_column : str
-        Tables only: the label column, and the image or text column (``""``: the first of ``image``/``img``, or
-        of ``text``/``sentence``/``content``, that the table has).
+        Tables only: the label column, and the image or text column (``""``: the first of
+        ``image``/``img``, or of ``text``/``sentence``/``content``, that the table has).
 
-    Raises :class:`NodeDataError` when the data cannot take part (missing or unreadable, no supported layout,
-    labels outside the run's classes, a different class mapping, no label or input column, no example).
+    Raises :class:`NodeDataError` when the data cannot take part (missing or unreadable, no
+    supported layout, labels outside the run's classes, a different class mapping, no label or input
+    column, no example).
     """
     root = Path(path).expanduser()
     if not root.exists():
         raise NodeDataError(f"data-path {str(root)!r}: no such file or folder")
     if not os.access(root, os.R_OK):
-        raise NodeDataError(f"data-path {str(root)!r}: not readable by this process (uid {os.getuid()})")
+        raise NodeDataError(
+            f"data-path {str(root)!r}: not readable by this process (uid {os.getuid()})"
+        )
     space = LabelSpace(classes)
     layout, (collected, notes) = _read_layout(root, space, spec, label_column, input_column)
     train, test = collected.get("train"), collected.get("test")
     if train is None or not train.labels:
-        raise NodeDataError(f"data-path {str(root)!r}: no readable example with a label" + _skips(collected))
+        raise NodeDataError(
+            f"data-path {str(root)!r}: no readable example with a label" + _skips(collected)
+        )
     report = _report(layout, collected, notes, space)
     n = len(classes)
     return NodeData(
-        _to_dataset(train, spec, n), _to_dataset(test, spec, n) if test is not None and test.labels else None, report
+        _to_dataset(train, spec, n),
+        _to_dataset(test, spec, n) if test is not None and test.labels else None,
+        report,
     )
 
 
@@ -282,18 +306,24 @@ def _read_layout(
     """
     if root.is_dir() and ((root / "dataset_dict.json").exists() or (root / "state.json").exists()):
         return "hf-saved", _read_saved(root, space, spec, label_column, input_column)
-    if (root.is_file() and root.suffix in TABLE_SUFFIXES) or (root.is_dir() and _files(root, TABLE_SUFFIXES)):
+    if (root.is_file() and root.suffix in TABLE_SUFFIXES) or (
+        root.is_dir() and _files(root, TABLE_SUFFIXES)
+    ):
         return "table", _read_tables(root, space, spec, label_column, input_column)
     if spec.kind == "image" and root.is_dir() and any(p.is_dir() for p in root.iterdir()):
         # Class folders first: a README.txt beside them is not a text dataset.
         return "image-folder", _read_image_folder(root, space, spec)
-    if (root.is_file() and root.suffix in TEXT_SUFFIXES) or (root.is_dir() and _files(root, TEXT_SUFFIXES)):
+    if (root.is_file() and root.suffix in TEXT_SUFFIXES) or (
+        root.is_dir() and _files(root, TEXT_SUFFIXES)
+    ):
         return "text-lines", _read_text_lines(root, space, spec)
     if root.is_dir() and any(p.is_dir() for p in root.iterdir()):
-        raise NodeDataError(f"data-path {str(root)!r} is an image folder, but the run's model takes text")
+        raise NodeDataError(
+            f"data-path {str(root)!r} is an image folder, but the run's model takes text"
+        )
     raise NodeDataError(
-        f"data-path {str(root)!r} holds no supported layout: an image folder (one sub-folder per class), a "
-        f"save_to_disk folder, Parquet/CSV files, or .txt/.tsv lines of label<TAB>text"
+        f"data-path {str(root)!r} holds no supported layout: an image folder (one sub-folder per "
+        "class), a save_to_disk folder, Parquet/CSV files, or .txt/.tsv lines of label<TAB>text"
     )
 
 
@@ -345,13 +375,17 @@ def _split_of(path: Path) -> str:
     return "test" if path.name.lower().startswith("test") else "train"
 
 
-def _read_image_folder(root: Path, space: LabelSpace, spec: InputSpec) -> tuple[dict[str, _Collector], list[str]]:
+def _read_image_folder(
+    root: Path, space: LabelSpace, spec: InputSpec
+) -> tuple[dict[str, _Collector], list[str]]:
     from PIL import Image, UnidentifiedImageError
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
     names, _ = find_classes(str(root))
     space.check_names(names, f"image folder {str(root)!r}")
-    samples = make_dataset(str(root), {n: space.index[n] for n in names}, IMG_EXTENSIONS, allow_empty=True)
+    samples = make_dataset(
+        str(root), {n: space.index[n] for n in names}, IMG_EXTENSIONS, allow_empty=True
+    )
     out = _Collector()
     for file, label in samples:
         try:
@@ -365,16 +399,27 @@ def _read_image_folder(root: Path, space: LabelSpace, spec: InputSpec) -> tuple[
     if empty:
         notes.append(f"class folder(s) {empty} hold no image")
     others = sum(
-        1 for n in names for _, _, files in os.walk(root / n) for f in files if not f.lower().endswith(IMG_EXTENSIONS)
+        1
+        for n in names
+        for _, _, files in os.walk(root / n)
+        for f in files
+        if not f.lower().endswith(IMG_EXTENSIONS)
     )
     if others:
-        notes.append(f"{others} file(s) in class folders are not images ({', '.join(IMG_EXTENSIONS)}) and were ignored")
+        notes.append(
+            f"{others} file(s) in class folders are not images ({', '.join(IMG_EXTENSIONS)}) and "
+            "were ignored"
+        )
     return {"train": out}, notes
 
 
-def _read_text_lines(root: Path, space: LabelSpace, spec: InputSpec) -> tuple[dict[str, _Collector], list[str]]:
+def _read_text_lines(
+    root: Path, space: LabelSpace, spec: InputSpec
+) -> tuple[dict[str, _Collector], list[str]]:
     if spec.kind != "text":
-        raise NodeDataError(f"data-path {str(root)!r} holds text lines, but the run's model takes images")
+        raise NodeDataError(
+            f"data-path {str(root)!r} holds text lines, but the run's model takes images"
+        )
     files = [root] if root.is_file() else _files(root, TEXT_SUFFIXES)
     out: dict[str, _Collector] = {}
     for file in files:
@@ -405,13 +450,21 @@ def _read_saved(
     loaded = datasets.load_from_disk(str(root))
     splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
     if "train" not in splits:
-        raise NodeDataError(f"save_to_disk folder {str(root)!r} has no 'train' split (it has {sorted(splits)})")
+        raise NodeDataError(
+            f"save_to_disk folder {str(root)!r} has no 'train' split (it has {sorted(splits)})"
+        )
     out = {
-        name: _read_table(ds, space, spec, label_column, input_column, f"{str(root)!r} split {name!r}", root)
+        name: _read_table(
+            ds, space, spec, label_column, input_column, f"{str(root)!r} split {name!r}", root
+        )
         for name, ds in splits.items()
         if name in ("train", "test")
     }
-    notes = [f"split(s) {sorted(set(splits) - {'train', 'test'})} not read"] if set(splits) - {"train", "test"} else []
+    notes = (
+        [f"split(s) {sorted(set(splits) - {'train', 'test'})} not read"]
+        if set(splits) - {"train", "test"}
+        else []
+    )
     return out, notes
 
 
@@ -430,28 +483,45 @@ def _read_tables(
     try:
         loaded = datasets.load_dataset(builders.pop(), data_files=by_split)
     except Exception as err:  # a malformed file: say which folder, keep the library's reason
-        raise NodeDataError(f"data-path {str(root)!r}: the files cannot be read as a table: {err}") from None
+        raise NodeDataError(
+            f"data-path {str(root)!r}: the files cannot be read as a table: {err}"
+        ) from None
     base = root if root.is_dir() else root.parent
     return {
-        name: _read_table(ds, space, spec, label_column, input_column, f"{str(root)!r} split {name!r}", base)
+        name: _read_table(
+            ds, space, spec, label_column, input_column, f"{str(root)!r} split {name!r}", base
+        )
         for name, ds in loaded.items()
     }, []
 
 
 def _read_table(
-    ds: Any, space: LabelSpace, spec: InputSpec, label_column: str, input_column: str, where: str, base: Path
+    ds: Any,
+    space: LabelSpace,
+    spec: InputSpec,
+    label_column: str,
+    input_column: str,
+    where: str,
+    base: Path,
 ) -> _Collector:
     import datasets
     from PIL import Image, UnidentifiedImageError
 
     columns = list(ds.column_names)
     if label_column not in columns:
-        raise NodeDataError(f"{where} has no label column {label_column!r} (columns: {columns}); set label-column")
-    candidates = (input_column,) if input_column else (IMAGE_COLUMNS if spec.kind == "image" else TEXT_COLUMNS)
+        raise NodeDataError(
+            f"{where} has no label column {label_column!r} (columns: {columns}); set label-column"
+        )
+    candidates = (
+        (input_column,)
+        if input_column
+        else (IMAGE_COLUMNS if spec.kind == "image" else TEXT_COLUMNS)
+    )
     column = next((c for c in candidates if c in columns), None)
     if column is None:
         raise NodeDataError(
-            f"{where} has no {spec.kind} column {list(candidates)} (columns: {columns}); set input-column"
+            f"{where} has no {spec.kind} column {list(candidates)} (columns: {columns}); set "
+            "input-column"
         )
     feature = ds.features[label_column]
     names = list(feature.names) if isinstance(feature, datasets.ClassLabel) else None
@@ -469,13 +539,20 @@ def _read_table(
             continue
         try:
             out.add(_decode_image(value, base, spec), int(k))
-        except (OSError, UnidentifiedImageError, ValueError, TypeError, Image.DecompressionBombError):
+        except (
+            OSError,
+            UnidentifiedImageError,
+            ValueError,
+            TypeError,
+            Image.DecompressionBombError,
+        ):
             out.skip("unreadable image")
     return out
 
 
 def _decode_image(value: Any, base: Path, spec: InputSpec) -> NDArray[np.uint8]:
-    """An image cell: a PIL image (``Image`` feature), ``{"bytes", "path"}``, or a file path relative to ``base``."""
+    """An image cell: a PIL image (``Image`` feature), ``{"bytes", "path"}``, or a file path
+    relative to ``base``."""
     import io
 
     from PIL import Image

@@ -59,8 +59,9 @@ def make_partitioner(
             seed=seed,
         )
     if kind == "pathological":
-        # first-deterministic: client i's first class is i mod classes, so every class is held once there are at
-        # least as many clients as classes; below that, classes the random draws miss stay unheld (flwr-datasets warns).
+        # first-deterministic: client i's first class is i mod classes, so every class is held once
+        # there are at least as many clients as classes; below that, classes the random draws miss
+        # stay unheld (flwr-datasets warns).
         return PathologicalPartitioner(
             num_partitions,
             "label",
@@ -112,10 +113,15 @@ def partition_indices(
     columns = {"label": labels[order].tolist(), "pos": order.tolist()}
     if kind == "natural":
         if groups is None:
-            raise ValueError("partitioner 'natural' needs a dataset with natural groups (e.g. femnist writers)")
+            raise ValueError(
+                "partitioner 'natural' needs a dataset with natural groups (e.g. femnist writers)"
+            )
         count = len(np.unique(groups))
         if count != num_partitions:
-            raise ValueError(f"partitioner 'natural': the data has {count} groups but num-partitions={num_partitions}")
+            raise ValueError(
+                f"partitioner 'natural': the data has {count} groups but "
+                f"num-partitions={num_partitions}"
+            )
         order = np.arange(n)  # groups, not a shuffle, define the partitions
         columns = {"label": labels.tolist(), "pos": order.tolist(), "group": groups.tolist()}
     partitioner.dataset = Dataset.from_dict(columns)

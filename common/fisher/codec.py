@@ -48,7 +48,9 @@ UPLOAD_ENCODINGS: tuple[str, ...] = (*FISHER_ENCODINGS, "none")
 _LOG8_LEVELS = 254  # codes 1..254 carry values; 0 is an exact zero
 
 
-def _row_means(values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: int) -> NDArray[np.float64]:
+def _row_means(
+    values: NDArray[np.float64], rows: NDArray[np.int64], num_rows: int
+) -> NDArray[np.float64]:
     total = np.bincount(rows, weights=values, minlength=num_rows)
     count = np.bincount(rows, minlength=num_rows)
     return np.divide(total, count, out=np.zeros(num_rows), where=count > 0)
@@ -60,7 +62,8 @@ def _log8(values: NDArray[np.float64]) -> tuple[NDArray[np.uint8], float, float]
     pos = values > 0
     if not pos.any():
         return codes, 0.0, 0.0
-    # float32 logs: their error (1e-7 relative) is far below one code step, at half the time of float64
+    # float32 logs: their error (1e-7 relative) is far below one code step, at half the time of
+    # float64
     logs = np.log(values[pos].astype(np.float32))
     lo, hi = float(logs.min()), float(logs.max())
     span = hi - lo if hi > lo else 1.0
@@ -73,14 +76,17 @@ def _unlog8(codes: NDArray[np.uint8], lo: float, hi: float) -> NDArray[np.float3
     span = hi - lo if hi > lo else 1.0
     out = np.zeros(codes.size, dtype=np.float32)
     nz = codes > 0
-    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(np.float32)
+    out[nz] = np.exp(lo + (codes[nz].astype(np.float64) - 1) / (_LOG8_LEVELS - 1) * span).astype(
+        np.float32
+    )
     if not np.all(np.isfinite(out)):
         raise ValueError("fisher log8 codes decode to non-finite values")
     return out
 
 
 def ranked_count(d: int, budget_bytes: int) -> int:
-    """Largest ``m`` whose ``ranked`` position set (compact mask) plus ``m`` value bytes fit ``budget_bytes``.
+    """Largest ``m`` whose ``ranked`` position set (compact mask) plus ``m`` value bytes fit
+    ``budget_bytes``.
 
     Parameters
     ----------
@@ -108,13 +114,14 @@ def ranked_count(d: int, budget_bytes: int) -> int:
     return lo
 
 
-#: Bytes of a ``ranked`` payload besides its position set and values: the set's kind (1) and the log range (8).
+#: Bytes of a ``ranked`` payload besides its position set and values: the set's kind (1) and the log
+#: range (8).
 _RANKED_FIXED = 1 + 8
 
 
 def payload_bytes(mode: str, k: int, d: int, num_rows: int) -> int:
-    """The bytes of a Fisher payload of ``mode`` for a mask of ``k`` of ``d`` positions (at most, for ``ranked``
-    without a cap).
+    """The bytes of a Fisher payload of ``mode`` for a mask of ``k`` of ``d`` positions (at most,
+    for ``ranked`` without a cap).
 
     Parameters
     ----------
@@ -134,7 +141,9 @@ def payload_bytes(mode: str, k: int, d: int, num_rows: int) -> int:
     if mode == "topm":
         return k * (4 + np.dtype(index_dtype(d)).itemsize) + 4
     if mode == "ranked":
-        return max(4 * k + 4 * num_rows, ranked_floor(d, num_rows))  # one value is sent whatever the mask
+        return max(
+            4 * k + 4 * num_rows, ranked_floor(d, num_rows)
+        )  # one value is sent whatever the mask
     raise ValueError(f"unknown fisher encoding {mode!r}; expected one of {UPLOAD_ENCODINGS}")
 
 
@@ -158,8 +167,8 @@ def encode_fisher(
     mode : {"masked", "topm", "log8", "dense", "ranked"}
         Encoding (see module docstring).
     max_bytes : int, optional
-        ``ranked`` only: the payload takes at most this many bytes in all (fewer of the largest values are
-        sent); at least :func:`ranked_floor` bytes. Default: the bytes of ``masked``.
+        ``ranked`` only: the payload takes at most this many bytes in all (fewer of the largest
+        values are sent); at least :func:`ranked_floor` bytes. Default: the bytes of ``masked``.
     """
     if mode == "none":
         return {}
@@ -265,17 +274,17 @@ def _encode_ranked(
 
 
 def ranked_floor(d: int, num_rows: int) -> int:
-    """The fewest bytes a ``ranked`` payload of a model of ``d`` positions and ``num_rows`` output rows can take:
-    its row means, fixed fields and one value with its position."""
+    """The fewest bytes a ``ranked`` payload of a model of ``d`` positions and ``num_rows`` output
+    rows can take: its row means, fixed fields and one value with its position."""
     return _RANKED_FIXED + 4 * num_rows + 1 + int(mask_kind(d, 1)[1])
 
 
 def _per_position(rowmean: NDArray[np.float32], layout: ParamLayout) -> NDArray[np.float32]:
     """Each row's value at every position of the row (a new float32 array of length ``d``).
 
-    A row's positions are contiguous (:attr:`ParamLayout.row_ids` is non-decreasing in runs of each tensor's row
-    length), so this is ``np.repeat`` of the row values, the same values as ``rowmean[layout.row_ids]`` without
-    reading a length-``d`` int64 index.
+    A row's positions are contiguous (:attr:`ParamLayout.row_ids` is non-decreasing in runs of each
+    tensor's row length), so this is ``np.repeat`` of the row values, the same values as
+    ``rowmean[layout.row_ids]`` without reading a length-``d`` int64 index.
     """
     lengths = [np.full(t.rows, t.size // t.rows, dtype=np.int64) for t in layout.tensors]
     counts = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
@@ -296,8 +305,9 @@ def _expect(
         want = f"{np.dtype(dtype)}[{'n' if length is None else length}]"
         raise ValueError(f"fisher array {name!r} must be {want}, got {a.dtype}{list(a.shape)}")
     if a.dtype.kind == "f" and a.size:
-        # Two reductions and no temporary of the array's length: NaN makes both extremes NaN, an infinity one of
-        # them; once every value is finite, the smallest is negative exactly when some value is.
+        # Two reductions and no temporary of the array's length: NaN makes both extremes NaN, an
+        # infinity one of them; once every value is finite, the smallest is negative exactly when
+        # some value is.
         lo, hi = a.min(), a.max()
         if not (np.isfinite(lo) and np.isfinite(hi)):
             raise ValueError(f"fisher array {name!r} has NaN or Inf")
@@ -313,7 +323,13 @@ def expected_names(mode: str) -> frozenset[str]:
         "masked": {"fisher.inside", "fisher.rowmean"},
         "topm": {"fisher.topidx", "fisher.topval", "fisher.rest"},
         "log8": {"fisher.log8", "fisher.log8range"},
-        "ranked": {"fisher.setkind", "fisher.set", "fisher.setlog8", "fisher.log8range", "fisher.rowmean"},
+        "ranked": {
+            "fisher.setkind",
+            "fisher.set",
+            "fisher.setlog8",
+            "fisher.log8range",
+            "fisher.rowmean",
+        },
         "none": set(),
     }
     if mode not in names:
@@ -343,8 +359,8 @@ def decode_fisher(
         The encoding (:data:`UPLOAD_ENCODINGS`).
     positions : NDArray[int], optional
         The mask's set positions, strictly increasing and below ``d`` (as
-        :meth:`common.wire.validation.SentSubmodel.positions` gives them): ``masked`` then reads them instead
-        of the mask, which a server keeps packed, and the result is the same.
+        :meth:`common.wire.validation.SentSubmodel.positions` gives them): ``masked`` then reads
+        them instead of the mask, which a server keeps packed, and the result is the same.
     """
     d = layout.size
     extra = set(payload) - expected_names(mode)

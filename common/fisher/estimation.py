@@ -56,12 +56,19 @@ from common.training.loop import as_input, local_logits
 
 def _static_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     """BatchNorm modules that keep no running statistics (they normalise by the batch's)."""
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is None
+    ]
 
 
 @contextmanager
-def sample_statistics(model: nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor) -> Iterator[None]:
-    """Hold every static norm at the statistics of ``inputs`` while the block runs (model in ``eval`` mode).
+def sample_statistics(
+    model: nn.Module, params: dict[str, torch.Tensor], inputs: torch.Tensor
+) -> Iterator[None]:
+    """Hold every static norm at the statistics of ``inputs`` while the block runs (model in
+    ``eval`` mode).
 
     One forward pass over the whole sample sets each norm's (biased) per-channel mean and
     variance of its input, layer by layer as a training step would normalise that batch; the
@@ -116,7 +123,9 @@ def example_indices(n: int, max_examples: int, seed: int) -> NDArray[np.int64]:
     """
     if max_examples <= 0 or max_examples >= n:
         return np.arange(n, dtype=np.int64)
-    return np.sort(np.random.default_rng(seed).choice(n, size=max_examples, replace=False)).astype(np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_examples, replace=False)).astype(
+        np.int64
+    )
 
 
 def per_example_fisher(
@@ -156,15 +165,16 @@ def per_example_fisher(
     chunk : int
         Most examples per vectorised pass.
     max_chunk_mib : float
-        Bound on the per-example gradients of one vectorised pass, in MiB (``4 d`` bytes an example):
-        ResNet-18 (11.2 M weights) takes 11 examples a pass at the default, the CNN the whole ``chunk``.
+        Bound on the per-example gradients of one vectorised pass, in MiB (``4 d`` bytes an
+        example): ResNet-18 (11.2 M weights) takes 11 examples a pass at the default, the CNN the
+        whole ``chunk``.
     vectorise : bool, optional
         ``True``: ``vmap`` over chunks; ``False``: one autograd backward pass per example; ``None``
         (default): ``vmap`` on an accelerator for models that allow it, the loop otherwise.
     clip_norm : float, optional
-        Each example's gradient (over every tensor together) is scaled down to this L2 norm before it is
-        squared, so one example adds at most ``clip_norm ** 2`` to the sum (differential privacy,
-        :mod:`common.privacy.mechanism`); ``None``: unclipped.
+        Each example's gradient (over every tensor together) is scaled down to this L2 norm before
+        it is squared, so one example adds at most ``clip_norm ** 2`` to the sum (differential
+        privacy, :mod:`common.privacy.mechanism`); ``None``: unclipped.
 
     Returns
     -------
@@ -260,7 +270,9 @@ def _vectorised(model: nn.Module, device: torch.device, vectorise: bool | None) 
     if vectorise is None:
         vectorise = device.type != "cpu" and vmap_safe
     elif vectorise and not vmap_safe:
-        raise ValueError(f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)")
+        raise ValueError(
+            f"{type(model).__name__} cannot be vectorised with vmap (vmap_safe = False)"
+        )
     return vectorise
 
 
@@ -311,7 +323,9 @@ def _estimate(
     finally:
         model.train(was_training)
     n = float(len(x_all))  # one row per example of indices
-    return layout.flatten({name: (s / n).cpu().numpy() for name, s in sums.items()}).astype(np.float32)
+    return layout.flatten({name: (s / n).cpu().numpy() for name, s in sums.items()}).astype(
+        np.float32
+    )
 
 
 def _accumulate(
@@ -327,14 +341,19 @@ def _accumulate(
     max_chunk_mib: float,
     clip_norm: float | None = None,
 ) -> None:
-    """Add every example's squared gradient (clipped to ``clip_norm`` first) to ``sums`` (vectorised by chunks,
-    or one backward pass each)."""
+    """Add every example's squared gradient (clipped to ``clip_norm`` first) to ``sums`` (vectorised
+    by chunks, or one backward pass each)."""
     if vectorise:
         per_example = vmap(grad(loss_one), in_dims=(None, 0, 0))
-        # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by count.
+        # A chunk holds one gradient of the whole model per example: bound it by bytes, not only by
+        # count.
         per_chunk = max(1, min(chunk, int(max_chunk_mib * 2**20) // (4 * layout.size)))
         for start in range(0, len(x_all), per_chunk):
-            g = per_example(tensors, as_input(x_all[start : start + per_chunk]), y_all[start : start + per_chunk])
+            g = per_example(
+                tensors,
+                as_input(x_all[start : start + per_chunk]),
+                y_all[start : start + per_chunk],
+            )
             scale = _clip_scales({name: g[name].flatten(1) for name in sums}, clip_norm)
             for name in sums:
                 sq = g[name].square()
@@ -344,14 +363,19 @@ def _accumulate(
     else:
         leaves = {name: t.requires_grad_(True) for name, t in tensors.items()}
         for i in range(len(x_all)):
-            grads = torch.autograd.grad(loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values()))
-            scale = _clip_scales({name: g.reshape(1, -1) for name, g in zip(leaves, grads, strict=True)}, clip_norm)
+            grads = torch.autograd.grad(
+                loss_one(leaves, as_input(x_all[i]), y_all[i]), list(leaves.values())
+            )
+            scale = _clip_scales(
+                {name: g.reshape(1, -1) for name, g in zip(leaves, grads, strict=True)}, clip_norm
+            )
             for name, g in zip(leaves, grads, strict=True):
                 sums[name].add_(g.square() if scale is None else g.square() * scale[0].square())
 
 
 def _clip_scales(rows: dict[str, torch.Tensor], clip_norm: float | None) -> torch.Tensor | None:
-    """Per-example factors ``min(1, clip_norm / ||g_i||)`` of gradients given as ``(examples, -1)`` rows per tensor.
+    """Per-example factors ``min(1, clip_norm / ||g_i||)`` of gradients given as ``(examples, -1)``
+    rows per tensor.
 
     ``None`` when there is no bound. The norm is over every tensor together, accumulated in float64.
     """

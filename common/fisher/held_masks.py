@@ -17,7 +17,8 @@ from numpy.typing import NDArray
 
 
 class HeldMasks:
-    """Masks by client key, each stamped with the round of the estimate it was ranked by and its capacity.
+    """Masks by client key, each stamped with the round of the estimate it was ranked by and its
+    capacity.
 
     Parameters
     ----------
@@ -33,19 +34,24 @@ class HeldMasks:
         return len(self._held)
 
     def get(self, key: str, estimate_round: int, gamma: float) -> NDArray[np.bool_] | None:
-        """The held mask of ``key`` if it was ranked by the estimate of ``estimate_round`` at capacity ``gamma``."""
+        """The held mask of ``key`` if it was ranked by the estimate of ``estimate_round`` at
+        capacity ``gamma``."""
         held = self._held.get(key)
         if held is None or held[0] != estimate_round or held[1] != gamma:
             return None
-        return np.unpackbits(held[2], count=self.d).view(np.bool_)  # a fresh array: unpacked, not copied again
+        return np.unpackbits(held[2], count=self.d).view(
+            np.bool_
+        )  # a fresh array: unpacked, not copied again
 
     def packed(self, key: str) -> NDArray[np.uint8] | None:
-        """The packed bits of ``key``'s held mask, whatever it was ranked by (``None``: none held); not a copy."""
+        """The packed bits of ``key``'s held mask, whatever it was ranked by (``None``: none held);
+        not a copy."""
         held = self._held.get(key)
         return None if held is None else held[2]
 
     def put(self, key: str, estimate_round: int, gamma: float, mask: NDArray[np.bool_]) -> None:
-        """Hold ``mask`` for ``key`` until its estimate (measured in ``estimate_round``) or capacity changes."""
+        """Hold ``mask`` for ``key`` until its estimate (measured in ``estimate_round``) or capacity
+        changes."""
         if mask.shape != (self.d,):
             raise ValueError(f"mask has shape {mask.shape}, expected ({self.d},)")
         self._held[key] = (int(estimate_round), float(gamma), np.packbits(mask))
@@ -59,7 +65,9 @@ class HeldMasks:
             "held_keys": np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
             "held_rounds": np.array([self._held[k][0] for k in keys], dtype=np.int64),
             "held_gammas": np.array([self._held[k][1] for k in keys], dtype=np.float64),
-            "held_bits": np.stack(rows) if rows else np.zeros((0, (self.d + 7) // 8), dtype=np.uint8),
+            "held_bits": np.stack(rows)
+            if rows
+            else np.zeros((0, (self.d + 7) // 8), dtype=np.uint8),
         }
 
     @classmethod
@@ -67,6 +75,8 @@ class HeldMasks:
         """Restore :meth:`arrays` (e.g. from an opened npz)."""
         out = cls(int(z["held_d"]))
         keys = json.loads(np.asarray(z["held_keys"]).tobytes())
-        for key, rnd, gamma, bits in zip(keys, z["held_rounds"], z["held_gammas"], z["held_bits"], strict=True):
+        for key, rnd, gamma, bits in zip(
+            keys, z["held_rounds"], z["held_gammas"], z["held_bits"], strict=True
+        ):
             out._held[str(key)] = (int(rnd), float(gamma), np.array(bits, dtype=np.uint8))
         return out

@@ -1,4 +1,5 @@
-"""Masks that depend only on the capacity level, computed once while the model and the ranking stay the same.
+"""Masks that depend only on the capacity level, computed once while the model and the ranking stay
+the same.
 
 A mask ranked by the global prior (a client never seen, one evicted beyond the
 Fisher memory budget, and every submodel central evaluation measures) or by
@@ -43,7 +44,8 @@ class LevelMasks:
         gamma: float,
         compute: Callable[[], NDArray[np.bool_]],
     ) -> NDArray[np.bool_]:
-        """The mask of level ``gamma`` for model ``x`` and ranking ``token``, from ``compute()`` on a miss.
+        """The mask of level ``gamma`` for model ``x`` and ranking ``token``, from ``compute()`` on
+        a miss.
 
         Parameters
         ----------

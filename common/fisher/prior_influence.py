@@ -33,20 +33,23 @@ from common.models.layout import ParamLayout
 
 
 def trim_count(trim: float, n: int) -> int:
-    """Values cut at each end of ``n`` by the prior with ``fisher-trim = trim`` (0 below three clients)."""
+    """Values cut at each end of ``n`` by the prior with ``fisher-trim = trim`` (0 below three
+    clients)."""
     if trim <= 0 or n < 3:
         return 0
     return max(1, int(trim * n))
 
 
-#: Up to this many rows the columns are sorted by a sorting network (below): past it ``np.sort`` is faster.
+#: Up to this many rows the columns are sorted by a sorting network (below): past it ``np.sort`` is
+#: faster.
 NETWORK_MAX_ROWS = 160
 _TILE = 1 << 16  # columns sorted together: a tile of rows stays in cache through the network
 
 
 @lru_cache(maxsize=64)
 def _sorting_network(n: int) -> tuple[tuple[int, int], ...]:
-    """Comparators ``(i, j)``, ``i < j``, of Batcher's odd-even merge sort of ``n`` inputs (any ``n``)."""
+    """Comparators ``(i, j)``, ``i < j``, of Batcher's odd-even merge sort of ``n`` inputs (any
+    ``n``)."""
     pairs = []
     p = 1
     while p < n:
@@ -74,7 +77,9 @@ def sort_columns(values: NDArray) -> NDArray:
     """
     values = np.asarray(values)
     n = values.shape[0]
-    dtype = np.dtype(np.float32) if values.dtype == np.float16 else values.dtype  # fp16 min/max are slow
+    dtype = (
+        np.dtype(np.float32) if values.dtype == np.float16 else values.dtype
+    )  # fp16 min/max are slow
     if n > NETWORK_MAX_ROWS:
         return np.sort(values, axis=0).astype(dtype, copy=False)
     out = np.empty(values.shape, dtype=dtype)
@@ -168,7 +173,8 @@ def contested_by_level(
     min_per_row: int = 1,
     keep_vectors: bool = True,
 ) -> list[NDArray[np.bool_]]:
-    """:func:`contested_positions` for several capacities at once (the same arrays, in the order of ``gammas``).
+    """:func:`contested_positions` for several capacities at once (the same arrays, in the order of
+    ``gammas``).
 
     What does not depend on the capacity (the score bounds, the row guard's bounds)
     is computed once, and the thresholds of every level come from one multi-rank
@@ -182,13 +188,20 @@ def contested_by_level(
         Capacities, each in (0, 1].
     """
     s_lo, s_hi = _score_bounds(layout, x, lo, hi)
-    # Inert positions are in no mask below capacity 1 and take no budget (common.fisher.selection.select_mask).
+    # Inert positions are in no mask below capacity 1 and take no budget
+    # (common.fisher.selection.select_mask).
     forced = kept_vectors(layout, keep_vectors)
     eligible = ~forced & ~layout.inert_mask
     n_eligible = int(np.count_nonzero(eligible))
-    # The guard keeps the top min_per_row of every row: how many positions that is does not depend on scores.
-    guard = sum(t.rows * min(t.size // t.rows, max(min_per_row, 0)) for t in layout.tensors if len(t.shape) >= 2)
-    # Positions chosen by score beyond always-kept and guard; at or past n_eligible - guard every one is kept.
+    # The guard keeps the top min_per_row of every row: how many positions that is does not depend
+    # on scores.
+    guard = sum(
+        t.rows * min(t.size // t.rows, max(min_per_row, 0))
+        for t in layout.tensors
+        if len(t.shape) >= 2
+    )
+    # Positions chosen by score beyond always-kept and guard; at or past n_eligible - guard every
+    # one is kept.
     needs = [budget(g, layout.size) - int(np.count_nonzero(forced)) - guard for g in gammas]
     open_needs = [need for need in needs if need < n_eligible - guard]
     if n_eligible == 0 or not open_needs:
@@ -200,7 +213,9 @@ def contested_by_level(
     unsure = guard - int(np.count_nonzero(in_guard & eligible))
     ranked = sorted({need for need in open_needs if need > 0})
     thresholds = _threshold_bounds(s_lo, s_hi, eligible & ~in_guard, ranked, unsure)
-    candidates = eligible & ~in_guard  # contested positions are eligible and not surely in the guard
+    candidates = (
+        eligible & ~in_guard
+    )  # contested positions are eligible and not surely in the guard
     out = []
     for need in needs:
         if need < n_eligible - guard:
@@ -304,7 +319,8 @@ def _contested_level(
 
 
 def _kth_largest(values: NDArray[np.float64], ks: Sequence[int]) -> list[float]:
-    """The ``k``-th largest entry for each ``k`` in ``ks`` (each ``1 <= k <= len``), by one in-place partition."""
+    """The ``k``-th largest entry for each ``k`` in ``ks`` (each ``1 <= k <= len``), by one in-place
+    partition."""
     if not ks:
         return []
     values.partition([values.size - k for k in ks])
@@ -314,7 +330,8 @@ def _kth_largest(values: NDArray[np.float64], ks: Sequence[int]) -> list[float]:
 def _row_guard_bounds(
     layout: ParamLayout, lo: NDArray[np.float64], hi: NDArray[np.float64], m: int
 ) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """Positions surely outside and surely inside the row guard (top ``m`` scores of each row), length ``d``.
+    """Positions surely outside and surely inside the row guard (top ``m`` scores of each row),
+    length ``d``.
 
     Outside for sure: ``m`` other positions of the row score higher whatever happens
     (``hi`` below the row's ``m``-th largest ``lo``; a position among those ``m``
@@ -341,15 +358,20 @@ def _row_guard_bounds(
             top = hi_b.argmax(axis=1)
             others = hi_b.copy()
             others[rows, top] = -np.inf
-            second_hi = others.max(axis=1)  # the others' largest hi, seen from the row's top position
-            np.less(hi_b, lo_b.max(axis=1, keepdims=True), out=not_guard[block].reshape(t.rows, per_row))
+            second_hi = others.max(
+                axis=1
+            )  # the others' largest hi, seen from the row's top position
+            np.less(
+                hi_b, lo_b.max(axis=1, keepdims=True), out=not_guard[block].reshape(t.rows, per_row)
+            )
             # A tie for the row's largest hi makes second_hi == top_hi >= lo: never surely inside.
             in_guard[block].reshape(t.rows, per_row)[rows, top] = lo_b[rows, top] > second_hi
             continue
         mth_lo = np.partition(lo_b, per_row - m, axis=1)[:, per_row - m]
         top = np.partition(hi_b, (per_row - m - 1, per_row - m), axis=1)
         mth_hi, next_hi = top[:, per_row - m], top[:, per_row - m - 1]
-        # Without this position the others' m-th largest hi is the next one when it is itself among the top m.
+        # Without this position the others' m-th largest hi is the next one when it is itself among
+        # the top m.
         others_mth_hi = np.where(hi_b >= mth_hi[:, None], next_hi[:, None], mth_hi[:, None])
         not_guard[block] = (hi_b < mth_lo[:, None]).ravel()
         in_guard[block] = (lo_b > others_mth_hi).ravel()

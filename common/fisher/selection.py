@@ -32,7 +32,9 @@ from common.config.capacity import Capacity, capacity_fraction, ceil_times
 from common.models.layout import ParamLayout, TensorSpec
 
 Rule = Literal["fisher", "magnitude"]
-_SCORE_BLOCK = 1 << 16  # positions per block when scores are cast to float64 (the buffer stays in L2)
+_SCORE_BLOCK = (
+    1 << 16
+)  # positions per block when scores are cast to float64 (the buffer stays in L2)
 RULES: tuple[str, ...] = ("fisher", "magnitude")
 
 
@@ -40,8 +42,8 @@ def budget(gamma: Capacity, d: int) -> int:
     """Number of parameters a client of capacity ``gamma`` holds: ``ceil(gamma * d)``, exactly.
 
     Computed in integer arithmetic on the rational the capacity stands for
-    (:func:`common.config.capacity.capacity_fraction`: a float is the simplest rational that rounds to it, so
-    ``budget(0.07, 100) == 7`` and ``budget(k / d, d) == k``; a fraction string is exact).
+    (:func:`common.config.capacity.capacity_fraction`: a float is the simplest rational that rounds
+    to it, so ``budget(0.07, 100) == 7`` and ``budget(k / d, d) == k``; a fraction string is exact).
 
     Parameters
     ----------
@@ -59,8 +61,11 @@ def budget(gamma: Capacity, d: int) -> int:
 
 
 def _check_fisher(fisher: NDArray) -> None:
-    """Raise ``ValueError`` unless every value is finite and non-negative (two reductions, no temporaries)."""
-    if fisher.size and not (fisher.min() >= 0 and np.isfinite(fisher.max())):  # NaN fails both comparisons
+    """Raise ``ValueError`` unless every value is finite and non-negative (two reductions, no
+    temporaries)."""
+    if fisher.size and not (
+        fisher.min() >= 0 and np.isfinite(fisher.max())
+    ):  # NaN fails both comparisons
         raise ValueError("fisher must be finite and non-negative")
 
 
@@ -77,8 +82,8 @@ def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:
     if fisher.shape != x.shape:
         raise ValueError(f"fisher shape {fisher.shape} differs from parameter shape {x.shape}")
     _check_fisher(fisher)
-    # Block by block through explicit casts: the same products as np.multiply(..., dtype=float64), without
-    # its buffered casting loop (about a third of the cost for ResNet-18).
+    # Block by block through explicit casts: the same products as np.multiply(..., dtype=float64),
+    # without its buffered casting loop (about a third of the cost for ResNet-18).
     absx = np.abs(x).reshape(-1)
     flat = fisher.reshape(-1)
     out = np.empty(flat.shape, dtype=np.float64)
@@ -93,11 +98,12 @@ def fisher_scores(fisher: NDArray, x: NDArray) -> NDArray[np.float64]:
 
 
 def powered(fisher: NDArray, power: float) -> NDArray:
-    """The estimate whose ``fisher`` rule (``F_j |x_j|``) ranks as ``F_j^power x_j^2`` does: ``F^(power / 2)``.
+    """The estimate whose ``fisher`` rule (``F_j |x_j|``) ranks as ``F_j^power x_j^2`` does:
+    ``F^(power / 2)``.
 
-    ``power = 2`` is the definition (``fisher`` itself, not copied); ``1`` is ``F x^2``, the second-order change of
-    the loss when a weight is zeroed; ``0`` ranks by ``|x|`` alone. The result is float32 (or ``fisher``'s float
-    dtype), finite and non-negative when ``fisher`` is.
+    ``power = 2`` is the definition (``fisher`` itself, not copied); ``1`` is ``F x^2``, the
+    second-order change of the loss when a weight is zeroed; ``0`` ranks by ``|x|`` alone. The
+    result is float32 (or ``fisher``'s float dtype), finite and non-negative when ``fisher`` is.
 
     Parameters
     ----------
@@ -133,18 +139,21 @@ def _check_finite(scores: NDArray[np.floating]) -> None:
         raise ValueError("scores must be finite")
 
 
-#: Below this many free positions :func:`topk_mask` partitions every score (pruning would not pay for its pass).
+#: Below this many free positions :func:`topk_mask` partitions every score (pruning would not pay
+#: for its pass).
 PRUNE_MIN_FREE = 1 << 16
 #: Scores sampled (evenly spaced) to place the candidates' floor in :func:`topk_mask`.
 PRUNE_SAMPLE = 1 << 16
 
 
 def _candidate_floor(scores: NDArray[np.floating], need: int) -> float | None:
-    """A score probably at or below the ``need``-th largest, read off an evenly spaced sample; ``None``: no use.
+    """A score probably at or below the ``need``-th largest, read off an evenly spaced sample;
+    ``None``: no use.
 
-    The sample's rank is set about five standard deviations above the expected one, so that at least ``need``
-    scores are at or above the floor unless the sample is badly unrepresentative (the caller counts, and falls
-    back to the full partition when they are not). ``None`` when the floor would keep most of the scores.
+    The sample's rank is set about five standard deviations above the expected one, so that at least
+    ``need`` scores are at or above the floor unless the sample is badly unrepresentative (the
+    caller counts, and falls back to the full partition when they are not). ``None`` when the floor
+    would keep most of the scores.
 
     Parameters
     ----------
@@ -164,7 +173,9 @@ def _candidate_floor(scores: NDArray[np.floating], need: int) -> float | None:
     return sample[s - rank]
 
 
-def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
+def topk_mask(
+    scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None
+) -> NDArray[np.bool_]:
     """Keep ``forced`` plus the ``k - |forced|`` highest-scoring other positions.
 
     Deterministic: among equal scores the lower index wins. Runs in O(d): one
@@ -172,12 +183,12 @@ def topk_mask(scores: NDArray, k: int, forced: NDArray[np.bool_] | None = None) 
     finishes the mask (when other free positions tie the threshold: two
     comparisons and a prefix of the tied positions); nothing is sorted.
 
-    When at most half the free positions are kept, the partition runs on candidates only: a floor read off a
-    sample of the scores (:func:`_candidate_floor`), every free position scoring at least the floor taken
-    (one comparison over the scores), and, when they are at least ``k - |forced|`` and at most half the
-    positions, the threshold is their ``k - |forced|``-th largest score. Every free position that scores at
-    least the threshold is a candidate, so the threshold, and the mask, are those of the full partition; the
-    floor decides only how much is partitioned.
+    When at most half the free positions are kept, the partition runs on candidates only: a floor
+    read off a sample of the scores (:func:`_candidate_floor`), every free position scoring at least
+    the floor taken (one comparison over the scores), and, when they are at least ``k - |forced|``
+    and at most half the positions, the threshold is their ``k - |forced|``-th largest score. Every
+    free position that scores at least the threshold is a candidate, so the threshold, and the mask,
+    are those of the full partition; the floor decides only how much is partitioned.
 
     Parameters
     ----------
@@ -284,8 +295,9 @@ def _pruned_threshold(
 ) -> np.floating | None:
     """The ``need``-th largest free score, partitioned among candidates only (:func:`topk_mask`).
 
-    ``None`` when pruning does not apply: few free positions, more than half of them needed, or a floor that
-    keeps fewer than ``need`` or more than half the free positions; the caller then partitions every score.
+    ``None`` when pruning does not apply: few free positions, more than half of them needed, or a
+    floor that keeps fewer than ``need`` or more than half the free positions; the caller then
+    partitions every score.
 
     Parameters
     ----------
@@ -342,7 +354,8 @@ def row_guard(scores: NDArray, layout: ParamLayout, min_per_row: int) -> NDArray
 
 
 def _guard_rows(block: NDArray, kept: NDArray[np.bool_], m: int) -> None:
-    """Set in ``kept`` the ``m`` highest-scoring positions of each row of ``block`` (ties to the lower index).
+    """Set in ``kept`` the ``m`` highest-scoring positions of each row of ``block`` (ties to the
+    lower index).
 
     Parameters
     ----------
@@ -363,7 +376,8 @@ def _guard_rows(block: NDArray, kept: NDArray[np.bool_], m: int) -> None:
 
 
 def kept_vectors(layout: ParamLayout, keep_vectors: bool) -> NDArray[np.bool_]:
-    """The 1-D positions the ``keep_vectors`` guard forces into every mask: those that can learn, or none."""
+    """The 1-D positions the ``keep_vectors`` guard forces into every mask: those that can learn, or
+    none."""
     if not keep_vectors:
         return np.zeros(layout.size, dtype=bool)
     return layout.always_kept & ~layout.inert_mask
@@ -374,7 +388,8 @@ _FUSED_BLOCK = 1 << 16
 
 
 def _fisher_floor(fisher: NDArray, x: NDArray, k: int) -> float | None:
-    """:func:`_candidate_floor` of the ``fisher`` rule's scores, from the sampled positions' scores alone."""
+    """:func:`_candidate_floor` of the ``fisher`` rule's scores, from the sampled positions' scores
+    alone."""
     stride = max(1, x.size // PRUNE_SAMPLE)
     sample = fisher[::stride].astype(np.float64)
     sample *= np.abs(x[::stride]).astype(np.float64)
@@ -382,19 +397,27 @@ def _fisher_floor(fisher: NDArray, x: NDArray, k: int) -> float | None:
 
 
 def _rounded_candidates(
-    fisher: NDArray, x: NDArray[np.float32], floor: float, floor32: np.float32, product: NDArray, magnitude: NDArray
+    fisher: NDArray,
+    x: NDArray[np.float32],
+    floor: float,
+    floor32: np.float32,
+    product: NDArray,
+    magnitude: NDArray,
 ) -> tuple[NDArray[np.intp], NDArray[np.float64]] | None:
-    """A block's positions scoring at least ``floor``, and their float64 scores, found on float32 products.
+    """A block's positions scoring at least ``floor``, and their float64 scores, found on float32
+    products.
 
-    The float32 product ``fisher * |x|`` rounds the exact float64 one monotonically, so every position scoring at
-    least ``floor`` has a product at least ``floor32`` (``floor`` rounded): those positions, with their exact
-    scores made afterwards and the ones below ``floor`` dropped, are the float64 pass's candidates. ``None`` when
-    a product leaves float32's range or ``x`` is not finite: the block is then scored in float64.
+    The float32 product ``fisher * |x|`` rounds the exact float64 one monotonically, so every
+    position scoring at least ``floor`` has a product at least ``floor32`` (``floor`` rounded):
+    those positions, with their exact scores made afterwards and the ones below ``floor`` dropped,
+    are the float64 pass's candidates. ``None`` when a product leaves float32's range or ``x`` is
+    not finite: the block is then scored in float64.
 
     Parameters
     ----------
     fisher : NDArray
-        The block's Fisher values (float32 or float16: their product with a float32 is exact in float64).
+        The block's Fisher values (float32 or float16: their product with a float32 is exact in
+        float64).
     x : NDArray[float32]
         The block's global values.
     floor, floor32 : float, np.float32
@@ -618,21 +641,23 @@ def _fused_blocks(
 def _fisher_mask(
     layout: ParamLayout, x: NDArray, fisher: NDArray, k: int, min_per_row: int, keep_vectors: bool
 ) -> NDArray[np.bool_] | None:
-    """:func:`select_mask`'s ``fisher`` mask below capacity 1 in one pass, without the scores of every position.
+    """:func:`select_mask`'s ``fisher`` mask below capacity 1 in one pass, without the scores of
+    every position.
 
-    The same mask as ``topk_mask(fisher_scores(fisher, x), k, row_guard(...) | kept_vectors(...))`` (inert
-    positions left out), to the bit: the scores are the same float64 products, made one block of whole rows at a
-    time in a buffer that stays in cache. In the same pass each row's guard is taken from its block (rows are
-    independent), every block is checked finite, and every free position scoring at least a floor read off a
-    sample of the scores (:func:`_candidate_floor`) is kept as a candidate, with its score. The threshold is
-    then the ``k - |forced|``-th largest candidate score: every free position scoring at least it is a candidate
-    (there are at least that many), so it is the full partition's threshold, and the mask is finished from the
-    candidates, ties to the lower index as in :func:`topk_mask`.
+    The same mask as ``topk_mask(fisher_scores(fisher, x), k, row_guard(...) | kept_vectors(...))``
+    (inert positions left out), to the bit: the scores are the same float64 products, made one block
+    of whole rows at a time in a buffer that stays in cache. In the same pass each row's guard is
+    taken from its block (rows are independent), every block is checked finite, and every free
+    position scoring at least a floor read off a sample of the scores (:func:`_candidate_floor`) is
+    kept as a candidate, with its score. The threshold is then the ``k - |forced|``-th largest
+    candidate score: every free position scoring at least it is a candidate (there are at least that
+    many), so it is the full partition's threshold, and the mask is finished from the candidates,
+    ties to the lower index as in :func:`topk_mask`.
 
     ``None`` when it does not apply and the caller takes the general path: a model of fewer than
-    :data:`PRUNE_MIN_FREE` positions that can learn, more than half of them kept, values of ``x`` that are not
-    floats, or a floor that keeps fewer than ``k - |forced|`` positions or more than half of them (the sample
-    was unrepresentative: the general path gives the same mask, slower).
+    :data:`PRUNE_MIN_FREE` positions that can learn, more than half of them kept, values of ``x``
+    that are not floats, or a floor that keeps fewer than ``k - |forced|`` positions or more than
+    half of them (the sample was unrepresentative: the general path gives the same mask, slower).
 
     Parameters
     ----------
@@ -645,15 +670,17 @@ def _fisher_mask(
     min_per_row, keep_vectors
         The guards, as in :func:`select_mask`.
 
-    Raises ``ValueError`` as the general path does: a Fisher that is not finite and non-negative, scores that
-    are not finite.
+    Raises ``ValueError`` as the general path does: a Fisher that is not finite and non-negative,
+    scores that are not finite.
     """
     fl, xf = fisher.reshape(-1), x.reshape(-1)
     _check_fisher(fl)  # every position, inert ones too, as fisher_scores checks it
     if xf.dtype.kind != "f":
         return None
     bounds = layout.offsets.tolist()
-    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]  # TensorSpec.size is a product on every call
+    sizes = [
+        b - a for a, b in zip(bounds[:-1], bounds[1:])
+    ]  # TensorSpec.size is a product on every call
     live = layout.size - sum(n for t, n in zip(layout.tensors, sizes) if t.name in layout.inert)
     if live < PRUNE_MIN_FREE or 2 * k > live:
         return None
@@ -748,7 +775,9 @@ def _finish_fused(
     above = score > threshold
     room = need - int(np.count_nonzero(above))
     mask[where[above]] = True
-    mask[where[score == threshold][:room]] = True  # ascending index order, so the lowest indices win
+    mask[where[score == threshold][:room]] = (
+        True  # ascending index order, so the lowest indices win
+    )
     return mask
 
 
@@ -781,7 +810,8 @@ def select_mask(
     min_per_row : int
         Guard: positions kept per output unit (0 disables the guard).
     keep_vectors : bool
-        Guard: every 1-D tensor that can learn is kept (``False``: they rank like any other position).
+        Guard: every 1-D tensor that can learn is kept (``False``: they rank like any other
+        position).
 
     Returns
     -------
@@ -853,7 +883,8 @@ def _ranked_mask(
     min_per_row, keep_vectors
         The guards, as in :func:`select_mask`.
     """
-    # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the traffic.
+    # |x| in x's own float dtype orders positions exactly as float64 would, at a fraction of the
+    # traffic.
     scores = fisher_scores(fisher, x) if rule == "fisher" else np.abs(_float_scores(x))
     forced = row_guard(scores, layout, min_per_row) | kept_vectors(layout, keep_vectors)
     inert = layout.inert_mask

@@ -48,7 +48,8 @@ ClientKey = int | str  # a stable client identity (the strategy uses the client 
 
 
 def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
-    """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed prior).
+    """How many client estimates of ``d`` values fit in ``budget_mb`` MiB (at least 3, for a trimmed
+    prior).
 
     The budget also holds the state's fixed part, 12 bytes x d: the fp32 cached prior and, while the
     per-round ``prior_influence`` record is computed, the fp32 ends of the prior's interval.
@@ -58,7 +59,8 @@ def fisher_capacity(budget_mb: float, d: int, precision: str) -> int:
 
 
 def at_precision(estimate: NDArray[np.float32], precision: str) -> NDArray:
-    """A normalised estimate as the state stores it: float32, or float16 (``fp16``) clipped to its largest value.
+    """A normalised estimate as the state stores it: float32, or float16 (``fp16``) clipped to its
+    largest value.
 
     ``estimate`` is clipped in place when ``precision`` is ``fp16``.
     """
@@ -74,8 +76,8 @@ def _spans(d: int) -> Iterator[slice]:
 
 
 def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
-    """The mean of a flat array in float64: each block of :data:`PRIOR_BLOCK` values cast to float64 and
-    summed pairwise (``np.add.reduce``), the block sums added in order, divided by the count.
+    """The mean of a flat array in float64: each block of :data:`PRIOR_BLOCK` values cast to float64
+    and summed pairwise (``np.add.reduce``), the block sums added in order, divided by the count.
 
     The summation order is this function's own (not numpy's buffer size), so the result is the same
     wherever it runs; ``nan`` for an empty array.
@@ -85,7 +87,8 @@ def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
     values : NDArray
         Flat values (any real dtype).
     buffer : NDArray[float64], optional
-        Scratch space of at least ``min(len(values), PRIOR_BLOCK)`` values (allocated when not given).
+        Scratch space of at least ``min(len(values), PRIOR_BLOCK)`` values (allocated when not
+        given).
     """
     if values.size == 0:
         return float("nan")
@@ -102,14 +105,19 @@ def mean64(values: NDArray, buffer: NDArray[np.float64] | None = None) -> float:
 _SCALE_BLOCK = 1 << 16
 
 
-def _normalised(fisher: NDArray, previous: NDArray | None = None, ema: float = 0.0) -> NDArray[np.float32] | None:
-    """:meth:`FisherState.normalise`, and with ``previous`` the EMA of :meth:`FisherState.update` folded in.
+def _normalised(
+    fisher: NDArray, previous: NDArray | None = None, ema: float = 0.0
+) -> NDArray[np.float32] | None:
+    """:meth:`FisherState.normalise`, and with ``previous`` the EMA of :meth:`FisherState.update`
+    folded in.
 
-    The mean is :func:`mean64`'s (blocks of :data:`PRIOR_BLOCK`, which fix its summation order); each value is
-    then divided by it in float64 and rounded once to float32, and, with ``previous``, scaled by ``1 - ema`` and
-    added ``ema * previous``, both in float32 (``ema * old + (1 - ema) * new``), while its block is still in
-    cache: the same operations on each value as the separate passes, so the same bits, without a temporary of
-    the whole length. These element-wise passes go :data:`_SCALE_BLOCK` positions at a time.
+    The mean is :func:`mean64`'s (blocks of :data:`PRIOR_BLOCK`, which fix its summation order);
+    each value is then divided by it in float64 and rounded once to float32, and, with ``previous``,
+    scaled by ``1 - ema`` and added ``ema * previous``, both in float32 (``ema * old + (1 - ema) *
+    new``), while its block is still in
+    cache: the same operations on each value as the separate passes, so the same bits, without a
+    temporary of the whole length. These element-wise passes go :data:`_SCALE_BLOCK` positions at a
+    time.
 
     Parameters
     ----------
@@ -123,7 +131,9 @@ def _normalised(fisher: NDArray, previous: NDArray | None = None, ema: float = 0
     Returns ``None`` when the upload carries no information (its mean is not positive and finite).
     """
     flat = np.asarray(fisher).reshape(-1)
-    wide = np.empty(min(flat.size, max(PRIOR_BLOCK, _SCALE_BLOCK)), dtype=np.float64)  # both passes' buffer
+    wide = np.empty(
+        min(flat.size, max(PRIOR_BLOCK, _SCALE_BLOCK)), dtype=np.float64
+    )  # both passes' buffer
     mean = mean64(flat, wide)
     if not np.isfinite(mean) or mean <= 0:
         return None
@@ -174,7 +184,8 @@ class FisherState:
     ema : float
         Weight of the previous estimate when a client uploads again (0 = replace).
     trim : float
-        Share of clients trimmed at each end, per position, in the prior (0 = example-weighted mean).
+        Share of clients trimmed at each end, per position, in the prior (0 = example-weighted
+        mean).
     max_clients : int, optional
         Most client estimates kept in memory (None = unbounded).
     precision : {"fp32", "fp16"}
@@ -199,7 +210,9 @@ class FisherState:
         self.max_clients = max_clients
         self.precision = precision
         self.evictions = 0
-        self.version = 0  # uploads recorded since this object was made: equal versions, equal estimates
+        self.version = (
+            0  # uploads recorded since this object was made: equal versions, equal estimates
+        )
         self.d = d
         self.staleness_decay = staleness_decay
         self.ema = ema
@@ -207,8 +220,9 @@ class FisherState:
         self._prior: NDArray[np.float32] | None = None
         self.clients: dict[ClientKey, ClientFisher] = {}
         self._dtype = PRECISIONS[precision]
-        # Each stored client keeps one row ("slot") of the serialised state while it stays: rows of clients
-        # that did not upload are then byte-identical, at the same offsets, from one checkpoint to the next.
+        # Each stored client keeps one row ("slot") of the serialised state while it stays: rows of
+        # clients that did not upload are then byte-identical, at the same offsets, from one
+        # checkpoint to the next.
         self._slots: dict[ClientKey, int] = {}
 
     @staticmethod
@@ -226,11 +240,12 @@ class FisherState:
 
     @staticmethod
     def first_estimate(fisher: NDArray, precision: str) -> NDArray[np.float32] | None:
-        """What :meth:`estimate` gives a client in the round after its first upload ``fisher``, alone.
+        """What :meth:`estimate` gives a client in the round after its first upload ``fisher``,
+        alone.
 
-        That estimate is the client's own (full trust), normalised and stored at ``precision``: it depends on
-        no other client, so a node can compute the mask it will be ranked by (``None``: an all-zero upload,
-        which is not stored, so the node is ranked by the prior).
+        That estimate is the client's own (full trust), normalised and stored at ``precision``: it
+        depends on no other client, so a node can compute the mask it will be ranked by (``None``:
+        an all-zero upload, which is not stored, so the node is ranked by the prior).
         """
         new = FisherState.normalise(fisher)
         return None if new is None else at_precision(new, precision).astype(np.float32, copy=False)
@@ -241,14 +256,20 @@ class FisherState:
             raise ValueError(f"fisher has shape {fisher.shape}, expected ({self.d},)")
         previous = self.clients.get(client)
         blend = previous.fisher if previous is not None and self.ema > 0 else None
-        new = _normalised(fisher, blend, self.ema)  # the EMA with the previous estimate, if any, folded in
+        new = _normalised(
+            fisher, blend, self.ema
+        )  # the EMA with the previous estimate, if any, folded in
         if new is None:
             return False
         old = self.clients.pop(client, None)
         if old is None and self.max_clients is not None and len(self.clients) >= self.max_clients:
-            stalest = min(self.clients, key=lambda k: self.clients[k].round)  # first inserted among ties
+            stalest = min(
+                self.clients, key=lambda k: self.clients[k].round
+            )  # first inserted among ties
             self.clients.pop(stalest)
-            self._slots[client] = self._slots.pop(stalest)  # the newcomer takes the evicted client's row
+            self._slots[client] = self._slots.pop(
+                stalest
+            )  # the newcomer takes the evicted client's row
             self.evictions += 1
         self.clients[client] = ClientFisher(at_precision(new, self.precision), float(weight), round)
         self._slots.setdefault(client, len(self._slots))
@@ -262,11 +283,13 @@ class FisherState:
         return sum(c.fisher.nbytes for c in self.clients.values()) + cached
 
     def global_prior(self) -> NDArray[np.float32] | None:
-        """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any upload.
+        """The prior (trimmed or example-weighted mean of the estimates), or ``None`` before any
+        upload.
 
-        Computed from the stored estimates when first asked for after an upload, and cached until the
-        next one: the example-weighted mean sums ``w * f`` in float64 over the stored clients in their
-        order, one block of positions at a time, so equal states (a restored one included) give equal bits.
+        Computed from the stored estimates when first asked for after an upload, and cached until
+        the next one: the example-weighted mean sums ``w * f`` in float64 over the stored clients in
+        their order, one block of positions at a time, so equal states (a restored one included)
+        give equal bits.
         """
         stored = list(self.clients.values())
         total = sum(c.weight for c in stored)
@@ -319,7 +342,8 @@ class FisherState:
     def estimate_interval(
         self, client: ClientKey | None, round: int
     ) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
-        """Range of :meth:`estimate` (``client=None``: of the prior) over any one *other* client's upload.
+        """Range of :meth:`estimate` (``client=None``: of the prior) over any one *other* client's
+        upload.
 
         A client ranked by its own fresh estimate is out of any other client's reach
         (``lo == hi``); a stale one is reached through its blend with the prior.
@@ -335,9 +359,9 @@ class FisherState:
         if interval is None:
             return None
         lo, hi = interval
-        return (trust * mine + (1 - trust) * lo).astype(np.float32), (trust * mine + (1 - trust) * hi).astype(
-            np.float32
-        )
+        return (trust * mine + (1 - trust) * lo).astype(np.float32), (
+            trust * mine + (1 - trust) * hi
+        ).astype(np.float32)
 
     def estimate(self, client: ClientKey, round: int) -> NDArray[np.float32] | None:
         """Fisher to rank positions for ``client`` at ``round`` (``None``: nothing known yet)."""
@@ -364,16 +388,21 @@ class FisherState:
         Parameters
         ----------
         extra : Mapping[str, NDArray], optional
-            More members written after the state's own (a method's other state, e.g. its held masks), in
-            the same archive: appending them afterwards would copy the whole archive again.
+            More members written after the state's own (a method's other state, e.g. its held
+            masks), in the same archive: appending them afterwards would copy the whole archive
+            again.
         """
         ids = list(self.clients)
-        by_slot = sorted(ids, key=self._slots.__getitem__)  # slots are 0..n-1: evictions hand theirs over
+        by_slot = sorted(
+            ids, key=self._slots.__getitem__
+        )  # slots are 0..n-1: evictions hand theirs over
         arrays = {
             "slots": np.array([self._slots[i] for i in ids], dtype=np.int64),
             "d": np.array(self.d),
             "params": np.array([self.staleness_decay, self.ema, self.trim]),
-            "limits": np.array([-1 if self.max_clients is None else self.max_clients, self.evictions]),
+            "limits": np.array(
+                [-1 if self.max_clients is None else self.max_clients, self.evictions]
+            ),
             "precision": np.frombuffer(self.precision.encode(), dtype=np.uint8),
             "ids": np.frombuffer(json.dumps(ids).encode(), dtype=np.uint8),
             "weights": np.array([self.clients[i].weight for i in ids], dtype=np.float64),
@@ -384,14 +413,19 @@ class FisherState:
         if clash:
             raise ValueError(f"extra members {clash} would overwrite the Fisher state's own")
         buf = io.BytesIO()
-        # np.savez's layout, written directly: the rows streamed from the stored estimates (no stacked copy)
-        # and fixed timestamps, so equal states give equal bytes.
+        # np.savez's layout, written directly: the rows streamed from the stored estimates (no
+        # stacked copy) and fixed timestamps, so equal states give equal bytes.
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             with zf.open(zipfile.ZipInfo("fisher.npy", _EPOCH), "w", force_zip64=True) as f:
-                header = {"descr": np.lib.format.dtype_to_descr(np.dtype(self._dtype)), "fortran_order": False}
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype(self._dtype)),
+                    "fortran_order": False,
+                }
                 np.lib.format.write_array_header_1_0(f, {**header, "shape": (len(by_slot), self.d)})
                 for i in by_slot:
-                    f.write(memoryview(np.ascontiguousarray(self.clients[i].fisher, dtype=self._dtype)))
+                    f.write(
+                        memoryview(np.ascontiguousarray(self.clients[i].fisher, dtype=self._dtype))
+                    )
             for name, array in {**arrays, **extra}.items():
                 with zf.open(zipfile.ZipInfo(f"{name}.npy", _EPOCH), "w", force_zip64=True) as f:
                     np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
@@ -399,7 +433,8 @@ class FisherState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> FisherState:
-        """Restore from :meth:`to_bytes` (also reads the earlier layouts: estimates in client order, a running sum)."""
+        """Restore from :meth:`to_bytes` (also reads the earlier layouts: estimates in client order,
+        a running sum)."""
         z = np.load(io.BytesIO(data))
         max_clients, evictions = (int(v) for v in z["limits"])
         state = cls(

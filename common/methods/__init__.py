@@ -1,14 +1,14 @@
 """One module per method behind one interface, and the registry the method key selects from.
 
-A method has two halves: its spec (:mod:`common.methods.specs`: name, run-config keys, rules across keys;
-no torch) and its implementation here (a :class:`~common.methods.base.Method` that subclasses the spec).
-The registry holds specs, so a run configuration is checked without importing any training code; the
-implementation is imported when a run builds the method (:func:`method_class`).
+A method has two halves: its spec (:mod:`common.methods.specs`: name, run-config keys, rules across
+keys; no torch) and its implementation here (a :class:`~common.methods.base.Method` that subclasses
+the spec). The registry holds specs, so a run configuration is checked without importing any
+training code; the implementation is imported when a run builds the method (:func:`method_class`).
 
-Adding a method is a spec module in :mod:`common.methods.specs` whose class names its implementation, the
-implementation module here, and the spec module's name in :data:`BUILTIN`; nothing else in the product
-changes (docs/guide/adding-a-method.md). :func:`register` is the same registration for a method defined
-elsewhere (a test, a plug-in), spec or implementation.
+Adding a method is a spec module in :mod:`common.methods.specs` whose class names its
+implementation, the implementation module here, and the spec module's name in :data:`BUILTIN`;
+nothing else in the product changes (docs/guide/adding-a-method.md). :func:`register` is the same
+registration for a method defined elsewhere (a test, a plug-in), spec or implementation.
 """
 
 from __future__ import annotations
@@ -28,13 +28,18 @@ _REGISTRY: dict[str, type[MethodSpec]] = {}
 
 
 def register(cls: type[MethodSpec]) -> type[MethodSpec]:
-    """Make ``cls`` selectable as ``method = cls.name``: a spec, or an implementation (its own spec)."""
+    """Make ``cls`` selectable as ``method = cls.name``: a spec, or an implementation (its own
+    spec)."""
     if not cls.name:
         raise ValueError(f"{cls.__qualname__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ValueError(f"method {cls.name!r} is already registered by {_REGISTRY[cls.name].__qualname__}")
+        raise ValueError(
+            f"method {cls.name!r} is already registered by {_REGISTRY[cls.name].__qualname__}"
+        )
     if not cls.is_implementation and ":" not in cls.implementation:
-        raise ValueError(f"{cls.__qualname__}.implementation must be 'module:Class', not {cls.implementation!r}")
+        raise ValueError(
+            f"{cls.__qualname__}.implementation must be 'module:Class', not {cls.implementation!r}"
+        )
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -50,7 +55,8 @@ def registry() -> Mapping[str, type[MethodSpec]]:
 
 
 def method_spec(name: str) -> type[MethodSpec]:
-    """The spec registered as ``name`` (imports no training code); ``KeyError`` listing the known names."""
+    """The spec registered as ``name`` (imports no training code); ``KeyError`` listing the known
+    names."""
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -65,7 +71,9 @@ def method_class(name: str) -> type[Method]:
     module, _, attr = spec.implementation.partition(":")
     cls = getattr(import_module(module), attr)
     if cls.name != name:
-        raise TypeError(f"{spec.implementation} is method {cls.name!r}, but its spec registers {name!r}")
+        raise TypeError(
+            f"{spec.implementation} is method {cls.name!r}, but its spec registers {name!r}"
+        )
     return cls
 
 
@@ -74,9 +82,9 @@ def create_method(run: RunConfig) -> Method:
     return method_class(run.method)(run)
 
 
-#: The built-in methods' spec modules (in :mod:`common.methods.specs`), in the order the README's table lists
-#: them. Each module's own :class:`~common.methods.specs.base.MethodSpec` subclasses that set ``name`` are
-#: registered (a base class a module imports, or one without a name, is not).
+#: The built-in methods' spec modules (in :mod:`common.methods.specs`), in the order the README's
+#: table lists them. Each module's own :class:`~common.methods.specs.base.MethodSpec` subclasses
+#: that set ``name`` are registered (a base class a module imports, or one without a name, is not).
 BUILTIN = ("fedfibos", "fiarse", "width", "fedavg", "fedgmr", "cahfp", "lora")
 
 

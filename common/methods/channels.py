@@ -11,8 +11,9 @@ from common.submodels.width import channel_graph
 class ChannelMethod(ChannelSpec, Method):
     """A method whose submodels are made of whole channels (HeteroFL, FedRolex, CA-HFP).
 
-    Such a method only runs on a model with a channel graph (:class:`~common.methods.specs.channels.ChannelSpec`),
-    and the server keeps that graph as ``self.graph``.
+    Such a method only runs on a model with a channel graph
+    (:class:`~common.methods.specs.channels.ChannelSpec`), and the server keeps that graph as
+    ``self.graph``.
     """
 
     def start_server(self, layout: ParamLayout) -> None:

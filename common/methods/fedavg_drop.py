@@ -1,4 +1,5 @@
-"""FedAvg over the full-capacity nodes only: what operators do today when small devices cannot hold the model."""
+"""FedAvg over the full-capacity nodes only: what operators do today when small devices cannot hold
+the model."""
 
 from __future__ import annotations
 

@@ -1,23 +1,25 @@
-"""FIARSE: importance-aware submodels by one magnitude threshold, the mask following the weights in the round.
+"""FIARSE: importance-aware submodels by one magnitude threshold, the mask following the weights in
+the round.
 
 As the published code does it (maths in :mod:`common.submodels.threshold`):
 
-1. **Server, per client**: ``theta`` = the ``max(1, floor(gamma n))``-th largest ``|x_j|`` over the ``n``
-   gated positions (convolution, linear and embedding weights and biases); the client holds every
-   gated position with ``|x_j| >= theta`` and every normalisation parameter. No per-row guard
+1. **Server, per client**: ``theta`` = the ``max(1, floor(gamma n))``-th largest ``|x_j|`` over the
+   ``n`` gated positions (convolution, linear and embedding weights and biases); the client holds
+   every gated position with ``|x_j| >= theta`` and every normalisation parameter. No per-row guard
    (``min-per-row`` does not apply).
-2. **Client**: the threshold is recovered from the download (its smallest held gated magnitude); each
-   gated tensor is trained as ``w * 1[|w| >= theta]``, recomputed at every step, so held weights that
-   shrink below ``theta`` drop out inside the round. The weights get the plain masked gradient
-   ``1[|w| >= theta] * g``, as the published code computes it (its ``Bern`` returns a bool tensor, so
-   autograd never calls the surrogate backward); ``fiarse-surrogate = true`` trains through the
-   surrogate gradient ``2 theta / (|w| + theta)^2`` of the indicator instead (the paper's text). The
-   reply is the delta of the held positions.
+2. **Client**: the threshold is recovered from the download (its smallest held gated magnitude);
+   each gated tensor is trained as ``w * 1[|w| >= theta]``, recomputed at every step, so held
+   weights that shrink below ``theta`` drop out inside the round. The weights get the plain masked
+   gradient ``1[|w| >= theta] * g``, as the published code computes it (its ``Bern`` returns a bool
+   tensor, so autograd never calls the surrogate backward); ``fiarse-surrogate = true`` trains
+   through the surrogate gradient ``2 theta / (|w| + theta)^2`` of the indicator instead (the
+   paper's text). The reply is the delta of the held positions.
 3. **Server aggregation** (``fiarse-aggregation``): ``nonzero`` (published) moves each position by
-   ``server-lr * sum delta / count(delta != 0)``, unweighted; ``holders`` is the example-weighted mean over
-   the clients that held it (the rule the other element-wise methods use).
+   ``server-lr * sum delta / count(delta != 0)``, unweighted; ``holders`` is the example-weighted
+   mean over the clients that held it (the rule the other element-wise methods use).
 
-Central evaluation of a capacity level uses the same threshold mask, as the published evaluation does.
+Central evaluation of a capacity level uses the same threshold mask, as the published evaluation
+does.
 """
 
 from __future__ import annotations
@@ -64,11 +66,15 @@ class FIARSE(FIARSESpec, MaskedMethod):
 
     def describe(self) -> str:
         """Method and its settings."""
-        return f"method={self.name} surrogate={self.opts.surrogate} aggregation={self.opts.aggregation}"
+        return (
+            f"method={self.name} surrogate={self.opts.surrogate} "
+            f"aggregation={self.opts.aggregation}"
+        )
 
     # -------------------------------------------------------------- server side
     def start_server(self, layout: ParamLayout) -> None:
-        """Find the gated positions of the architecture (module types only: built on the meta device)."""
+        """Find the gated positions of the architecture (module types only: built on the meta
+        device)."""
         super().start_server(layout)
         with torch.device("meta"):
             probe = build_run_model(self.run, 2, 1, skeleton=True)
@@ -77,10 +83,13 @@ class FIARSE(FIARSESpec, MaskedMethod):
     def mask_for(
         self, key: str | None, server_round: float, gamma: float, x: NDArray[np.float32]
     ) -> tuple[NDArray[np.bool_], str]:
-        """Every ungated position and the gated ones at or above the capacity's threshold (``threshold``)."""
+        """Every ungated position and the gated ones at or above the capacity's threshold
+        (``threshold``)."""
         return threshold_mask(x, self.gated, threshold_for(x, self.gated, gamma)), "threshold"
 
-    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
+    def mean_step(
+        self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]
+    ) -> NDArray[np.float32]:
         """``fiarse-aggregation``: the non-zero-count mean (published) or the holder mean."""
         if self.opts.aggregation == "nonzero":
             return nonzero_mean_step(x, updates, self.run.server_lr)
@@ -97,7 +106,8 @@ class FIARSE(FIARSESpec, MaskedMethod):
     def client_train(
         self, received: Received, train: ArrayDataset, cfg: TrainConfig, device: torch.device
     ) -> LocalUpdate:
-        """Train the gated model ``w * 1[|w| >= theta]``; reply with the change of the held positions."""
+        """Train the gated model ``w * 1[|w| >= theta]``; reply with the change of the held
+        positions."""
         start = time.perf_counter()
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
@@ -109,6 +119,10 @@ class FIARSE(FIARSESpec, MaskedMethod):
         result = train_loop(model, train, cfg, device)
         detach_threshold_gates(gates)
         named = dict(model.named_parameters())
-        trained = np.concatenate([named[n].detach().cpu().numpy().reshape(-1) for n in layout.names])
+        trained = np.concatenate(
+            [named[n].detach().cpu().numpy().reshape(-1) for n in layout.names]
+        )
         delta = (trained[mask] - params[mask]).astype(np.float32)
-        return LocalUpdate({P.DELTA: delta}, result.num_examples, result.loss, time.perf_counter() - start, 0.0)
+        return LocalUpdate(
+            {P.DELTA: delta}, result.num_examples, result.loss, time.perf_counter() - start, 0.0
+        )

@@ -5,13 +5,16 @@ FIARSE, HeteroFL, FedRolex, FedAvg, FedGMR) shares this wire format and these st
 only says which positions a client holds (:meth:`MaskedMethod.mask_for`) and, where it ranks by
 Fisher, keeps a :class:`~common.fisher.state.FisherState`.
 
-* Download: the selected values and the mask's compact encoding (:func:`common.wire.protocol.encode_submodel`).
-* Client: the mask attached with ``torch.nn.utils.prune`` (:func:`common.training.loop.attach_masks`), the one
-  training loop, the Fisher of the effective weights when the server reads it (along the local path,
+* Download: the selected values and the mask's compact encoding
+  (:func:`common.wire.protocol.encode_submodel`).
+* Client: the mask attached with ``torch.nn.utils.prune``
+  (:func:`common.training.loop.attach_masks`), the one training loop, the Fisher of the effective
+  weights when the server reads it (along the local path,
   :class:`common.training.loop.EffectiveFisher`, or per example at the received weights,
-  :func:`common.fisher.estimation.per_example_fisher`), reply = delta of the held values + Fisher payload.
-* Server: :func:`common.wire.validation.validate_train_reply`, then
-  ``x_j += eta_g * sum_n w_n M_j delta_j / sum_n w_n M_j`` (:func:`common.aggregation.masked.aggregate_masked`).
+  :func:`common.fisher.estimation.per_example_fisher`), reply = delta of the held values + Fisher
+  payload.
+* Server: :func:`common.wire.validation.validate_train_reply`, then ``x_j += eta_g * sum_n w_n M_j
+  delta_j / sum_n w_n M_j`` (:func:`common.aggregation.masked.aggregate_masked`).
 """
 
 from __future__ import annotations
@@ -52,7 +55,13 @@ from common.training.loop import TrainConfig, local_classes, train_masked
 from common.training.personalisation import adapt
 from common.wire import protocol as P
 from common.wire.protocol import decode_submodel, encode_submodel
-from common.wire.validation import ReplyError, ReplyRecords, SentSubmodel, TrainReply, validate_train_reply
+from common.wire.validation import (
+    ReplyError,
+    ReplyRecords,
+    SentSubmodel,
+    TrainReply,
+    validate_train_reply,
+)
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
@@ -60,10 +69,15 @@ if TYPE_CHECKING:
 logger = getLogger("flwr")
 
 
-def decode_received(received: Received, layout: ParamLayout) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+def decode_received(
+    received: Received, layout: ParamLayout
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
     """The dense parameters (zero outside the mask) and the mask of a masked download."""
     if received.d != layout.size:
-        raise ValueError(f"server model has d={received.d} but this node builds d={layout.size}: run configs differ")
+        raise ValueError(
+            f"server model has d={received.d} but this node builds d={layout.size}: run configs "
+            "differ"
+        )
     arrays = received.records[P.SUBMODEL]
     return decode_submodel(arrays[P.VALUES], received.kind, arrays[P.MASK], layout.size)
 
@@ -73,7 +87,8 @@ def fill_outside(
 ) -> NDArray[np.float32]:
     """The full global model: the received submodel with the ``fisher-at`` values outside its mask.
 
-    Raises ``ValueError`` when the record does not hold exactly one float32 value per position outside the mask.
+    Raises ``ValueError`` when the record does not hold exactly one float32 value per position
+    outside the mask.
     """
     values = np.asarray(record.get(P.VALUES, np.zeros(0, dtype=np.float32)))
     outside = int(mask.size - np.count_nonzero(mask))
@@ -88,7 +103,8 @@ def fill_outside(
 
 
 def fisher_cap(record: Mapping[str, NDArray]) -> int | None:
-    """The most bytes the Fisher payload may take, from a ``fisher-at`` record (``None``: no cap sent).
+    """The most bytes the Fisher payload may take, from a ``fisher-at`` record (``None``: no cap
+    sent).
 
     Raises ``ValueError`` unless the cap is one non-negative int64.
     """
@@ -96,7 +112,9 @@ def fisher_cap(record: Mapping[str, NDArray]) -> int | None:
         return None
     cap = np.asarray(record[P.FISHER_BYTES])
     if cap.dtype != np.int64 or cap.shape != (1,) or cap[0] < 0:
-        raise ValueError(f"{P.FISHER_BYTES!r} must be one non-negative int64, got {cap.dtype}{list(cap.shape)}")
+        raise ValueError(
+            f"{P.FISHER_BYTES!r} must be one non-negative int64, got {cap.dtype}{list(cap.shape)}"
+        )
     return int(cap[0])
 
 
@@ -117,26 +135,40 @@ class MaskedMethod(Method):
             int(payload.mask_data.nbytes),
         )
 
-    def validate(self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]) -> TrainReply:
-        """Delta of exactly the positions sent, the Fisher payload of the run's encoding (if asked), sane metrics."""
+    def validate(
+        self, reply: ReplyRecords, sent: SentSubmodel, x: NDArray[np.float32]
+    ) -> TrainReply:
+        """Delta of exactly the positions sent, the Fisher payload of the run's encoding (if asked),
+        sane metrics."""
         assert self.layout is not None, "start_server() first"
         encoding = self.upload_encoding(self.run) if sent.fisher else "none"
         checked, payload = validate_train_reply(reply, sent, self.layout, expected_names(encoding))
         try:
-            # ``masked`` scatters the inside values by the positions the update already holds (increasing, from
-            # the packed mask): neither the mask nor its positions are made again. Other encodings read no mask.
-            fisher = decode_fisher(payload, None, self.layout, encoding, positions=checked.update.indices)
+            # ``masked`` scatters the inside values by the positions the update already holds
+            # (increasing, from the packed mask): neither the mask nor its positions are made again.
+            # Other encodings read no mask.
+            fisher = decode_fisher(
+                payload, None, self.layout, encoding, positions=checked.update.indices
+            )
         except ValueError as err:
             raise ReplyError(f"fisher payload rejected: {err}") from err
-        return replace(checked, fisher=fisher, fisher_bytes=sum(int(np.asarray(a).nbytes) for a in payload.values()))
+        return replace(
+            checked,
+            fisher=fisher,
+            fisher_bytes=sum(int(np.asarray(a).nbytes) for a in payload.values()),
+        )
 
-    def aggregate(self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int) -> NDArray[np.float32]:
-        """Apply :meth:`mean_step` (or the run's robust rule) to the accepted updates, then fold each reply into the
-        method's state."""
+    def aggregate(
+        self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int
+    ) -> NDArray[np.float32]:
+        """Apply :meth:`mean_step` (or the run's robust rule) to the accepted updates, then fold
+        each reply into the method's state."""
         updates = [a.reply.update for a in accepted]
         robust = self.robust_rule()
         if robust is not None:
-            new = robust_mean_step(x, updates, robust.aggregation, robust.trim, robust.clip_factor, self.run.server_lr)
+            new = robust_mean_step(
+                x, updates, robust.aggregation, robust.trim, robust.clip_factor, self.run.server_lr
+            )
         else:
             new = self.mean_step(x, updates)
         for a in accepted:
@@ -144,19 +176,25 @@ class MaskedMethod(Method):
         return new
 
     def robust_rule(self) -> RobustOptions | None:
-        """The run's ``robust-*`` options when a robust rule replaces :meth:`mean_step` (``None``: it does not)."""
+        """The run's ``robust-*`` options when a robust rule replaces :meth:`mean_step` (``None``:
+        it does not)."""
         robust: RobustOptions | None = self.run.options(ROBUST_KEYS.name)
         return robust if robust is not None and robust.active else None
 
-    def mean_step(self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]) -> NDArray[np.float32]:
-        """Mask-aware, example-weighted mean of the deltas over the clients that held each position."""
+    def mean_step(
+        self, x: NDArray[np.float32], updates: Sequence[MaskedUpdate]
+    ) -> NDArray[np.float32]:
+        """Mask-aware, example-weighted mean of the deltas over the clients that held each
+        position."""
         return aggregate_masked(x, updates, self.run.server_lr)
 
     def running_sum(self) -> RunningSum | None:
-        """:meth:`mean_step` as a running sum, empty (``None``: it needs every update at once, so the round buffers).
+        """:meth:`mean_step` as a running sum, empty (``None``: it needs every update at once, so
+        the round buffers).
 
-        A subclass that changes :meth:`mean_step` changes this with it: the two give the same vector to the bit.
-        One that changes only :meth:`mean_step` is buffered, so that its own rule is the one applied.
+        A subclass that changes :meth:`mean_step` changes this with it: the two give the same vector
+        to the bit. One that changes only :meth:`mean_step` is buffered, so that its own rule is the
+        one applied.
         """
         assert self.layout is not None, "start_server() first"
         if type(self).mean_step is not MaskedMethod.mean_step:
@@ -164,15 +202,19 @@ class MaskedMethod(Method):
         return HolderSum(self.layout.size, self.run.server_lr)
 
     def sums_committed(self, sums: RunningSum) -> None:
-        """A round folded into ``sums`` was committed: take what the method keeps of it (default: nothing)."""
+        """A round folded into ``sums`` was committed: take what the method keeps of it (default:
+        nothing)."""
 
     def round_fold(self, x: NDArray[np.float32], server_round: int, min_replies: int) -> RoundFold:
-        """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the round counts;
-        under a robust rule every update is kept until the round is committed (a median needs them all)."""
+        """Each update into :meth:`running_sum` and freed, each reply into :meth:`observe` once the
+        round counts; under a robust rule every update is kept until the round is committed (a
+        median needs them all)."""
         sums = self.running_sum() if self.robust_rule() is None else None
         if sums is None:
             return super().round_fold(x, server_round, min_replies)
-        return IncrementalFold(x, sums, lambda a: self.observe(a, server_round), min_replies, self.sums_committed)
+        return IncrementalFold(
+            x, sums, lambda a: self.observe(a, server_round), min_replies, self.sums_committed
+        )
 
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
         """Fold one accepted reply into the method's state (after the model update)."""
@@ -192,10 +234,10 @@ class MaskedMethod(Method):
     ) -> LocalUpdate:
         """Train the held positions; reply with their delta and, when asked, the Fisher payload.
 
-        With ``fisher-estimator = "global"`` the node is asked on a refresh round only: the message then
-        carries the global values outside its mask, and the Fisher is measured at the full global model
-        before training. With ``received`` it is measured every round at the received submodel, with
-        ``path`` along local training.
+        With ``fisher-estimator = "global"`` the node is asked on a refresh round only: the message
+        then carries the global values outside its mask, and the Fisher is measured at the full
+        global model before training. With ``received`` it is measured every round at the received
+        submodel, with ``path`` along local training.
         """
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
@@ -219,13 +261,17 @@ class MaskedMethod(Method):
             whole = np.ones(layout.size, dtype=bool)
             privacy: PrivacyOptions = self.run.options(PRIVACY_KEYS.name)
             clip = privacy.fisher_clip if privacy.enabled else None
-            fisher = per_example_fisher(model, layout, point, whole, train, indices, present, device, clip_norm=clip)
+            fisher = per_example_fisher(
+                model, layout, point, whole, train, indices, present, device, clip_norm=clip
+            )
             if privacy.enabled:
                 z = cfg.dp_noise_multiplier
                 fisher = privatise_fisher(fisher, z, privacy.fisher_clip, len(indices), cfg.seed)
             fisher_seconds = time.perf_counter() - t0
         measure_path = encoding != "none" and estimator == "path"
-        result = train_masked(model, layout, params, mask, train, cfg, device, measure_fisher=measure_path)
+        result = train_masked(
+            model, layout, params, mask, train, cfg, device, measure_fisher=measure_path
+        )
         if measure_path:
             fisher, fisher_seconds = result.fisher, result.fisher_seconds
         arrays = {P.DELTA: (result.params[mask] - params[mask]).astype(np.float32)}
@@ -241,10 +287,15 @@ class MaskedMethod(Method):
         return model
 
     def client_adapt(
-        self, received: Received, train: ArrayDataset, steps: int, cfg: TrainConfig, device: torch.device
+        self,
+        received: Received,
+        train: ArrayDataset,
+        steps: int,
+        cfg: TrainConfig,
+        device: torch.device,
     ) -> nn.Module:
-        """The received submodel after ``steps`` SGD steps on ``train``, its positions outside the mask kept at 0
-        (the submodel the node holds adapts; the rest of the model it never had)."""
+        """The received submodel after ``steps`` SGD steps on ``train``, its positions outside the
+        mask kept at 0 (the submodel the node holds adapts; the rest of the model it never had)."""
         model, layout = self._model(train)
         params, mask = decode_received(received, layout)
         load_flat(model, layout, np.where(mask, params, 0).astype(np.float32))
@@ -281,13 +332,16 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
         """Method and the Fisher settings."""
         return (
             f"method={self.name} fisher-encoding={self.upload_encoding(self.run)} "
-            f"staleness-decay={self.fisher_keys.staleness_decay:.2f} min-per-row={self.guards.min_per_row}"
+            f"staleness-decay={self.fisher_keys.staleness_decay:.2f} "
+            f"min-per-row={self.guards.min_per_row}"
         )
 
     def observe(self, accepted: Accepted, fisher_round: int) -> None:
         """Update the client's Fisher estimate (an all-zero upload leaves it unchanged, logged)."""
         r = accepted.reply
-        if r.fisher is not None and not self.fisher.update(accepted.key, r.fisher, r.update.weight, fisher_round):
+        if r.fisher is not None and not self.fisher.update(
+            accepted.key, r.fisher, r.update.weight, fisher_round
+        ):
             logger.log(
                 INFO,
                 "round %d: node %d sent an all-zero Fisher; its estimate is unchanged",
@@ -295,17 +349,24 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
                 accepted.node_id,
             )
 
-    def opening_received(self, train: ArrayDataset, x: NDArray[np.float32], gamma: float) -> Received:
-        """The round-0 TRAIN download a node of capacity ``gamma`` would get, built on the node from the QUERY.
+    def opening_received(
+        self, train: ArrayDataset, x: NDArray[np.float32], gamma: float
+    ) -> Received:
+        """The round-0 TRAIN download a node of capacity ``gamma`` would get, built on the node from
+        the QUERY.
 
-        The submodel of :meth:`opening_mask` and, with the ``global`` estimator, the values outside it, exactly as
-        the server would encode them; :meth:`client_train` then measures the warm-up Fisher from it.
+        The submodel of :meth:`opening_mask` and, with the ``global`` estimator, the values outside
+        it, exactly as the server would encode them; :meth:`client_train` then measures the warm-up
+        Fisher from it.
 
         Raises ``ValueError`` when ``x`` does not fit this node's model (the run configs differ).
         """
         _, layout = self._model(train)
         if x.shape != (layout.size,) or x.dtype != np.float32:
-            raise ValueError(f"the opening model holds {x.dtype}[{x.size}], this node's model float32[{layout.size}]")
+            raise ValueError(
+                f"the opening model holds {x.dtype}[{x.size}], this node's model "
+                f"float32[{layout.size}]"
+            )
         mask = self.opening_mask(layout, x, gamma)
         download = self.encode(x, mask)
         records = dict(download.records)
@@ -314,7 +375,8 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
         return Received(records, download.kind, download.digest, layout.size, 0)
 
     def fisher_due(self, key: str, server_round: int) -> bool:
-        """``global`` estimator: whether ``key`` has no estimate, or one at least ``fisher-every`` rounds old."""
+        """``global`` estimator: whether ``key`` has no estimate, or one at least ``fisher-every``
+        rounds old."""
         own = self.fisher.clients.get(key)
         return own is None or server_round - own.round >= self.fisher_keys.every
 
@@ -326,7 +388,8 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
         mask: NDArray[np.bool_],
         download: Download | None = None,
     ) -> FisherRequest | None:
-        """``global``: a refresh when due, carrying the global values outside the mask; otherwise every round."""
+        """``global``: a refresh when due, carrying the global values outside the mask; otherwise
+        every round."""
         if self.upload_encoding(self.run) == "none":
             return None
         if self.fisher_keys.estimator != "global":
@@ -336,7 +399,8 @@ class FisherRankedMethod(FisherRankedSpec, MaskedMethod):
         return FisherRequest({P.VALUES: P.outside_values(x, mask)})
 
     def client_estimate(self, key: str | None, server_round: int) -> tuple[NDArray | None, str]:
-        """The Fisher a mask for ``key`` is ranked by: its own (staleness-blended) estimate, else the prior."""
+        """The Fisher a mask for ``key`` is ranked by: its own (staleness-blended) estimate, else
+        the prior."""
         if key is not None and key in self.fisher.clients:
             return self.fisher.estimate(key, server_round), "client"
         return self.fisher.global_prior(), "prior"

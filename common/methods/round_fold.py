@@ -1,23 +1,29 @@
-"""How a round's accepted replies reach the global model and the method's state: one by one, or all at once.
+"""How a round's accepted replies reach the global model and the method's state: one by one, or all
+at once.
 
-The strategy hands a round's validated replies to a :class:`RoundFold` one at a time, in the clients'
-stable key order, and drops each after :meth:`RoundFold.add`. At the end it either commits the round
-(:meth:`RoundFold.finish`: the new global vector) or, with fewer than ``min-replies`` valid replies, abandons
-it (:meth:`RoundFold.discard`), which must leave the global vector and the method's state as they were.
+The strategy hands a round's validated replies to a :class:`RoundFold` one at a time, in the
+clients' stable key order, and drops each after :meth:`RoundFold.add`. At the end it either commits
+the round (:meth:`RoundFold.finish`: the new global vector) or, with fewer than ``min-replies``
+valid replies, abandons it (:meth:`RoundFold.discard`), which must leave the global vector and the
+method's state as they were.
 
-* :class:`IncrementalFold`: the update enters a running sum (:mod:`common.aggregation.running_sums`) and is
-  freed; the method's state (:meth:`~common.methods.masked.MaskedMethod.observe`: the Fisher estimate, FedGMR's
-  loss record) takes each reply as soon as the round is certain to count, that is once ``min-replies`` valid
-  replies have been added (the first ``min-replies - 1`` are held until then). Memory: the sums, plus at most
-  ``min-replies - 1`` replies. The element-wise methods whose mean is a running sum use it: fedfibos, fedavg,
-  fedavg-drop, heterofl, fedrolex, fiarse, fedgmr (synchronous).
-* :class:`BufferedFold`: the replies are kept and :meth:`~common.methods.base.Method.aggregate` sees them all at
-  the end, as before: the default of :class:`~common.methods.base.Method`, for methods whose step needs every
-  update at once (LoRA's SVD redistribution) or that keep other per-reply state (CA-HFP's channel scores).
+* :class:`IncrementalFold`: the update enters a running sum (:mod:`common.aggregation.running_sums`)
+  and is freed; the method's state (:meth:`~common.methods.masked.MaskedMethod.observe`: the Fisher
+  estimate, FedGMR's loss record) takes each reply as soon as the round is certain to count, that is
+  once ``min-replies`` valid replies have been added (the first ``min-replies - 1`` are held until
+  then). Memory: the sums, plus at most ``min-replies - 1`` replies. The element-wise methods whose
+  mean is a running sum use it: fedfibos, fedavg, fedavg-drop, heterofl, fedrolex, fiarse, fedgmr
+  (synchronous).
+* :class:`BufferedFold`: the replies are kept and :meth:`~common.methods.base.Method.aggregate` sees
+  them all at the end, as before: the default of :class:`~common.methods.base.Method`, for methods
+  whose step needs every update at once (LoRA's SVD redistribution) or that keep other per-reply
+  state (CA-HFP's channel scores).
 * :class:`WarmUpFold`: round 0's Fisher-only replies (``fisher-warmup``), each passed to
-  :meth:`~common.methods.base.Method.warm_up` once the round is certain to count; the model is not touched.
+  :meth:`~common.methods.base.Method.warm_up` once the round is certain to count; the model is not
+  touched.
 
-For the same replies in the same order every fold gives the batch result to the bit (``tests/test_round_fold.py``).
+For the same replies in the same order every fold gives the batch result to the bit
+(``tests/test_round_fold.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ class Accepted:
 
 
 class AggregatesRound(Protocol):
-    """What :class:`BufferedFold` needs of a method: :meth:`~common.methods.base.Method.aggregate`."""
+    """What :class:`BufferedFold` needs of a method:
+    :meth:`~common.methods.base.Method.aggregate`."""
 
     def aggregate(
         self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int
@@ -77,7 +84,8 @@ class RoundFold(Protocol):
         ...
 
     def finish(self) -> NDArray[np.float32]:
-        """Commit the round: the method's state takes every reply, and the new global vector is returned."""
+        """Commit the round: the method's state takes every reply, and the new global vector is
+        returned."""
         ...
 
     def discard(self) -> None:
@@ -86,7 +94,8 @@ class RoundFold(Protocol):
 
 
 class CertainAfter:
-    """Replies held until the round is certain to count (``min_replies`` added), then passed on in order.
+    """Replies held until the round is certain to count (``min_replies`` added), then passed on in
+    order.
 
     Parameters
     ----------
@@ -103,7 +112,8 @@ class CertainAfter:
         self.count = 0
 
     def add(self, accepted: Accepted) -> None:
-        """Hold ``accepted`` while fewer than ``min_replies`` replies have come; else pass it (and the held) on."""
+        """Hold ``accepted`` while fewer than ``min_replies`` replies have come; else pass it (and
+        the held) on."""
         self.count += 1
         self.held.append(accepted)
         if self.count >= self.min_replies:
@@ -117,7 +127,8 @@ class CertainAfter:
 
 
 class IncrementalFold:
-    """Updates into a running sum, the method's state one reply at a time (see the module docstring).
+    """Updates into a running sum, the method's state one reply at a time (see the module
+    docstring).
 
     Parameters
     ----------
@@ -130,7 +141,8 @@ class IncrementalFold:
     min_replies : int
         Valid replies the round needs (``min-replies``).
     on_finish : Callable[[RunningSum], None], optional
-        Called with the sums when the round is committed (FedRolex takes its new update counts there).
+        Called with the sums when the round is committed (FedRolex takes its new update counts
+        there).
     """
 
     def __init__(
@@ -148,15 +160,19 @@ class IncrementalFold:
         self.count = 0
 
     def add(self, accepted: Accepted) -> None:
-        """The update into the sums (``ValueError`` if it does not fit: then nothing changed), then the state."""
+        """The update into the sums (``ValueError`` if it does not fit: then nothing changed), then
+        the state."""
         self.sums.add(accepted.reply.update)
         self.state.add(accepted)
         self.count += 1
 
     def finish(self) -> NDArray[np.float32]:
-        """The new global vector; ``ValueError`` when fewer than ``min-replies`` replies were added."""
+        """The new global vector; ``ValueError`` when fewer than ``min-replies`` replies were
+        added."""
         if self.count < self.state.min_replies:
-            raise ValueError(f"{self.count} replies, min-replies={self.state.min_replies}: discard the round")
+            raise ValueError(
+                f"{self.count} replies, min-replies={self.state.min_replies}: discard the round"
+            )
         if self.on_finish is not None:
             self.on_finish(self.sums)
         return self.sums.apply(self.x)
@@ -167,7 +183,8 @@ class IncrementalFold:
 
 
 class BufferedFold:
-    """Every reply kept; :meth:`~common.methods.base.Method.aggregate` sees them all when the round is committed.
+    """Every reply kept; :meth:`~common.methods.base.Method.aggregate` sees them all when the round
+    is committed.
 
     Parameters
     ----------
@@ -202,7 +219,8 @@ class BufferedFold:
 
 
 class WarmUpFold:
-    """Round 0's replies, each passed to :meth:`~common.methods.base.Method.warm_up` once the round counts.
+    """Round 0's replies, each passed to :meth:`~common.methods.base.Method.warm_up` once the round
+    counts.
 
     Parameters
     ----------
@@ -216,7 +234,9 @@ class WarmUpFold:
         Valid replies the exchange needs (``min-replies``).
     """
 
-    def __init__(self, method: WarmsUp, x: NDArray[np.float32], server_round: int, min_replies: int) -> None:
+    def __init__(
+        self, method: WarmsUp, x: NDArray[np.float32], server_round: int, min_replies: int
+    ) -> None:
         self.x = x
         self.state = CertainAfter(min_replies, lambda a: method.warm_up([a], server_round))
         self.count = 0

@@ -55,8 +55,8 @@ class Scaler(nn.Module):
     Parameters
     ----------
     hidden_linear : bool
-        It scales a hidden linear layer (no norm after it), not a convolution: :func:`set_scaler_rate`
-        leaves it at 1 unless asked to scale such layers too.
+        It scales a hidden linear layer (no norm after it), not a convolution:
+        :func:`set_scaler_rate` leaves it at 1 unless asked to scale such layers too.
 
     Attributes
     ----------
@@ -98,8 +98,8 @@ def set_scaler_rate(model: nn.Module, rate: float, hidden_linear: bool = False) 
     rate : float
         Width rate of the submodel, in (0, 1].
     hidden_linear : bool
-        Also scale the hidden linear layers (:attr:`Scaler.hidden_linear`); otherwise their scalers are
-        set to 1, as HeteroFL's published convolutional model scales only its conv blocks.
+        Also scale the hidden linear layers (:attr:`Scaler.hidden_linear`); otherwise their scalers
+        are set to 1, as HeteroFL's published convolutional model scales only its conv blocks.
     """
     if not 0 < rate <= 1:
         raise ValueError(f"scaler rate must be in (0, 1], got {rate}")
@@ -178,7 +178,8 @@ class SmallBNCNN(nn.Module):
 
 
 def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
-    """torchvision ResNet-18 for 32x32 inputs with static BatchNorm, each norm preceded by a scaler."""
+    """torchvision ResNet-18 for 32x32 inputs with static BatchNorm, each norm preceded by a
+    scaler."""
     from torchvision.models import (
         resnet18,
     )  # imported here: torchvision costs ~1 s per client process
@@ -207,7 +208,9 @@ class FastText(nn.Module):
         Hidden units between the embedding bag and the classifier.
     """
 
-    def __init__(self, num_classes: int, vocab: int = 2**15, dim: int = 64, hidden: int = 64) -> None:
+    def __init__(
+        self, num_classes: int, vocab: int = 2**15, dim: int = 64, hidden: int = 64
+    ) -> None:
         super().__init__()
         self.embed = nn.EmbeddingBag(vocab, dim, mode="mean", padding_idx=0)
         self.fc1 = nn.Linear(dim, hidden)
@@ -248,8 +251,11 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
     raise ValueError(f"unknown model {name!r}; expected one of {MODELS}")
 
 
-def build_run_model(run: RunConfig, num_classes: int, in_channels: int, skeleton: bool = False) -> nn.Module:
-    """The run's model: :func:`build_model`, or the pretrained model at ``model-path`` for ``model = "hf"``.
+def build_run_model(
+    run: RunConfig, num_classes: int, in_channels: int, skeleton: bool = False
+) -> nn.Module:
+    """The run's model: :func:`build_model`, or the pretrained model at ``model-path`` for ``model =
+    "hf"``.
 
     Parameters
     ----------
@@ -260,11 +266,13 @@ def build_run_model(run: RunConfig, num_classes: int, in_channels: int, skeleton
     in_channels : int
         Input channels (images); ignored by text models.
     skeleton : bool
-        Only the architecture is needed (module types and names): a pretrained model is built from its
-        configuration without reading its weights.
+        Only the architecture is needed (module types and names): a pretrained model is built from
+        its configuration without reading its weights.
     """
     if run.model == "hf":
-        from common.models.hf import build_hf_model  # transformers costs seconds to import: only when used
+        from common.models.hf import (
+            build_hf_model,
+        )  # transformers costs seconds to import: only when used
 
         return build_hf_model(run.model_path, num_classes, run.seed, run.hf_embeddings, skeleton)
     return build_model(run.model, num_classes, in_channels, run.seed)
@@ -272,11 +280,16 @@ def build_run_model(run: RunConfig, num_classes: int, in_channels: int, skeleton
 
 def trainable_arrays(model: nn.Module) -> dict[str, NDArray[np.float32]]:
     """The model's trainable parameters as numpy arrays, in ``state_dict`` order."""
-    return {n: p.detach().cpu().numpy().astype(np.float32) for n, p in model.named_parameters() if p.requires_grad}
+    return {
+        n: p.detach().cpu().numpy().astype(np.float32)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
 
 
 def model_layout(model: nn.Module) -> ParamLayout:
-    """Flat layout of the model's trainable parameters, with the ones that cannot learn marked inert."""
+    """Flat layout of the model's trainable parameters, with the ones that cannot learn marked
+    inert."""
     return ParamLayout.from_arrays(trainable_arrays(model), inert_parameters(model))
 
 

@@ -1,23 +1,23 @@
 """Pretrained Hugging Face sequence classifiers (``model = "hf"``) and their tokenizers.
 
-``model-path`` names a local folder (``save_pretrained`` output: ``config.json``, the weights, the tokenizer
-files; what an air-gapped site copies in) or a hub id (``org/name``, downloaded once into the Hugging Face
-cache). The model is loaded with ``AutoModelForSequenceClassification`` with as many labels as the dataset
-has; its classification head is initialised from the run's ``seed``, so the server and every node build the
-same initial model. Text is tokenised with the model's own tokenizer (:func:`tokenize`), padded and
-truncated to ``text-length`` tokens.
+``model-path`` names a local folder (``save_pretrained`` output: ``config.json``, the weights, the
+tokenizer files; what an air-gapped site copies in) or a hub id (``org/name``, downloaded once into
+the Hugging Face cache). The model is loaded with ``AutoModelForSequenceClassification`` with as
+many labels as the dataset has; its classification head is initialised from the run's ``seed``, so
+the server and every node build the same initial model. Text is tokenised with the model's own
+tokenizer (:func:`tokenize`), padded and truncated to ``text-length`` tokens.
 
 Which tensors are federated (the rule every element-wise method sees):
 
-* **Weight matrices** of attention, feed-forward, pooler and classifier layers are ranked, selected and
-  aggregated like any other weight matrix.
-* **LayerNorm scales and shifts, and biases** are 1-D: every submodel keeps them (the selection guard of
-  every 1-D tensor, :attr:`common.models.layout.ParamLayout.always_kept`).
+* **Weight matrices** of attention, feed-forward, pooler and classifier layers are ranked, selected
+  and aggregated like any other weight matrix.
+* **LayerNorm scales and shifts, and biases** are 1-D: every submodel keeps them (the selection
+  guard of every 1-D tensor, :attr:`common.models.layout.ParamLayout.always_kept`).
 * **Embeddings** (every ``nn.Embedding``: word, position, token type) follow ``hf-embeddings``:
-  ``frozen`` (default) keeps them at their pretrained values on every node, outside the federated model
-  (never sent, never trained: for MiniLM they are half of the weights, and a client that dropped a
-  word's row would lose that word); ``trained`` puts them in the federated model, ranked like any matrix
-  (one row per token).
+  ``frozen`` (default) keeps them at their pretrained values on every node, outside the federated
+  model (never sent, never trained: for MiniLM they are half of the weights, and a client that
+  dropped a word's row would lose that word); ``trained`` puts them in the federated model, ranked
+  like any matrix (one row per token).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def _quiet() -> None:
 
 
 def load_tokenizer(path: str) -> Any:
-    """The tokenizer stored with the model at ``model-path`` (``ConfigError`` naming the key if none)."""
+    """The tokenizer stored with the model at ``model-path`` (``ConfigError`` naming the key if
+    none)."""
     from transformers import AutoTokenizer
 
     _quiet()
@@ -75,7 +76,9 @@ def tokenize(texts: Sequence[str], path: str, length: int) -> NDArray[np.int64]:
     tokenizer = load_tokenizer(path)
     if not texts:
         return np.zeros((0, length), dtype=np.int64)
-    ids = tokenizer(list(texts), padding="max_length", truncation=True, max_length=length)["input_ids"]
+    ids = tokenizer(list(texts), padding="max_length", truncation=True, max_length=length)[
+        "input_ids"
+    ]
     return np.asarray(ids, dtype=np.int64)
 
 
@@ -90,7 +93,8 @@ class HFClassifier(nn.Module):
         The tokenizer's padding id: those positions are masked out of attention.
     """
 
-    # transformers' attention-mask helpers branch on tensor values, which torch.func.vmap cannot trace.
+    # transformers' attention-mask helpers branch on tensor values, which torch.func.vmap cannot
+    # trace.
     vmap_safe = False
 
     def __init__(self, net: nn.Module, pad_id: int) -> None:
@@ -104,7 +108,8 @@ class HFClassifier(nn.Module):
 
 
 def freeze_embeddings(model: nn.Module) -> int:
-    """Take every ``nn.Embedding`` weight out of training (``hf-embeddings = frozen``); returns how many."""
+    """Take every ``nn.Embedding`` weight out of training (``hf-embeddings = frozen``); returns how
+    many."""
     frozen = 0
     for module in model.modules():
         if isinstance(module, nn.Embedding):
@@ -115,7 +120,11 @@ def freeze_embeddings(model: nn.Module) -> int:
 
 
 def build_hf_model(
-    path: str, num_classes: int, seed: int, embeddings: EmbeddingRule = "frozen", skeleton: bool = False
+    path: str,
+    num_classes: int,
+    seed: int,
+    embeddings: EmbeddingRule = "frozen",
+    skeleton: bool = False,
 ) -> HFClassifier:
     """The pretrained model at ``path`` with a ``num_classes``-way head, initialised from ``seed``.
 
@@ -130,31 +139,35 @@ def build_hf_model(
     embeddings : {"frozen", "trained"}
         ``hf-embeddings``: whether embedding tables are federated.
     skeleton : bool
-        Build the architecture from the config only, without reading weights (for module types and names,
-        e.g. on the ``meta`` device).
+        Build the architecture from the config only, without reading weights (for module types and
+        names, e.g. on the ``meta`` device).
 
     Raises
     ------
     ConfigError
-        Naming ``model-path`` when it holds no loadable model, or when its tokenizer emits ids outside the
-        model's embedding table (a tokenizer and model that do not belong together).
+        Naming ``model-path`` when it holds no loadable model, or when its tokenizer emits ids
+        outside the model's embedding table (a tokenizer and model that do not belong together).
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     if embeddings not in EMBEDDING_RULES:
-        raise ConfigError(f"hf-embeddings={embeddings!r}: allowed values are {', '.join(EMBEDDING_RULES)}")
+        raise ConfigError(
+            f"hf-embeddings={embeddings!r}: allowed values are {', '.join(EMBEDDING_RULES)}"
+        )
     _quiet()
     where = resolve_model_path(path)
     tokenizer = load_tokenizer(path)
     try:
         config = AutoConfig.from_pretrained(where, num_labels=num_classes)
     except (OSError, ValueError) as err:
-        raise ConfigError(f"model-path={path!r}: no model configuration could be loaded ({err})") from None
+        raise ConfigError(
+            f"model-path={path!r}: no model configuration could be loaded ({err})"
+        ) from None
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         raise ConfigError(
-            f"model-path={path!r}: the tokenizer has {len(tokenizer)} tokens but the model's embedding table "
-            f"{vocab} rows: tokenizer and model do not belong together"
+            f"model-path={path!r}: the tokenizer has {len(tokenizer)} tokens but the model's "
+            f"embedding table {vocab} rows: tokenizer and model do not belong together"
         )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

@@ -37,7 +37,9 @@ def inert_parameters(model: nn.Module) -> frozenset[str]:
     modules = dict(model.named_modules())
     out: set[str] = set()
     for node in graph.nodes:
-        if node.op != "call_module" or not isinstance(modules.get(node.target), nn.modules.batchnorm._BatchNorm):
+        if node.op != "call_module" or not isinstance(
+            modules.get(node.target), nn.modules.batchnorm._BatchNorm
+        ):
             continue
         src = node.args[0] if node.args else None
         while (
@@ -51,6 +53,10 @@ def inert_parameters(model: nn.Module) -> frozenset[str]:
             continue  # a layer whose output also goes elsewhere keeps its bias useful there
         layer = modules.get(src.target)
         bias = getattr(layer, "bias", None)
-        if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and bias is not None and bias.requires_grad:
+        if (
+            isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear))
+            and bias is not None
+            and bias.requires_grad
+        ):
             out.add(f"{src.target}.bias")
     return frozenset(out)

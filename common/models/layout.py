@@ -50,20 +50,27 @@ class ParamLayout:
     tensors : tuple[TensorSpec, ...]
         Trainable tensors in canonical (``state_dict``) order.
     inert : frozenset[str]
-        Names of tensors that cannot learn (e.g. a bias that feeds a BatchNorm, whose gradient is always
-        zero): Fisher-ranked submodels never spend budget on them (:func:`common.models.inert.inert_parameters`).
+        Names of tensors that cannot learn (e.g. a bias that feeds a BatchNorm, whose gradient is
+        always zero): Fisher-ranked submodels never spend budget on them
+        (:func:`common.models.inert.inert_parameters`).
     """
 
     tensors: tuple[TensorSpec, ...]
     inert: frozenset[str] = frozenset()
 
     @classmethod
-    def from_arrays(cls, arrays: Mapping[str, NDArray], inert: frozenset[str] = frozenset()) -> ParamLayout:
-        """Build a layout from named arrays, keeping their order (``inert``: tensors that cannot learn)."""
+    def from_arrays(
+        cls, arrays: Mapping[str, NDArray], inert: frozenset[str] = frozenset()
+    ) -> ParamLayout:
+        """Build a layout from named arrays, keeping their order (``inert``: tensors that cannot
+        learn)."""
         unknown = inert - set(arrays)
         if unknown:
             raise ValueError(f"inert tensors {sorted(unknown)} are not among the arrays")
-        return cls(tuple(TensorSpec(n, tuple(int(s) for s in a.shape)) for n, a in arrays.items()), frozenset(inert))
+        return cls(
+            tuple(TensorSpec(n, tuple(int(s) for s in a.shape)) for n, a in arrays.items()),
+            frozenset(inert),
+        )
 
     @property
     def names(self) -> list[str]:
@@ -119,7 +126,10 @@ class ParamLayout:
         if mask.shape != (self.size,):
             raise ValueError(f"mask has shape {mask.shape}, expected ({self.size},)")
         bounds = self.offsets.tolist()
-        return {t.name: int(np.count_nonzero(mask[a:b])) for t, a, b in zip(self.tensors, bounds[:-1], bounds[1:])}
+        return {
+            t.name: int(np.count_nonzero(mask[a:b]))
+            for t, a, b in zip(self.tensors, bounds[:-1], bounds[1:])
+        }
 
     def flatten(self, arrays: Mapping[str, NDArray]) -> NDArray[np.float32]:
         """Concatenate named arrays into one float32 vector in layout order.
@@ -132,7 +142,9 @@ class ParamLayout:
                 raise ValueError(f"missing tensor {t.name!r}")
             a = np.asarray(arrays[t.name])
             if tuple(a.shape) != t.shape:
-                raise ValueError(f"tensor {t.name!r} has shape {tuple(a.shape)}, expected {t.shape}")
+                raise ValueError(
+                    f"tensor {t.name!r} has shape {tuple(a.shape)}, expected {t.shape}"
+                )
             out[start : start + t.size] = a.reshape(-1)
         return out
 
@@ -141,5 +153,6 @@ class ParamLayout:
         if flat.shape != (self.size,):
             raise ValueError(f"flat vector has shape {flat.shape}, expected ({self.size},)")
         return {
-            t.name: flat[start : start + t.size].reshape(t.shape) for t, start in zip(self.tensors, self.offsets[:-1])
+            t.name: flat[start : start + t.size].reshape(t.shape)
+            for t, start in zip(self.tensors, self.offsets[:-1])
         }

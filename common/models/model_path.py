@@ -1,6 +1,8 @@
-"""Where a pretrained model's ``model-path`` points: a local folder or a hub id, checked without loading anything.
+"""Where a pretrained model's ``model-path`` points: a local folder or a hub id, checked without
+loading anything.
 
-Kept apart from :mod:`common.models.hf` so that the launcher refuses a bad path before importing torch.
+Kept apart from :mod:`common.models.hf` so that the launcher refuses a bad path before importing
+torch.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from common.config.schema import ConfigError
 
 def _looks_local(path: str) -> bool:
     """Whether ``path`` can only mean a folder (a hub id is ``name`` or ``org/name``)."""
-    return path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+    return (
+        path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+    )
 
 
 def resolve_model_path(path: str) -> str:

@@ -1,4 +1,5 @@
-"""Physically smaller models: the same module tree with narrower Conv2d / BatchNorm2d / Linear layers.
+"""Physically smaller models: the same module tree with narrower Conv2d / BatchNorm2d / Linear
+layers.
 
 :func:`build_structured_model` takes a *skeleton* of the full architecture (it can
 live on PyTorch's ``meta`` device, so a client never allocates the full model) and
@@ -29,7 +30,9 @@ from common.models.layout import ParamLayout, TensorSpec
 
 def skeleton_layout(model: nn.Module) -> ParamLayout:
     """Flat layout of a model's trainable parameters, read from shapes only (works on ``meta``)."""
-    return ParamLayout(tuple(TensorSpec(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad))
+    return ParamLayout(
+        tuple(TensorSpec(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad)
+    )
 
 
 def _narrow(module: nn.Module, weight: tuple[int, ...]) -> nn.Module:
@@ -37,7 +40,9 @@ def _narrow(module: nn.Module, weight: tuple[int, ...]) -> nn.Module:
     bias = getattr(module, "bias", None) is not None
     if isinstance(module, nn.Conv2d):
         if module.groups != 1:
-            raise ValueError(f"grouped convolution (groups={module.groups}) cannot be channel-sliced")
+            raise ValueError(
+                f"grouped convolution (groups={module.groups}) cannot be channel-sliced"
+            )
         return nn.Conv2d(
             weight[1],
             weight[0],
@@ -51,8 +56,12 @@ def _narrow(module: nn.Module, weight: tuple[int, ...]) -> nn.Module:
     if isinstance(module, nn.Linear):
         return nn.Linear(weight[1], weight[0], bias=bias)
     if isinstance(module, nn.BatchNorm2d):
-        return nn.BatchNorm2d(weight[0], module.eps, module.momentum, module.affine, module.track_running_stats)
-    raise TypeError(f"cannot narrow a {type(module).__name__}; supported: Conv2d, Linear, BatchNorm2d")
+        return nn.BatchNorm2d(
+            weight[0], module.eps, module.momentum, module.affine, module.track_running_stats
+        )
+    raise TypeError(
+        f"cannot narrow a {type(module).__name__}; supported: Conv2d, Linear, BatchNorm2d"
+    )
 
 
 def build_structured_model(skeleton: nn.Module, arrays: Mapping[str, NDArray]) -> nn.Module:
@@ -70,20 +79,29 @@ def build_structured_model(skeleton: nn.Module, arrays: Mapping[str, NDArray]) -
     names = [n for n, p in skeleton.named_parameters() if p.requires_grad]
     if set(names) != set(arrays):
         missing, extra = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
-        raise ValueError(f"small model arrays differ from the architecture: missing {missing}, unexpected {extra}")
+        raise ValueError(
+            f"small model arrays differ from the architecture: missing {missing}, unexpected "
+            f"{extra}"
+        )
     owners = sorted({n.rpartition(".")[0] for n in names})
     small = copy.deepcopy(skeleton)
     modules = dict(small.named_modules())
     for owner in owners:
         if not owner or f"{owner}.weight" not in arrays:
-            raise ValueError(f"parameters of {owner or 'the root module'!r} do not belong to a layer with a weight")
+            raise ValueError(
+                f"parameters of {owner or 'the root module'!r} do not belong to a layer with a "
+                "weight"
+            )
         new = _narrow(modules[owner], tuple(np.asarray(arrays[f"{owner}.weight"]).shape))
         with torch.no_grad():
             for pname, param in new.named_parameters(recurse=False):
                 full_name = f"{owner}.{pname}"
                 value = torch.from_numpy(np.ascontiguousarray(arrays[full_name], dtype=np.float32))
                 if value.shape != param.shape:
-                    raise ValueError(f"{full_name!r}: shape {tuple(value.shape)} does not fit {tuple(param.shape)}")
+                    raise ValueError(
+                        f"{full_name!r}: shape {tuple(value.shape)} does not fit "
+                        f"{tuple(param.shape)}"
+                    )
                 param.copy_(value)
         parent_name, _, child = owner.rpartition(".")
         setattr(modules[parent_name], child, new)

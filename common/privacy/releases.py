@@ -1,4 +1,5 @@
-"""What a node releases under ``dp-epsilon``, counted without the accountant (so configuration stays light).
+"""What a node releases under ``dp-epsilon``, counted without the accountant (so configuration stays
+light).
 
 Each entry of :data:`Releases` is a number of Gaussian mechanisms of one sample rate; the accountant
 (:mod:`common.privacy.accountant`) turns them into an epsilon.
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import math
 
-#: ``(sample_rate, count)``: ``count`` Gaussian mechanisms, each applied to a ``sample_rate`` share of the node's
-#: examples (1.0: a Fisher over its examples; ``B / n``: a DP-SGD step on a minibatch of ``B``).
+#: ``(sample_rate, count)``: ``count`` Gaussian mechanisms, each applied to a ``sample_rate`` share
+#: of the node's examples (1.0: a Fisher over its examples; ``B / n``: a DP-SGD step on a minibatch
+#: of ``B``).
 Releases = tuple[tuple[float, int], ...]
 
 
-def node_releases(num_examples: int, batch_size: int, epochs: int, rounds: int, fisher_uploads: int) -> Releases:
+def node_releases(
+    num_examples: int, batch_size: int, epochs: int, rounds: int, fisher_uploads: int
+) -> Releases:
     """What a node that trains ``rounds`` rounds releases: its DP-SGD steps and its Fisher uploads.
 
     Parameters
@@ -37,5 +41,6 @@ def node_releases(num_examples: int, batch_size: int, epochs: int, rounds: int, 
 
 
 def fisher_uploads(num_rounds: int, every: int, warmup: bool) -> int:
-    """Fisher uploads of a node that trains every round: the warm-up, then one every ``every`` rounds."""
+    """Fisher uploads of a node that trains every round: the warm-up, then one every ``every``
+    rounds."""
     return (1 if warmup else 0) + math.ceil(num_rounds / every)

@@ -76,7 +76,8 @@ def channel_scores(
     curvature: NDArray,
     weights: NDArray,
 ) -> dict[str, NDArray[np.float64]]:
-    """Curvature-aware score ``S_c = |sum g w| + sum h w^2`` of every channel (units of the training loss).
+    """Curvature-aware score ``S_c = |sum g w| + sum h w^2`` of every channel (units of the training
+    loss).
 
     Parameters
     ----------
@@ -93,7 +94,9 @@ def channel_scores(
     """
     g, h, w = (np.asarray(a, dtype=np.float64) for a in (grad, curvature, weights))
     if not g.shape == h.shape == w.shape:
-        raise ValueError(f"grad {g.shape}, curvature {h.shape} and weights {w.shape} differ in shape")
+        raise ValueError(
+            f"grad {g.shape}, curvature {h.shape} and weights {w.shape} differ in shape"
+        )
     if np.any(h < 0):
         raise ValueError("curvature must be non-negative")
     first = channel_sums(layout, graph, g * w)
@@ -104,7 +107,8 @@ def channel_scores(
 def channel_sums(
     layout: ParamLayout, graph: Mapping[str, TensorChannels], values: NDArray
 ) -> dict[str, NDArray[np.float64]]:
-    """Per group and channel, the sum of ``values`` over the positions dropping that channel removes.
+    """Per group and channel, the sum of ``values`` over the positions dropping that channel
+    removes.
 
     Those positions are the channel's output rows in every tensor whose
     ``out_group`` is the group and its input columns (``in_repeat`` consecutive
@@ -134,7 +138,9 @@ def channel_sums(
             continue
         n_in = sums[spec.in_group].size
         if v.shape[1] != n_in * spec.in_repeat:
-            raise ValueError(f"tensor {name!r}: {v.shape[1]} inputs, graph implies {n_in * spec.in_repeat}")
+            raise ValueError(
+                f"tensor {name!r}: {v.shape[1]} inputs, graph implies {n_in * spec.in_repeat}"
+            )
         blocks = v.reshape(rows, n_in, spec.in_repeat, -1)
         sums[spec.in_group] += blocks.sum(axis=(0, 2, 3))
         if spec.in_group == spec.out_group:
@@ -143,7 +149,9 @@ def channel_sums(
     return sums
 
 
-def top_channels(priority: NDArray, k: int, first: NDArray[np.bool_] | None = None) -> NDArray[np.int64]:
+def top_channels(
+    priority: NDArray, k: int, first: NDArray[np.bool_] | None = None
+) -> NDArray[np.int64]:
     """Indices (increasing) of the ``k`` channels ranked highest.
 
     Parameters
@@ -162,13 +170,18 @@ def top_channels(priority: NDArray, k: int, first: NDArray[np.bool_] | None = No
         raise ValueError(f"cannot keep {k} of {n} channels")
     if not np.all(np.isfinite(priority)):
         raise ValueError("channel priorities must be finite")
-    tier = np.zeros(n, dtype=np.int8) if first is None else (~np.asarray(first, dtype=bool)).astype(np.int8)
+    tier = (
+        np.zeros(n, dtype=np.int8)
+        if first is None
+        else (~np.asarray(first, dtype=bool)).astype(np.int8)
+    )
     order = np.lexsort((np.arange(n), -priority, tier))  # last key is the primary one
     return np.sort(order[:k]).astype(np.int64)
 
 
 def kept_count(size: int, gamma: float) -> int:
-    """Channels a client of capacity ``gamma`` keeps in a group of ``size`` (as HeteroFL's width rule)."""
+    """Channels a client of capacity ``gamma`` keeps in a group of ``size`` (as HeteroFL's width
+    rule)."""
     return int(kept_channels(size, width_ratio(gamma)).size)
 
 
@@ -220,7 +233,8 @@ class ChannelScoreState:
         return any(m.any() for m in self.measured.values())
 
     def update(self, reports: Sequence[ChannelReport]) -> None:
-        """Fold one round's reports in: held channels get the weighted mean, others are unchanged."""
+        """Fold one round's reports in: held channels get the weighted mean, others are
+        unchanged."""
         num = {g: np.zeros_like(s) for g, s in self.score.items()}
         den = {g: np.zeros_like(s) for g, s in self.score.items()}
         for r in reports:
@@ -229,7 +243,9 @@ class ChannelScoreState:
             for g, idx in r.selection.items():
                 vals = np.asarray(r.scores[g], dtype=np.float64)
                 if vals.shape != idx.shape or not np.all(np.isfinite(vals)):
-                    raise ValueError(f"group {g!r}: need {idx.size} finite scores, got {vals.shape}")
+                    raise ValueError(
+                        f"group {g!r}: need {idx.size} finite scores, got {vals.shape}"
+                    )
                 num[g][idx] += r.weight * vals
                 den[g][idx] += r.weight
         for g in self.score:
@@ -256,15 +272,16 @@ class ChannelScoreState:
 
 
 def personal_state(own: ChannelScoreState | None, pooled: ChannelScoreState) -> ChannelScoreState:
-    """The scores one client's channels are ranked by: its own where it measured them, else the pooled ones.
+    """The scores one client's channels are ranked by: its own where it measured them, else the
+    pooled ones.
 
-    A channel the client never held takes the pooled (all clients') score, as a client without its own
-    Fisher takes the prior; a channel nobody measured stays unmeasured (ranked first, by weight norm).
-    The pooled scores are first put on the client's scale, per group: multiplied by
-    ``sum own / sum pooled`` over the channels the client measured. Without it a small client's scores,
-    summed over the few weights its small model has per channel, are systematically below the pooled ones
-    (which larger models report over more weights), so every channel it holds would be swapped for one it
-    does not at the next round.
+    A channel the client never held takes the pooled (all clients') score, as a client without its
+    own Fisher takes the prior; a channel nobody measured stays unmeasured (ranked first, by weight
+    norm). The pooled scores are first put on the client's scale, per group: multiplied by ``sum own
+    / sum pooled`` over the channels the client measured. Without it a small client's scores, summed
+    over the few weights its small model has per channel, are systematically below the pooled ones
+    (which larger models report over more weights), so every channel it holds would be swapped for
+    one it does not at the next round.
 
     Parameters
     ----------
@@ -299,9 +316,9 @@ def score_capacity(budget_mb: float, sizes: Mapping[str, int]) -> int:
 class ClientChannelScores:
     """Per-client channel scores on the server, at most ``max_clients`` of them.
 
-    Each accepted client's report replaces the scores of the channels it held in *its own* state; a new
-    client beyond ``max_clients`` evicts the one that reported least recently, which then ranks by the
-    pooled scores again (:func:`personal_state`).
+    Each accepted client's report replaces the scores of the channels it held in *its own* state; a
+    new client beyond ``max_clients`` evicts the one that reported least recently, which then ranks
+    by the pooled scores again (:func:`personal_state`).
 
     Parameters
     ----------
@@ -325,7 +342,9 @@ class ClientChannelScores:
         state = self.clients.pop(key, None)
         if state is None:
             if len(self.clients) >= self.max_clients:
-                del self.clients[next(iter(self.clients))]  # dicts keep insertion order: the least recent
+                del self.clients[
+                    next(iter(self.clients))
+                ]  # dicts keep insertion order: the least recent
                 self.evictions += 1
             state = ChannelScoreState.empty(self.sizes)
         state.update([report])
@@ -338,5 +357,7 @@ class ClientChannelScores:
     def memory_bytes(self) -> int:
         """Bytes of the kept scores and flags."""
         return sum(
-            a.nbytes for state in self.clients.values() for a in (*state.score.values(), *state.measured.values())
+            a.nbytes
+            for state in self.clients.values()
+            for a in (*state.score.values(), *state.measured.values())
         )

@@ -37,7 +37,9 @@ def check_selection(selection: Mapping[str, NDArray], sizes: Mapping[str, int]) 
     integer array of strictly increasing indices below the group's size.
     """
     if set(selection) != set(sizes):
-        raise ValueError(f"selection groups {sorted(selection)} differ from the model's {sorted(sizes)}")
+        raise ValueError(
+            f"selection groups {sorted(selection)} differ from the model's {sorted(sizes)}"
+        )
     out = {}
     for g, n in sizes.items():
         idx = np.asarray(selection[g])
@@ -45,7 +47,9 @@ def check_selection(selection: Mapping[str, NDArray], sizes: Mapping[str, int]) 
             raise ValueError(f"group {g!r}: kept channels must be a non-empty 1-D integer array")
         idx = idx.astype(np.int64)
         if idx[0] < 0 or idx[-1] >= n or np.any(np.diff(idx) <= 0):
-            raise ValueError(f"group {g!r}: kept channels must be strictly increasing and in [0, {n})")
+            raise ValueError(
+                f"group {g!r}: kept channels must be strictly increasing and in [0, {n})"
+            )
         out[g] = idx
     return out
 
@@ -66,7 +70,8 @@ def selection_mask(
 def selection_of_mask(
     layout: ParamLayout, graph: Mapping[str, TensorChannels], mask: NDArray[np.bool_]
 ) -> ChannelSelection:
-    """The selection whose :func:`selection_mask` is ``mask``; ``ValueError`` if it is not a channel mask."""
+    """The selection whose :func:`selection_mask` is ``mask``; ``ValueError`` if it is not a channel
+    mask."""
     mask = np.asarray(mask, dtype=bool)
     selection: ChannelSelection = {}
     for t, m in zip(layout.tensors, layout.unflatten(mask).values()):
@@ -82,12 +87,16 @@ def selection_of_mask(
     return selection
 
 
-def _indices(spec: TensorChannels, selection: ChannelSelection, shape: tuple[int, ...]) -> tuple[NDArray, NDArray]:
+def _indices(
+    spec: TensorChannels, selection: ChannelSelection, shape: tuple[int, ...]
+) -> tuple[NDArray, NDArray]:
     rows = selection[spec.out_group] if spec.out_group else np.arange(shape[0])
     if len(shape) < 2:
         return rows, np.zeros(0, dtype=np.int64)
     if spec.in_group:
-        cols = (selection[spec.in_group][:, None] * spec.in_repeat + np.arange(spec.in_repeat)).reshape(-1)
+        cols = (
+            selection[spec.in_group][:, None] * spec.in_repeat + np.arange(spec.in_repeat)
+        ).reshape(-1)
     else:
         cols = np.arange(shape[1])
     return rows, cols
@@ -105,9 +114,13 @@ def sliced_shapes(
     return out
 
 
-def sliced_layout(layout: ParamLayout, graph: Mapping[str, TensorChannels], selection: ChannelSelection) -> ParamLayout:
+def sliced_layout(
+    layout: ParamLayout, graph: Mapping[str, TensorChannels], selection: ChannelSelection
+) -> ParamLayout:
     """Flat layout of the small model (full-model tensor names, small shapes, same order)."""
-    return ParamLayout(tuple(TensorSpec(n, s) for n, s in sliced_shapes(layout, graph, selection).items()))
+    return ParamLayout(
+        tuple(TensorSpec(n, s) for n, s in sliced_shapes(layout, graph, selection).items())
+    )
 
 
 def slice_arrays(
@@ -160,7 +173,9 @@ def check_small_arrays(
     for name, shape in shapes.items():
         a = np.asarray(arrays[name])
         if a.dtype != np.float32 or a.shape != shape:
-            raise ValueError(f"tensor {name!r} must be float32{list(shape)}, got {a.dtype}{list(a.shape)}")
+            raise ValueError(
+                f"tensor {name!r} must be float32{list(shape)}, got {a.dtype}{list(a.shape)}"
+            )
         if not np.all(np.isfinite(a)):
             raise ValueError(f"tensor {name!r} contains NaN or Inf")
         parts.append(a.reshape(-1))
@@ -198,13 +213,17 @@ def decode_channels(arrays: Mapping[str, NDArray], sizes: Mapping[str, int]) -> 
     """Inverse of :func:`encode_channels`; raises ``ValueError`` naming the bad group."""
     for g, a in arrays.items():
         if g in sizes and np.asarray(a).dtype != index_dtype(sizes[g]):
-            raise ValueError(f"group {g!r}: channel indices must be {index_dtype(sizes[g])}, got {np.asarray(a).dtype}")
+            raise ValueError(
+                f"group {g!r}: channel indices must be {index_dtype(sizes[g])}, got "
+                f"{np.asarray(a).dtype}"
+            )
     return check_selection(arrays, sizes)
 
 
 def channels_digest(channels: Mapping[str, NDArray]) -> str:
     """Digest of encoded kept channels (group names and indices); a reply echoes it."""
     data = b"".join(
-        f"{g}:{np.asarray(a).dtype.str}:".encode() + np.ascontiguousarray(a).tobytes() for g, a in channels.items()
+        f"{g}:{np.asarray(a).dtype.str}:".encode() + np.ascontiguousarray(a).tobytes()
+        for g, a in channels.items()
     )
     return mask_digest(CHANNELS_KIND, np.frombuffer(data, dtype=np.uint8))

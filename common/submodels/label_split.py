@@ -1,14 +1,16 @@
-"""Label-split aggregation of the classifier: each output row is averaged over the clients that hold its class.
+"""Label-split aggregation of the classifier: each output row is averaged over the clients that hold
+its class.
 
 A client that never sees class ``c`` does not train the classifier's row ``c`` (with masked
-cross-entropy its logit is a constant 0, so the row's gradient is zero). Counting that client
-among the row's holders in the mask-aware mean would pull the row toward its old value in
-proportion to how many clients lack the class. HeteroFL's published ``Federation.combine``
-(``src/fed.py``; FedRolex's ``ResnetServerRoll.combine`` likewise) therefore restricts each
-client's classifier rows to its ``label_split``, the classes of its local data, before
-averaging. Here that restriction is applied to a client's :class:`~common.aggregation.masked.MaskedUpdate`
-(:func:`restrict_to_classes`), and :func:`common.aggregation.masked.aggregate_masked` then averages each
-position over the clients that still hold it; a row no participating client holds keeps its value.
+cross-entropy its logit is a constant 0, so the row's gradient is zero). Counting that client among
+the row's holders in the mask-aware mean would pull the row toward its old value in proportion to
+how many clients lack the class. HeteroFL's published ``Federation.combine`` (``src/fed.py``;
+FedRolex's ``ResnetServerRoll.combine`` likewise) therefore restricts each client's classifier rows
+to its ``label_split``, the classes of its local data, before averaging. Here that restriction is
+applied to a client's :class:`~common.aggregation.masked.MaskedUpdate`
+(:func:`restrict_to_classes`), and :func:`common.aggregation.masked.aggregate_masked` then averages
+each position over the clients that still hold it; a row no participating client holds keeps its
+value.
 
 The classifier is the model's output layer (:func:`output_layer`): the last 2-D tensor of the
 layout and the 1-D tensor of the same module, as the published code takes the last ``weight`` and
@@ -23,7 +25,8 @@ from numpy.typing import NDArray
 from common.aggregation.masked import MaskedUpdate
 from common.models.layout import ParamLayout
 
-#: Name of the reply array in which a client reports the classes it holds (uint8, 1 per class present).
+#: Name of the reply array in which a client reports the classes it holds (uint8, 1 per class
+#: present).
 CLASSES = "classes"
 
 
@@ -40,7 +43,9 @@ def output_layer(layout: ParamLayout) -> tuple[str, str | None]:
         raise ValueError("the layout has no 2-D tensor to serve as the classifier")
     weight = weights[-1].name
     module = weight.rpartition(".")[0]
-    bias = next((t.name for t in layout.tensors if len(t.shape) == 1 and t.name == f"{module}.bias"), None)
+    bias = next(
+        (t.name for t in layout.tensors if len(t.shape) == 1 and t.name == f"{module}.bias"), None
+    )
     return weight, bias
 
 
@@ -51,7 +56,8 @@ def num_outputs(layout: ParamLayout) -> int:
 
 
 def class_of_position(layout: ParamLayout) -> NDArray[np.int64]:
-    """For every flat position, the classifier row (class) it belongs to; ``-1`` outside the classifier.
+    """For every flat position, the classifier row (class) it belongs to; ``-1`` outside the
+    classifier.
 
     Parameters
     ----------
@@ -62,7 +68,9 @@ def class_of_position(layout: ParamLayout) -> NDArray[np.int64]:
     out = np.full(layout.size, -1, dtype=np.int64)
     for t, start in zip(layout.tensors, layout.offsets[:-1]):
         if t.name in (weight, bias):
-            out[start : start + t.size] = np.repeat(np.arange(t.shape[0], dtype=np.int64), t.size // t.shape[0])
+            out[start : start + t.size] = np.repeat(
+                np.arange(t.shape[0], dtype=np.int64), t.size // t.shape[0]
+            )
     return out
 
 

@@ -1,24 +1,25 @@
-"""Heterogeneous-rank LoRA on the flat federated vector: rank masks, aggregation of mixed ranks, rank allocation.
+"""Heterogeneous-rank LoRA on the flat federated vector: rank masks, aggregation of mixed ranks,
+rank allocation.
 
 The federated vector of ``method = "lora"`` holds, for every adapted layer, the factors of a rank
-``R = lora-max-rank`` adapter, ``A`` of shape ``(R, fan_in)`` and ``B`` of shape ``(fan_out, R)`` (the
-update of the frozen weight is ``s * B @ A``, ``s = lora-alpha / R`` for every client), plus the
-trainable classification head. A client of rank ``r`` in a layer holds that layer's first ``r``
+``R = lora-max-rank`` adapter, ``A`` of shape ``(R, fan_in)`` and ``B`` of shape ``(fan_out, R)``
+(the update of the frozen weight is ``s * B @ A``, ``s = lora-alpha / R`` for every client), plus
+the trainable classification head. A client of rank ``r`` in a layer holds that layer's first ``r``
 components: rows ``0..r-1`` of ``A`` and columns ``0..r-1`` of ``B`` (:func:`rank_mask`). Holding a
-prefix of the components is what makes ranks nest: a rank-``r`` adapter is the rank-``R`` adapter with
-its trailing components zero (HetLoRA's truncation).
+prefix of the components is what makes ranks nest: a rank-``r`` adapter is the rank-``R`` adapter
+with its trailing components zero (HetLoRA's truncation).
 
 Aggregation of adapters of different ranks (``lora-aggregation``):
 
-* ``svd`` (FlexLoRA): each client's product ``B_n A_n`` is formed at its own rank, the example-weighted
-  mean ``W = sum_n p_n B_n A_n`` is the global low-rank update, and its truncated SVD
-  ``U_R S_R V_R^T`` becomes the new factors, ``B = U_R S_R``, ``A = V_R^T`` (:func:`svd_factors`).
-  Components come out sorted by singular value, so a rank-``r`` client next receives the best rank-``r``
-  approximation of the global update (FlexLoRA's redistribution), and nothing is averaged across
-  factorisations that do not share a basis.
+* ``svd`` (FlexLoRA): each client's product ``B_n A_n`` is formed at its own rank, the
+  example-weighted mean ``W = sum_n p_n B_n A_n`` is the global low-rank update, and its truncated
+  SVD ``U_R S_R V_R^T`` becomes the new factors, ``B = U_R S_R``, ``A = V_R^T``
+  (:func:`svd_factors`). Components come out sorted by singular value, so a rank-``r`` client next
+  receives the best rank-``r`` approximation of the global update (FlexLoRA's redistribution), and
+  nothing is averaged across factorisations that do not share a basis.
 * ``zero-pad`` (HetLoRA): each client's factors are padded with zeros to rank ``R`` and averaged,
-  weighted by examples over *all* clients: a component only large clients hold is shrunk by the weight of
-  the small ones.
+  weighted by examples over *all* clients: a component only large clients hold is shrunk by the
+  weight of the small ones.
 * ``holders``: each factor entry is averaged over the clients that held it (the mask-aware mean of
   every other method; rank-balanced column weights).
 
@@ -67,7 +68,8 @@ class LoraPair:
 
 
 def lora_pairs(layout: ParamLayout) -> list[LoraPair]:
-    """Every adapted layer of ``layout``, in layout order; ``ValueError`` if a factor lacks its partner."""
+    """Every adapted layer of ``layout``, in layout order; ``ValueError`` if a factor lacks its
+    partner."""
     shapes = {t.name: tuple(t.shape) for t in layout.tensors}
     pairs = []
     for name, shape in shapes.items():
@@ -104,8 +106,11 @@ def _offsets(layout: ParamLayout) -> dict[str, int]:
     return dict(zip(layout.names, layout.offsets[:-1].tolist()))
 
 
-def rank_mask(layout: ParamLayout, pairs: Sequence[LoraPair], ranks: Mapping[str, int]) -> NDArray[np.bool_]:
-    """The positions a client holds: the first ``ranks[layer]`` components of each pair, and every other tensor.
+def rank_mask(
+    layout: ParamLayout, pairs: Sequence[LoraPair], ranks: Mapping[str, int]
+) -> NDArray[np.bool_]:
+    """The positions a client holds: the first ``ranks[layer]`` components of each pair, and every
+    other tensor.
 
     Parameters
     ----------
@@ -129,7 +134,9 @@ def rank_mask(layout: ParamLayout, pairs: Sequence[LoraPair], ranks: Mapping[str
     return mask
 
 
-def held_ranks(layout: ParamLayout, pairs: Sequence[LoraPair], mask: NDArray[np.bool_]) -> dict[str, int]:
+def held_ranks(
+    layout: ParamLayout, pairs: Sequence[LoraPair], mask: NDArray[np.bool_]
+) -> dict[str, int]:
     """The rank per layer of a :func:`rank_mask`; ``ValueError`` if ``mask`` is not one."""
     parts = layout.unflatten(mask)
     ranks = {p.layer: int(parts[p.a].any(axis=1).sum()) for p in pairs}
@@ -144,11 +151,14 @@ def _factor(x: NDArray[np.float32], at: int, shape: tuple[int, int]) -> NDArray[
     return x[at : at + shape[0] * shape[1]].reshape(shape)
 
 
-def svd_factors(w: NDArray[np.float64], rank: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """``B = U_r S_r`` and ``A = V_r^T`` of the rank-``rank`` truncated SVD of ``w`` (components by singular value).
+def svd_factors(
+    w: NDArray[np.float64], rank: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``B = U_r S_r`` and ``A = V_r^T`` of the rank-``rank`` truncated SVD of ``w`` (components by
+    singular value).
 
-    Singular vectors have a sign ambiguity; each component's sign is fixed so that the largest-magnitude
-    entry of its ``A`` row is positive, so the factors are a function of ``w``.
+    Singular vectors have a sign ambiguity; each component's sign is fixed so that the
+    largest-magnitude entry of its ``A`` row is positive, so the factors are a function of ``w``.
     """
     u, s, vt = np.linalg.svd(w, full_matrices=False)
     k = min(rank, s.size)
@@ -184,7 +194,8 @@ def aggregate_lora(
     mode : {"svd", "zero-pad", "holders"}
         ``lora-aggregation`` (see the module docstring).
     server_lr : float
-        Server step: the new value is ``x + server_lr * (aggregate - x)`` (for ``svd``: of the product ``B A``).
+        Server step: the new value is ``x + server_lr * (aggregate - x)`` (for ``svd``: of the
+        product ``B A``).
     """
     if mode not in LORA_AGGREGATIONS:
         raise ValueError(f"unknown LoRA aggregation {mode!r}; expected one of {LORA_AGGREGATIONS}")
@@ -207,8 +218,13 @@ def aggregate_lora(
                 old = _factor(x, at[name], shape).astype(np.float64)
                 _factor(out, at[name], shape)[:] = old + server_lr * (mean - old)
             continue
-        product = sum(w * (_factor(v, at[p.b], sb) @ _factor(v, at[p.a], sa)) for w, v in zip(weights, trained))
-        old = _factor(x, at[p.b], sb).astype(np.float64) @ _factor(x, at[p.a], sa).astype(np.float64)
+        product = sum(
+            w * (_factor(v, at[p.b], sb) @ _factor(v, at[p.a], sa))
+            for w, v in zip(weights, trained)
+        )
+        old = _factor(x, at[p.b], sb).astype(np.float64) @ _factor(x, at[p.a], sa).astype(
+            np.float64
+        )
         b, a = svd_factors(old + server_lr * (product - old), p.max_rank)
         _factor(out, at[p.a], sa)[:] = a
         _factor(out, at[p.b], sb)[:] = b
@@ -218,12 +234,13 @@ def aggregate_lora(
 def layer_fisher_mass(
     fisher: NDArray[np.float32], layout: ParamLayout, pairs: Sequence[LoraPair]
 ) -> NDArray[np.float64]:
-    """Each adapted layer's Fisher per measured factor entry: the mean of its positive ``A`` and ``B`` entries.
+    """Each adapted layer's Fisher per measured factor entry: the mean of its positive ``A`` and
+    ``B`` entries.
 
-    A client measures the Fisher only on the components it held (the others are zero, and so are their
-    gradients), so a sum would grow with the rank the client was given; the mean per measured entry does
-    not. ``B``'s gradient is the adapted weight's gradient projected on ``A``'s rows, so the mean is that
-    weight's Fisher per component. A layer with no positive entry has mass 0.
+    A client measures the Fisher only on the components it held (the others are zero, and so are
+    their gradients), so a sum would grow with the rank the client was given; the mean per measured
+    entry does not. ``B``'s gradient is the adapted weight's gradient projected on ``A``'s rows, so
+    the mean is that weight's Fisher per component. A layer with no positive entry has mass 0.
     """
     parts = layout.unflatten(np.asarray(fisher))
     out = np.zeros(len(pairs), dtype=np.float64)
@@ -234,14 +251,18 @@ def layer_fisher_mass(
     return out
 
 
-def allocate_ranks(mass: NDArray, budget: int, max_rank: int, min_rank: int = 1) -> NDArray[np.int64]:
-    """Split ``budget`` rank units across layers in proportion to ``mass``, each layer in ``[min_rank, max_rank]``.
+def allocate_ranks(
+    mass: NDArray, budget: int, max_rank: int, min_rank: int = 1
+) -> NDArray[np.int64]:
+    """Split ``budget`` rank units across layers in proportion to ``mass``, each layer in
+    ``[min_rank, max_rank]``.
 
-    The continuous allocation is ``t_l = min(max_rank, min_rank + lam * mass_l)`` with ``lam`` such that
-    ``sum t = budget`` (water-filling: a layer that reaches ``max_rank`` passes its surplus to the others in
-    proportion to their mass); it is rounded by largest remainder (ties to the lower layer index), so the
-    ranks sum to ``budget`` exactly. Rank units that no layer with positive mass can take (all capped) are
-    split evenly over the layers without mass; with no positive mass at all the split is uniform.
+    The continuous allocation is ``t_l = min(max_rank, min_rank + lam * mass_l)`` with ``lam`` such
+    that ``sum t = budget`` (water-filling: a layer that reaches ``max_rank`` passes its surplus to
+    the others in proportion to their mass); it is rounded by largest remainder (ties to the lower
+    layer index), so the ranks sum to ``budget`` exactly. Rank units that no layer with positive
+    mass can take (all capped) are split evenly over the layers without mass; with no positive mass
+    at all the split is uniform.
 
     Parameters
     ----------
@@ -268,7 +289,9 @@ def allocate_ranks(mass: NDArray, budget: int, max_rank: int, min_rank: int = 1)
         if mass[free].sum() <= 0:  # what is left to split has no Fisher mass: split it evenly
             mass = np.where(free, 1.0, mass)
         room = budget - max_rank * capped.sum() - min_rank * free.sum()
-        share = room * np.where(free, mass, 0.0) / mass[free].sum()  # fraction first: tiny masses stay finite
+        share = (
+            room * np.where(free, mass, 0.0) / mass[free].sum()
+        )  # fraction first: tiny masses stay finite
         target = np.where(capped, float(max_rank), min_rank + share)
         over = free & (target > max_rank)
         if not over.any():

@@ -1,4 +1,5 @@
-"""FedGMR gradual model restoration: how large each client's submodel is over time, and what it holds.
+"""FedGMR gradual model restoration: how large each client's submodel is over time, and what it
+holds.
 
 A client of capacity ``c`` (the fraction of the global model it reported) starts
 at ``g0`` and its submodel *grows*; its density never shrinks. How far depends on
@@ -83,13 +84,16 @@ CAPPED_STEP = 0.2
 LADDER_TOLERANCE = 0.01
 
 
-def start_density(capacity: float, start: float, ceiling: float, kind: CapacityKind = "memory") -> float:
+def start_density(
+    capacity: float, start: float, ceiling: float, kind: CapacityKind = "memory"
+) -> float:
     """``g0 = min(g_end, max(MIN_DENSITY, start * capacity))`` (see the module docstring)."""
     return min(end_density(capacity, ceiling, kind), max(MIN_DENSITY, start * capacity))
 
 
 def end_density(capacity: float, ceiling: float, kind: CapacityKind = "memory") -> float:
-    """``g_end``: ``ceiling`` for a bandwidth-limited client, ``min(ceiling, capacity)`` for a memory-limited one."""
+    """``g_end``: ``ceiling`` for a bandwidth-limited client, ``min(ceiling, capacity)`` for a
+    memory-limited one."""
     if kind not in CAPACITY_KINDS:
         raise ValueError(f"unknown capacity kind {kind!r}; expected one of {CAPACITY_KINDS}")
     return ceiling if kind == "bandwidth" else min(ceiling, capacity)
@@ -105,7 +109,8 @@ def restoration_budget(
     factor: float = 2.0,
     kind: CapacityKind = "memory",
 ) -> float:
-    """Density (fraction of ``d``) a client holds at time ``t`` on a fixed (``linear`` or ``step``) schedule.
+    """Density (fraction of ``d``) a client holds at time ``t`` on a fixed (``linear`` or ``step``)
+    schedule.
 
     The ``patience`` schedule depends on the clients' progress, not on ``t`` alone: see
     :class:`PatienceSchedule`.
@@ -122,7 +127,8 @@ def restoration_budget(
     start : float
         Start density as a fraction of ``capacity``, in (0, 1].
     ceiling : float
-        Density the schedule grows toward, in (0, 1] (clipped to ``capacity`` when ``kind = "memory"``).
+        Density the schedule grows toward, in (0, 1] (clipped to ``capacity`` when ``kind =
+        "memory"``).
     restore_rounds : int
         Rounds ``T`` (>= 1) after which the end density is reached.
     factor : float
@@ -169,7 +175,9 @@ def _check_budget_args(
         What the capacity limits; must be one of :data:`CAPACITY_KINDS`.
     """
     if not 0 < capacity <= 1 or not 0 < start <= 1 or not 0 < ceiling <= 1:
-        raise ValueError(f"capacity, start and ceiling must be in (0, 1], got {capacity}, {start}, {ceiling}")
+        raise ValueError(
+            f"capacity, start and ceiling must be in (0, 1], got {capacity}, {start}, {ceiling}"
+        )
     if restore_rounds < 1:
         raise ValueError(f"restore_rounds must be >= 1, got {restore_rounds}")
     if not t >= 0:
@@ -260,8 +268,11 @@ def restore_mask(
 # The published code's ranking: per-tensor magnitude core, one shared order by score / cost.
 
 
-def position_costs(layout: ParamLayout, costs: Mapping[str, float] | None = None) -> NDArray[np.float64]:
-    """The cost per parameter ``c_l`` of every position: its tensor's entry of ``costs`` (default 1).
+def position_costs(
+    layout: ParamLayout, costs: Mapping[str, float] | None = None
+) -> NDArray[np.float64]:
+    """The cost per parameter ``c_l`` of every position: its tensor's entry of ``costs`` (default
+    1).
 
     The published code divides each layer's scores by its measured seconds per parameter
     (``COMM_COEFFICIENT + COMP_COEFFICIENTS[l]`` of ``configs/<dataset>.py``).
@@ -288,7 +299,8 @@ def position_costs(layout: ParamLayout, costs: Mapping[str, float] | None = None
 
 
 def core_size(n: int, min_density: float) -> int:
-    """Weights of an ``n``-weight tensor in the magnitude core: ``n - min(int((1 - min_density) n), n - 1)``.
+    """Weights of an ``n``-weight tensor in the magnitude core: ``n - min(int((1 - min_density) n),
+    n - 1)``.
 
     ``process_layer`` keeps the weights at or above the ``int((1 - min_density) n)``-th smallest
     magnitude (at most ``n - 1`` dropped), so at least one weight per tensor.
@@ -299,7 +311,8 @@ def core_size(n: int, min_density: float) -> int:
 
 
 def magnitude_core(layout: ParamLayout, x: NDArray, min_density: float) -> NDArray[np.bool_]:
-    """The largest-``|x|`` :func:`core_size` positions of every >=2-D tensor (ties: the lower index)."""
+    """The largest-``|x|`` :func:`core_size` positions of every >=2-D tensor (ties: the lower
+    index)."""
     x = np.asarray(x)
     core = np.zeros(layout.size, dtype=bool)
     for t, start in zip(layout.tensors, layout.offsets[:-1].tolist()):
@@ -310,10 +323,14 @@ def magnitude_core(layout: ParamLayout, x: NDArray, min_density: float) -> NDArr
     return core
 
 
-def shared_scores(x: NDArray, costs: NDArray[np.float64], previous: NDArray | None = None) -> NDArray[np.float64]:
-    """Ranking key of the shared order: ``|x_j| / c_j``, or ``|(x_j - previous_j) x_j| / c_j`` (``delta``).
+def shared_scores(
+    x: NDArray, costs: NDArray[np.float64], previous: NDArray | None = None
+) -> NDArray[np.float64]:
+    """Ranking key of the shared order: ``|x_j| / c_j``, or ``|(x_j - previous_j) x_j| / c_j``
+    (``delta``).
 
-    ``previous = None`` gives the magnitude key, as ``accumulate_wg_square`` does without an old model.
+    ``previous = None`` gives the magnitude key, as ``accumulate_wg_square`` does without an old
+    model.
     """
     xd = np.asarray(x, dtype=np.float64)
     if previous is None:
@@ -321,8 +338,11 @@ def shared_scores(x: NDArray, costs: NDArray[np.float64], previous: NDArray | No
     return np.abs((xd - np.asarray(previous, dtype=np.float64)) * xd) / costs
 
 
-def shared_mask(layout: ParamLayout, k: int, scores: NDArray, core: NDArray[np.bool_], x: NDArray) -> NDArray[np.bool_]:
-    """The first ``k`` positions of the shared order: 1-D tensors, then the core, then by ``scores``.
+def shared_mask(
+    layout: ParamLayout, k: int, scores: NDArray, core: NDArray[np.bool_], x: NDArray
+) -> NDArray[np.bool_]:
+    """The first ``k`` positions of the shared order: 1-D tensors, then the core, then by
+    ``scores``.
 
     The order is the same for every ``k``, so two clients ranked by the same ``scores`` and ``core``
     hold nested masks. A budget below the 1-D tensors plus the core holds the 1-D tensors and the
@@ -342,15 +362,18 @@ def shared_mask(layout: ParamLayout, k: int, scores: NDArray, core: NDArray[np.b
 
 
 def ladder_step(density: float, levels: Iterable[float]) -> float:
-    """``get_ladder_next_density``: the smallest level above ``density + 0.01``, else the full model."""
+    """``get_ladder_next_density``: the smallest level above ``density + 0.01``, else the full
+    model."""
     larger = [v for v in sorted({*levels, density}) if v > density + LADDER_TOLERANCE]
     return min(larger) if larger else 1.0
 
 
 def capped_double_step(density: float) -> float:
-    """The published step for ``-ic`` below 1: ``d + min(d, 0.2)`` (the full model once that reaches 1).
+    """The published step for ``-ic`` below 1: ``d + min(d, 0.2)`` (the full model once that reaches
+    1).
 
-    Written as the published condition (``d + min(0.7 d, 0.2) < 1``), which equals ``min(1, d + min(d, 0.2))``.
+    Written as the published condition (``d + min(0.7 d, 0.2) < 1``), which equals ``min(1, d +
+    min(d, 0.2))``.
     """
     if density + min(density * 0.7, CAPPED_STEP) < 1.0:
         return density + min(density, CAPPED_STEP)
@@ -358,7 +381,8 @@ def capped_double_step(density: float) -> float:
 
 
 def floor_step(floor: float, rule: str, levels: Iterable[float]) -> float:
-    """The next floor: ``ladder`` as a client's step, ``capped-double`` ``+0.2`` (the full model once past 1)."""
+    """The next floor: ``ladder`` as a client's step, ``capped-double`` ``+0.2`` (the full model
+    once past 1)."""
     if rule == "ladder":
         return ladder_step(floor, levels)
     return floor + CAPPED_STEP if floor + CAPPED_STEP < 1.0 else 1.0
@@ -368,9 +392,9 @@ def floor_step(floor: float, rule: str, levels: Iterable[float]) -> float:
 class EarlyStop:
     """One signal's counter of ``EarlyStopping`` (``delta = 0``): higher scores are better.
 
-    Calling it with a score returns whether patience is exhausted: the score did not beat the best so
-    far and ``counter >= patience`` non-improving scores have come in since the last improvement (or
-    reset). The first score after a reset only sets the best.
+    Calling it with a score returns whether patience is exhausted: the score did not beat the best
+    so far and ``counter >= patience`` non-improving scores have come in since the last improvement
+    (or reset). The first score after a reset only sets the best.
     """
 
     patience: int
@@ -392,7 +416,8 @@ class EarlyStop:
         self.best = None
 
     def reopen(self) -> None:
-        """The next score counts as an improvement (``best_score = -1`` and ``counter = 0`` for accuracies)."""
+        """The next score counts as an improvement (``best_score = -1`` and ``counter = 0`` for
+        accuracies)."""
         self.best, self.counter = -math.inf, 0
 
 
@@ -408,20 +433,21 @@ class _PatienceClient:
 
 @dataclass
 class PatienceSchedule:
-    """Client densities restored on patience, as ``FedMapServer.GMR`` does (``recover_trigger_mode = early``).
+    """Client densities restored on patience, as ``FedMapServer.GMR`` does (``recover_trigger_mode =
+    early``).
 
     Scores come in with :meth:`record` (higher is better; one per reply, tagged with its round);
     :meth:`advance` runs one check per completed round, in order:
 
     1. every client's wait is counted down;
-    2. unless the floor's pause is on: each client's counter takes its latest score (possibly an earlier
-       round's: a client that did not reply counts as not improving) and the floor's counter the round's
-       weighted mean score (no reply this round: no count). The floor's first exhaustion only arms it;
-       later ones raise the floor (``floor_step``), pause the checks for ``patience - 1`` rounds and
-       restart every best score. A client whose counter is exhausted and that is not waiting steps up
-       (``ladder`` or ``capped-double``, at most its end density), waits ``2 * patience`` checks, and its
-       and the floor's best scores restart; then every client below the floor is raised to it (at most its
-       end density) and its and the floor's counters reopen.
+    2. unless the floor's pause is on: each client's counter takes its latest score (possibly an
+       earlier round's: a client that did not reply counts as not improving) and the floor's counter
+       the round's weighted mean score (no reply this round: no count). The floor's first exhaustion
+       only arms it; later ones raise the floor (``floor_step``), pause the checks for ``patience -
+       1`` rounds and restart every best score. A client whose counter is exhausted and that is not
+       waiting steps up (``ladder`` or ``capped-double``, at most its end density), waits ``2 *
+       patience`` checks, and its and the floor's best scores restart; then every client below the
+       floor is raised to it (at most its end density) and its and the floor's counters reopen.
 
     Parameters
     ----------
@@ -462,11 +488,14 @@ class PatienceSchedule:
         return self.clients[key].density
 
     def record(self, key: str, server_round: int, score: float, weight: float = 1.0) -> None:
-        """One reply's score (higher is better) in round ``server_round`` (>= 1); ``weight`` for the round's mean."""
+        """One reply's score (higher is better) in round ``server_round`` (>= 1); ``weight`` for the
+        round's mean."""
         if not math.isfinite(score) or not weight > 0:
             raise ValueError(f"score must be finite and weight > 0, got {score}, {weight}")
         if server_round > self.checked:  # a late reply of a round already checked is not counted
-            self.pending.setdefault(int(server_round), []).append((key, float(score), float(weight)))
+            self.pending.setdefault(int(server_round), []).append(
+                (key, float(score), float(weight))
+            )
 
     def advance(self, upto: int) -> None:
         """Run the checks of rounds ``checked + 1 .. upto`` (each a completed round)."""
@@ -478,7 +507,11 @@ class PatienceSchedule:
         return sorted({c.start for c in self.clients.values()})
 
     def _step(self, density: float) -> float:
-        return ladder_step(density, self._levels()) if self.rule == "ladder" else capped_double_step(density)
+        return (
+            ladder_step(density, self._levels())
+            if self.rule == "ladder"
+            else capped_double_step(density)
+        )
 
     def _check(self, scores: list[tuple[str, float, float]]) -> None:
         for key, score, _ in scores:
@@ -542,13 +575,15 @@ class RestorationMasks:
     seed : int
         Run seed (the ``random`` rule's per-client order derives from it).
     min_per_row : int
-        Guard of :mod:`common.fisher.selection` (``random`` and ``fisher`` rules): positions every output unit keeps.
+        Guard of :mod:`common.fisher.selection` (``random`` and ``fisher`` rules): positions every
+        output unit keeps.
     patience : int
         ``patience`` schedule: checks without improvement before a client steps up.
     restore_step : {"ladder", "capped-double"}
         ``patience`` schedule: how a density steps up.
     min_density : float
-        Magnitude core of the shared rules, and the ``patience`` schedule's initial floor, in [0, 1].
+        Magnitude core of the shared rules, and the ``patience`` schedule's initial floor, in [0,
+        1].
     costs : Mapping[str, float], optional
         Shared rules: cost per parameter by tensor name (:func:`position_costs`; default 1 for all).
     """
@@ -586,8 +621,11 @@ class RestorationMasks:
         self.costs = position_costs(layout, costs)
         self.patience = PatienceSchedule(patience, restore_step, min_density)
         self.clients: dict[str, _ClientMask] = {}
-        # Shared rules: (round, scores, core, x) of the current ranking, and the model of the one before.
-        self.ranking: tuple[int, NDArray[np.float64], NDArray[np.bool_], NDArray[np.float32]] | None = None
+        # Shared rules: (round, scores, core, x) of the current ranking, and the model of the one
+        # before.
+        self.ranking: (
+            tuple[int, NDArray[np.float64], NDArray[np.bool_], NDArray[np.float32]] | None
+        ) = None
 
     @property
     def shared(self) -> bool:
@@ -595,7 +633,8 @@ class RestorationMasks:
         return self.rule in SHARED_RULES
 
     def density(self, t: float, capacity: float, kind: str = "memory") -> float:
-        """Density at time ``t`` of a fixed schedule; the start density on the ``patience`` schedule."""
+        """Density at time ``t`` of a fixed schedule; the start density on the ``patience``
+        schedule."""
         if self.schedule == "patience":
             return start_density(capacity, self.start, self.ceiling, kind)  # type: ignore[arg-type]
         return restoration_budget(
@@ -610,14 +649,18 @@ class RestorationMasks:
         )
 
     def record(self, key: str, server_round: int, score: float, weight: float = 1.0) -> None:
-        """A reply's score for the ``patience`` schedule (higher is better), in round ``server_round`` >= 1."""
+        """A reply's score for the ``patience`` schedule (higher is better), in round
+        ``server_round`` >= 1."""
         self.patience.record(key, server_round, score, weight)
 
-    def client_density(self, key: str | None, t: float, capacity: float, kind: str = "memory") -> float:
-        """Density of client ``key`` at ``t``; on the ``patience`` schedule after the checks of rounds ``<= t``.
+    def client_density(
+        self, key: str | None, t: float, capacity: float, kind: str = "memory"
+    ) -> float:
+        """Density of client ``key`` at ``t``; on the ``patience`` schedule after the checks of
+        rounds ``<= t``.
 
-        A client new to the ``patience`` schedule (or whose capacity or kind changed) joins at its start
-        density; ``key=None`` (a capacity level without a client) is at the start density.
+        A client new to the ``patience`` schedule (or whose capacity or kind changed) joins at its
+        start density; ``key=None`` (a capacity level without a client) is at the start density.
         """
         if self.schedule != "patience":
             return self.density(t, capacity, kind)
@@ -630,7 +673,9 @@ class RestorationMasks:
             self.patience.join(key, g0, end_density(capacity, self.ceiling, kind))  # type: ignore[arg-type]
         return self.patience.density(key)
 
-    def _scores(self, key: str | None, x: NDArray, fisher: NDArray | None) -> tuple[NDArray[np.float64], str]:
+    def _scores(
+        self, key: str | None, x: NDArray, fisher: NDArray | None
+    ) -> tuple[NDArray[np.float64], str]:
         if self.rule == "random":
             return random_priority(self.layout.size, self.seed, key or "capacity-level"), "random"
         if fisher is not None:
@@ -638,13 +683,17 @@ class RestorationMasks:
         return magnitude_scores(x), "magnitude"  # no Fisher yet (first round): documented fallback
 
     def shared_ranking(self, t: float, x: NDArray) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-        """Scores and core of round ``int(t)``: ranked from ``x`` at the first request in that round, then kept.
+        """Scores and core of round ``int(t)``: ranked from ``x`` at the first request in that
+        round, then kept.
 
-        An earlier round than the current ranking's gets the current ranking (rankings only move forward).
+        An earlier round than the current ranking's gets the current ranking (rankings only move
+        forward).
         """
         r = int(t)
         if self.ranking is None or r > self.ranking[0]:
-            previous = self.ranking[3] if self.ranking is not None and self.rule == "delta" else None
+            previous = (
+                self.ranking[3] if self.ranking is not None and self.rule == "delta" else None
+            )
             x = np.asarray(x, dtype=np.float32)
             scores = shared_scores(x, self.costs, previous)
             self.ranking = (r, scores, magnitude_core(self.layout, x, self.min_density), x.copy())
@@ -676,14 +725,14 @@ class RestorationMasks:
         """The mask of client ``key`` at time ``t``.
 
         ``random`` and ``fisher``: it contains every earlier mask of that client. ``magnitude`` and
-        ``delta``: the first ``k`` positions of round ``int(t)``'s shared order (:func:`shared_mask`), so
-        the masks of one round nest across clients.
+        ``delta``: the first ``k`` positions of round ``int(t)``'s shared order
+        (:func:`shared_mask`), so the masks of one round nest across clients.
 
         ``key=None`` gives an un-remembered mask for a capacity level, used by central evaluation
-        (shared rules: at the density of the level's first client, ``held``, if there is one). Asking
-        again at the same or an earlier ``t`` returns the remembered mask unchanged. A client whose
-        capacity changed (e.g. a restarted node with a smaller device) or capacity kind starts over,
-        because its old mask may not fit any more.
+        (shared rules: at the density of the level's first client, ``held``, if there is one).
+        Asking again at the same or an earlier ``t`` returns the remembered mask unchanged. A client
+        whose capacity changed (e.g. a restarted node with a smaller device) or capacity kind starts
+        over, because its old mask may not fit any more.
 
         Parameters
         ----------
@@ -754,7 +803,9 @@ class RestorationMasks:
         else:
             density = self.client_density(key, t, capacity, kind)
         scores, core = self.shared_ranking(t, x)
-        new = shared_mask(self.layout, budget(density, self.layout.size), scores, core, self.ranking[3])
+        new = shared_mask(
+            self.layout, budget(density, self.layout.size), scores, core, self.ranking[3]
+        )
         return new, source
 
     def _grown_mask(
@@ -767,7 +818,8 @@ class RestorationMasks:
         fisher: NDArray | None,
         kind: str,
     ) -> tuple[NDArray[np.bool_], str]:
-        """:meth:`mask` under a per-client rule (``random``, ``fisher``): ``prev`` grown to the budget.
+        """:meth:`mask` under a per-client rule (``random``, ``fisher``): ``prev`` grown to the
+        budget.
 
         Parameters
         ----------

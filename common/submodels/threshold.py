@@ -1,4 +1,5 @@
-"""FIARSE's threshold masks: one magnitude threshold per submodel, the mask re-evaluated at every step.
+"""FIARSE's threshold masks: one magnitude threshold per submodel, the mask re-evaluated at every
+step.
 
 A client of capacity ``gamma`` holds every position ``j`` of a *gated* tensor (the weights and
 biases of convolutions, linear layers and embeddings) with ``|x_j| >= theta``, where ``theta`` is
@@ -39,11 +40,19 @@ from torch.nn.utils import parametrize
 from common.models.layout import ParamLayout
 
 #: Module types whose parameters the threshold gates (normalisation layers are held in full).
-GATED_MODULES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.Embedding, nn.EmbeddingBag)
+GATED_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.Linear,
+    nn.Embedding,
+    nn.EmbeddingBag,
+)
 
 
 def gated_names(model: nn.Module) -> set[str]:
-    """Names of the trainable parameters the threshold gates: those of convolutions, linear layers, embeddings.
+    """Names of the trainable parameters the threshold gates: those of convolutions, linear layers,
+    embeddings.
 
     Parameters
     ----------
@@ -76,7 +85,8 @@ def gated_positions(layout: ParamLayout, names: Iterable[str]) -> NDArray[np.boo
 
 
 def gated_count(gamma: float, n_gated: int) -> int:
-    """Gated positions a capacity-``gamma`` submodel keeps before ties: ``max(1, floor(gamma * n_gated))``.
+    """Gated positions a capacity-``gamma`` submodel keeps before ties: ``max(1, floor(gamma *
+    n_gated))``.
 
     Parameters
     ----------
@@ -93,7 +103,8 @@ def gated_count(gamma: float, n_gated: int) -> int:
 
 
 def threshold_for(x: NDArray, gated: NDArray[np.bool_], gamma: float) -> float:
-    """The threshold ``theta`` of a capacity-``gamma`` submodel: the ``k``-th largest ``|x_j|`` over gated ``j``.
+    """The threshold ``theta`` of a capacity-``gamma`` submodel: the ``k``-th largest ``|x_j|`` over
+    gated ``j``.
 
     Parameters
     ----------
@@ -142,10 +153,11 @@ def received_threshold(values: NDArray, gated: NDArray[np.bool_], mask: NDArray[
 
 
 class ThresholdIndicator(torch.autograd.Function):
-    """``1[s >= theta]`` forward; backward ``grad * 2 theta / (s + theta)^2`` where ``s >= theta``, else 0.
+    """``1[s >= theta]`` forward; backward ``grad * 2 theta / (s + theta)^2`` where ``s >= theta``,
+    else 0.
 
-    The paper's surrogate. Unlike the published ``Bern``, the forward returns the indicator as a float
-    tensor, so autograd does call this backward.
+    The paper's surrogate. Unlike the published ``Bern``, the forward returns the indicator as a
+    float tensor, so autograd does call this backward.
     """
 
     @staticmethod
@@ -159,15 +171,17 @@ class ThresholdIndicator(torch.autograd.Function):
         """The surrogate gradient with respect to ``scores`` (none for ``theta``)."""
         scores, theta = ctx.saved_tensors
         # theta = 0 and s = 0 give 0/0: no surrogate there (as the published code's nan_to_num).
-        grad = torch.nan_to_num(2 * theta / (scores + theta).square(), nan=0.0, posinf=0.0, neginf=0.0)
+        grad = torch.nan_to_num(
+            2 * theta / (scores + theta).square(), nan=0.0, posinf=0.0, neginf=0.0
+        )
         return grad_output * grad * (scores >= theta), None
 
 
 def surrogate_factor(w: NDArray, theta: float) -> NDArray[np.float64]:
     """Closed form of ``d (w 1[|w| >= theta]) / dw`` under the surrogate.
 
-    It is ``1[|w| >= theta] (1 + 2 theta |w| / (|w| + theta)^2)``: the effective weight's own gradient
-    plus ``|w|`` times the indicator's surrogate derivative.
+    It is ``1[|w| >= theta] (1 + 2 theta |w| / (|w| + theta)^2)``: the effective weight's own
+    gradient plus ``|w|`` times the indicator's surrogate derivative.
     """
     a = np.abs(np.asarray(w, dtype=np.float64))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -183,9 +197,9 @@ class ThresholdGate(nn.Module):
     theta : float
         The round's threshold (absolute weight value).
     surrogate : bool
-        Backpropagate through the indicator with :class:`ThresholdIndicator`'s surrogate (the paper's
-        text); ``False`` (the published code) treats the indicator as a constant, so a held position
-        gets the effective weight's gradient and the others none.
+        Backpropagate through the indicator with :class:`ThresholdIndicator`'s surrogate (the
+        paper's text); ``False`` (the published code) treats the indicator as a constant, so a held
+        position gets the effective weight's gradient and the others none.
     """
 
     def __init__(self, theta: float, surrogate: bool = False) -> None:
@@ -204,7 +218,8 @@ class ThresholdGate(nn.Module):
 def attach_threshold_gates(
     model: nn.Module, names: Iterable[str], theta: float, surrogate: bool = False
 ) -> list[tuple[nn.Module, str]]:
-    """Gate every parameter in ``names`` with a :class:`ThresholdGate`; returns the gated ``(module, name)`` pairs.
+    """Gate every parameter in ``names`` with a :class:`ThresholdGate`; returns the gated ``(module,
+    name)`` pairs.
 
     Parameters
     ----------
@@ -215,8 +230,8 @@ def attach_threshold_gates(
     theta : float
         The round's threshold.
     surrogate : bool
-        Train through the indicator's surrogate gradient (the paper's text) instead of the plain masked
-        gradient (the published code, the default); see :class:`ThresholdGate`.
+        Train through the indicator's surrogate gradient (the paper's text) instead of the plain
+        masked gradient (the published code, the default); see :class:`ThresholdGate`.
     """
     modules = dict(model.named_modules())
     gated = []

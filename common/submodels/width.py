@@ -45,7 +45,8 @@ class TensorChannels:
     in_repeat: int = 1
 
 
-# The small CNN (common.models.architectures.SmallCNN): conv1 -> conv2 -> 4x4 pool, flatten -> fc1 -> fc2.
+# The small CNN (common.models.architectures.SmallCNN): conv1 -> conv2 -> 4x4 pool, flatten -> fc1
+# -> fc2.
 SMALL_CNN_GRAPH: dict[str, TensorChannels] = {
     "conv1.weight": TensorChannels("conv1"),
     "conv1.bias": TensorChannels("conv1"),
@@ -57,8 +58,9 @@ SMALL_CNN_GRAPH: dict[str, TensorChannels] = {
     "fc2.bias": TensorChannels(None),
 }
 
-# The small CNN with BatchNorm (common.models.architectures.SmallBNCNN): a norm's scale and shift belong to the
-# channels of the convolution it normalises, so a width submodel keeps exactly its channels' norms.
+# The small CNN with BatchNorm (common.models.architectures.SmallBNCNN): a norm's scale and shift
+# belong to the channels of the convolution it normalises, so a width submodel keeps exactly its
+# channels' norms.
 SMALL_BN_CNN_GRAPH: dict[str, TensorChannels] = {
     **SMALL_CNN_GRAPH,
     "bn1.weight": TensorChannels("conv1"),
@@ -94,10 +96,12 @@ WIDTH_MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18")
 
 
 def require_channel_graph(method: str, model: str) -> None:
-    """``ValueError`` naming both keys when ``model`` has no channel graph (width and structured methods)."""
+    """``ValueError`` naming both keys when ``model`` has no channel graph (width and structured
+    methods)."""
     if model not in WIDTH_MODELS:
         raise ValueError(
-            f"method={method!r} needs a channel graph for model={model!r}; available for: {', '.join(WIDTH_MODELS)}"
+            f"method={method!r} needs a channel graph for model={model!r}; available for: "
+            f"{', '.join(WIDTH_MODELS)}"
         )
 
 
@@ -109,7 +113,9 @@ def channel_graph(model: str, layout: ParamLayout) -> dict[str, TensorChannels]:
         return SMALL_BN_CNN_GRAPH
     if model == "resnet18":
         return resnet_graph(layout)
-    raise ValueError(f"no channel graph for model {model!r}; available for {', '.join(WIDTH_MODELS)}")
+    raise ValueError(
+        f"no channel graph for model {model!r}; available for {', '.join(WIDTH_MODELS)}"
+    )
 
 
 def group_sizes(layout: ParamLayout, graph: Mapping[str, TensorChannels]) -> dict[str, int]:
@@ -190,20 +196,24 @@ def channel_mask(
         if spec.in_group:
             cols = np.repeat(keep[spec.in_group], spec.in_repeat)
             if cols.size != t.shape[1]:
-                raise ValueError(f"tensor {t.name!r}: {t.shape[1]} inputs, graph implies {cols.size}")
+                raise ValueError(
+                    f"tensor {t.name!r}: {t.shape[1]} inputs, graph implies {cols.size}"
+                )
         inner = int(np.prod(t.shape[2:], dtype=np.int64))
         parts.append(np.repeat(np.outer(rows, cols), inner, axis=1).reshape(-1))
     return np.concatenate(parts)
 
 
-def held_width(layout: ParamLayout, graph: Mapping[str, TensorChannels], mask: NDArray[np.bool_]) -> float:
+def held_width(
+    layout: ParamLayout, graph: Mapping[str, TensorChannels], mask: NDArray[np.bool_]
+) -> float:
     """The width rate of a channel submodel: the smallest share of kept channels over the groups.
 
-    A client derives its scaler rate (:func:`common.models.architectures.set_scaler_rate`) from the mask it was
-    sent, so the rate can never disagree with the submodel. For :func:`width_mask` of ratio ``r``
-    this is ``min_g ceil(r c_g) / c_g``: exactly ``r`` whenever every ``r c_g`` is whole (the
-    benchmark's capacities 1, 1/4, 1/16, 1/64 on the CNNs and ResNet-18), otherwise above ``r`` by
-    less than ``1 / c_g``.
+    A client derives its scaler rate (:func:`common.models.architectures.set_scaler_rate`) from the
+    mask it was sent, so the rate can never disagree with the submodel. For :func:`width_mask` of
+    ratio ``r`` this is ``min_g ceil(r c_g) / c_g``: exactly ``r`` whenever every ``r c_g`` is whole
+    (the benchmark's capacities 1, 1/4, 1/16, 1/64 on the CNNs and ResNet-18), otherwise above ``r``
+    by less than ``1 / c_g``.
 
     Parameters
     ----------

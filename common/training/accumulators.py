@@ -1,8 +1,10 @@
 """Statistics a method gathers along local training: the accumulators the one loop takes.
 
-They plug into :func:`common.training.loop.train_loop` as its :class:`~common.training.loop.Accumulator` objects.
+They plug into :func:`common.training.loop.train_loop` as its
+:class:`~common.training.loop.Accumulator` objects.
 
-Each sees every counted step's gradients before the FedProx term is added (they describe the data loss):
+Each sees every counted step's gradients before the FedProx term is added (they describe the data
+loss):
 
 * :class:`EffectiveFisher`: the diagonal empirical Fisher of the *effective* weights of a model
   gated with ``torch.nn.utils.prune`` (``weight = weight_orig * weight_mask``). Their gradient is
@@ -64,7 +66,8 @@ class EffectiveFisher:
         self.counted += 1
 
     def mean(self) -> NDArray[np.float32]:
-        """The diagonal empirical Fisher: mean squared gradient over the counted steps (zeros if none)."""
+        """The diagonal empirical Fisher: mean squared gradient over the counted steps (zeros if
+        none)."""
         flat = [(f / max(self.counted, 1)).cpu().numpy().reshape(-1) for f in self.sums]
         return np.concatenate(flat).astype(np.float32)
 
@@ -97,7 +100,10 @@ class GradientMoments:
 
     def _numpy(self, tensors: list[torch.Tensor]) -> dict[str, NDArray[np.float32]]:
         scale = 1.0 / max(self.counted, 1)
-        return {n: (t.detach() * scale).cpu().numpy().astype(np.float32) for (n, _), t in zip(self.named, tensors)}
+        return {
+            n: (t.detach() * scale).cpu().numpy().astype(np.float32)
+            for (n, _), t in zip(self.named, tensors)
+        }
 
     def grad_mean(self) -> dict[str, NDArray[np.float32]]:
         """Mean minibatch gradient over the counted steps, by parameter name."""

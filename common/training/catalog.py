@@ -1,4 +1,5 @@
-"""The names the run config accepts for local training, free of torch: checking a configuration never loads it."""
+"""The names the run config accepts for local training, free of torch: checking a configuration
+never loads it."""
 
 from __future__ import annotations
 

@@ -19,7 +19,9 @@ def pick_device(preference: str = "auto") -> torch.device:
     if preference == "auto":
         return torch.device("cuda" if cuda else "mps" if mps else "cpu")
     if preference == "cuda" and not cuda:
-        raise RuntimeError(f"node-config device=cuda but torch sees no CUDA device: {cuda_absence()}")
+        raise RuntimeError(
+            f"node-config device=cuda but torch sees no CUDA device: {cuda_absence()}"
+        )
     if preference == "mps" and not mps:
         raise RuntimeError("node-config device=mps but Apple MPS is not available")
     if preference not in ("cpu", "cuda", "mps"):
@@ -28,14 +30,15 @@ def pick_device(preference: str = "auto") -> torch.device:
 
 
 def cuda_absence() -> str:
-    """Why torch sees no CUDA device, and what to do: a CPU-only torch build, or a build with no GPU visible."""
+    """Why torch sees no CUDA device, and what to do: a CPU-only torch build, or a build with no GPU
+    visible."""
     if torch.version.cuda is None:
         return (
             f"this torch ({torch.__version__}) is built without CUDA; install a CUDA build "
             "(PyPI's Linux x86_64 wheel, or the GPU image fibos-fl/app:cuda)"
         )
     return (
-        f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no GPU; check the driver "
-        "(nvidia-smi) and, in a container, the NVIDIA Container Toolkit and the GPU reservation (docker/node.gpu.yml), "
-        "or set device=cpu"
+        f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no GPU; check "
+        "the driver (nvidia-smi) and, in a container, the NVIDIA Container Toolkit and the GPU "
+        "reservation (docker/node.gpu.yml), or set device=cpu"
     )

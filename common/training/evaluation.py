@@ -1,4 +1,5 @@
-"""Evaluation of a model on a labelled split, and the server's central evaluation of flat vectors."""
+"""Evaluation of a model on a labelled split, and the server's central evaluation of flat
+vectors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from common.training.loop import as_input
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ArrayDataset, device: torch.device, batch_size: int = 256) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, data: ArrayDataset, device: torch.device, batch_size: int = 256
+) -> tuple[float, float]:
     """Mean cross-entropy loss and accuracy of ``model`` on ``data``."""
     if len(data) == 0:
         raise ValueError("no evaluation examples")
@@ -45,13 +48,17 @@ class CentralEvaluator:
         Where to evaluate.
     """
 
-    def __init__(self, model: nn.Module, layout: ParamLayout, test: ArrayDataset, device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, layout: ParamLayout, test: ArrayDataset, device: torch.device
+    ) -> None:
         self.model = model
         self.layout = layout
         self.test = test
         self.device = device
 
-    def __call__(self, flat: NDArray[np.float32], mask: NDArray[np.bool_] | None = None) -> tuple[float, float]:
+    def __call__(
+        self, flat: NDArray[np.float32], mask: NDArray[np.bool_] | None = None
+    ) -> tuple[float, float]:
         """``(loss, accuracy)`` of ``flat`` (restricted to ``mask`` when given)."""
         params = flat if mask is None else np.where(mask, flat, 0).astype(np.float32)
         load_flat(self.model, self.layout, params)

@@ -1,9 +1,10 @@
 """The one local training loop every method uses, with pluggable statistics accumulators.
 
-SGD (with momentum) or AdamW, with weight decay and an optional FedProx term, over the local split, minibatch
-order seeded per run, round and partition. A method adds what its server needs as :class:`Accumulator`
-objects (:mod:`common.training.accumulators`); a masked submodel is gated with ``torch.nn.utils.prune``
-(:func:`train_masked`), a physically smaller one trains whole (:mod:`common.training.structured`).
+SGD (with momentum) or AdamW, with weight decay and an optional FedProx term, over the local split,
+minibatch order seeded per run, round and partition. A method adds what its server needs as
+:class:`Accumulator` objects (:mod:`common.training.accumulators`); a masked submodel is gated with
+``torch.nn.utils.prune`` (:func:`train_masked`), a physically smaller one trains whole
+(:mod:`common.training.structured`).
 """
 
 from __future__ import annotations
@@ -53,20 +54,22 @@ class TrainConfig:
     seed : int
         Seed of the minibatch order.
     optimizer : {"sgd", "adamw"}
-        The optimiser (:func:`common.training.optimizers.make_optimizer`), created afresh for this round.
+        The optimiser (:func:`common.training.optimizers.make_optimizer`), created afresh for this
+        round.
     clip_grad_norm : float
-        Largest L2 norm of a step's gradient over all trained parameters; larger gradients are scaled
-        down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local training
-        does with 1). 0 = no clipping.
+        Largest L2 norm of a step's gradient over all trained parameters; larger gradients are
+        scaled down to it (``torch.nn.utils.clip_grad_norm_``, as HeteroFL's and FedRolex's local
+        training does with 1). 0 = no clipping.
     dp_grad_clip : float
-        Differential privacy (``dp-epsilon``): each example's gradient is clipped to this L2 norm and the step
-        takes the noised mean (:func:`common.privacy.private_sgd.private_gradient`). 0 = off.
+        Differential privacy (``dp-epsilon``): each example's gradient is clipped to this L2 norm
+        and the step takes the noised mean (:func:`common.privacy.private_sgd.private_gradient`). 0
+        = off.
     dp_noise_multiplier : float
-        The noise's standard deviation in units of ``dp_grad_clip`` (with ``dp_grad_clip > 0``); the Fisher
-        measured for the same reply is noised with it too.
+        The noise's standard deviation in units of ``dp_grad_clip`` (with ``dp_grad_clip > 0``); the
+        Fisher measured for the same reply is noised with it too.
     meta_inner_lr : float
-        ``meta-learning = "fomaml"``: every step is a first-order MAML step with this inner step size
-        (:func:`common.training.meta_learning.first_order_maml_backward`). 0 = plain steps.
+        ``meta-learning = "fomaml"``: every step is a first-order MAML step with this inner step
+        size (:func:`common.training.meta_learning.first_order_maml_backward`). 0 = plain steps.
     meta_inner_steps : int
         Inner steps of each meta step.
     """
@@ -116,7 +119,8 @@ class Accumulator(Protocol):
     """Statistics gathered from the gradients of the counted training steps."""
 
     def prepare(self, model: nn.Module) -> None:
-        """After the forward pass, before ``backward``: e.g. keep the gradients of non-leaf tensors."""
+        """After the forward pass, before ``backward``: e.g. keep the gradients of non-leaf
+        tensors."""
 
     def accumulate(self, model: nn.Module) -> None:
         """After ``backward`` (under ``torch.no_grad``): add this step's statistics."""
@@ -147,7 +151,8 @@ def as_input(batch: torch.Tensor) -> torch.Tensor:
 
 
 def local_classes(labels: torch.Tensor, num_classes: int, enabled: bool) -> torch.Tensor | None:
-    """The classes in the local training labels, for :func:`local_logits` (``None`` without label masking).
+    """The classes in the local training labels, for :func:`local_logits` (``None`` without label
+    masking).
 
     Parameters
     ----------
@@ -164,7 +169,8 @@ def local_classes(labels: torch.Tensor, num_classes: int, enabled: bool) -> torc
 
 
 def local_logits(out: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
-    """Logits the local loss sees: with label masking, those of classes absent from the local data are 0.
+    """Logits the local loss sees: with label masking, those of classes absent from the local data
+    are 0.
 
     Without it, cross-entropy on a client that holds two classes pushes every other class's
     output down, and a class that only small submodels hold is trained toward "no" by every
@@ -201,7 +207,8 @@ def train_loop(
     device : torch.device
         Where to train.
     accumulators : Sequence[Accumulator]
-        Statistics to gather on the first ``cfg.fisher_batches`` steps (all with 0); none: no overhead.
+        Statistics to gather on the first ``cfg.fisher_batches`` steps (all with 0); none: no
+        overhead.
     """
     if len(data) == 0:
         raise ValueError("no local training examples")
@@ -226,7 +233,9 @@ def train_loop(
             elif cfg.meta_inner_lr > 0:
                 step_loss = _meta_step(model, loss_fn, xb, yb, present, cfg)
             else:
-                step_loss, measured = _backward(model, loss_fn, xb, yb, present, accumulators, cfg, counted)
+                step_loss, measured = _backward(
+                    model, loss_fn, xb, yb, present, accumulators, cfg, counted
+                )
                 counted += int(measured >= 0)
                 stats_seconds += max(measured, 0.0)
             _adjust_gradients(params, anchor, cfg, private=noise is not None)
@@ -244,7 +253,8 @@ def _meta_step(
     present: torch.Tensor | None,
     cfg: TrainConfig,
 ) -> float:
-    """A first-order MAML step's gradient into ``.grad`` (``meta-learning``); returns the scoring half's loss."""
+    """A first-order MAML step's gradient into ``.grad`` (``meta-learning``); returns the scoring
+    half's loss."""
     return first_order_maml_backward(
         model,
         loss_fn,
@@ -325,7 +335,11 @@ def _adjust_gradients(
 
 
 def _example_loss(
-    model: nn.Module, loss_fn: nn.Module, xb: torch.Tensor, yb: torch.Tensor, present: torch.Tensor | None
+    model: nn.Module,
+    loss_fn: nn.Module,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    present: torch.Tensor | None,
 ) -> Callable[[int], torch.Tensor]:
     """The loss of the ``i``-th example of a minibatch alone (a forward pass of one example)."""
 
@@ -345,7 +359,8 @@ def _backward(
     cfg: TrainConfig,
     counted: int,
 ) -> tuple[float, float]:
-    """The minibatch's mean loss backward, the accumulators fed when the step counts; ``(loss, seconds)``.
+    """The minibatch's mean loss backward, the accumulators fed when the step counts; ``(loss,
+    seconds)``.
 
     ``seconds`` is the accumulators' time, or -1 when the step was not counted.
     """
@@ -365,11 +380,13 @@ def _backward(
     return float(loss.detach()), time.perf_counter() - t0
 
 
-def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]) -> list[tuple[nn.Module, str]]:
+def attach_masks(
+    model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_]
+) -> list[tuple[nn.Module, str]]:
     """Gate every tensor that is not fully kept with ``prune.custom_from_mask``.
 
-    The forward pass then uses ``weight_orig * mask`` and the gradient reaching ``weight_orig`` is zero
-    outside the mask, so plain SGD trains exactly the selected parameters. Returns the gated
+    The forward pass then uses ``weight_orig * mask`` and the gradient reaching ``weight_orig`` is
+    zero outside the mask, so plain SGD trains exactly the selected parameters. Returns the gated
     ``(module, tensor_name)`` pairs.
     """
     gated = []
@@ -378,7 +395,9 @@ def attach_masks(model: nn.Module, layout: ParamLayout, mask: NDArray[np.bool_])
         if m.all():
             continue
         module_name, _, tensor_name = name.rpartition(".")
-        prune.custom_from_mask(modules[module_name], tensor_name, torch.from_numpy(np.ascontiguousarray(m)))
+        prune.custom_from_mask(
+            modules[module_name], tensor_name, torch.from_numpy(np.ascontiguousarray(m))
+        )
         gated.append((modules[module_name], tensor_name))
     return gated
 
@@ -392,8 +411,8 @@ class TrainResult:
     params : NDArray[float32]
         Trained flat parameters (zero outside the mask).
     fisher : NDArray[float32]
-        Diagonal empirical Fisher of the effective weights, flat: mean over the counted minibatches of
-        the squared gradient of the minibatch loss (zeros when not measured).
+        Diagonal empirical Fisher of the effective weights, flat: mean over the counted minibatches
+        of the squared gradient of the minibatch loss (zeros when not measured).
     loss : float
         Mean training loss over all steps.
     num_examples : int
@@ -422,7 +441,8 @@ def train_masked(
     device: torch.device,
     measure_fisher: bool = True,
 ) -> TrainResult:
-    """Train the submodel ``params * mask`` on ``data`` (masks attached with ``prune``), estimating the Fisher.
+    """Train the submodel ``params * mask`` on ``data`` (masks attached with ``prune``), estimating
+    the Fisher.
 
     Parameters
     ----------
@@ -451,7 +471,9 @@ def train_masked(
     result = train_loop(model, data, cfg, device, [fisher] if fisher is not None else [])
     for module, tensor_name in gated:
         prune.remove(module, tensor_name)
-    trained = np.concatenate([p.detach().cpu().numpy().reshape(-1) for p in effective_tensors(model, layout)])
+    trained = np.concatenate(
+        [p.detach().cpu().numpy().reshape(-1) for p in effective_tensors(model, layout)]
+    )
     # The optimiser never moves unheld positions, but make "zero outside the mask" exact.
     trained = np.where(mask, trained, 0).astype(np.float32)
     return TrainResult(

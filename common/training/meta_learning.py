@@ -1,13 +1,13 @@
 """First-order MAML local steps (FedMAML, first-order Per-FedAvg), with ``torch.func``.
 
-A meta step trains the weights ``w`` to be a good starting point rather than a good model: it adapts a copy on
-one batch, ``w' = w - a grad L_s(w)`` (``inner_steps`` times), and moves ``w`` along the gradient of another
-batch's loss at the adapted weights, ``grad L_q(w')``. First-order: the inner gradients are constants, so
-``d L_q(w') / d w = grad L_q(w')`` and no second derivative is taken. The step's batch is split in two, the
-first half adapting and the second scoring, so the node's examples and minibatch count stay those of a plain
-step. The adapted copy lives only inside :func:`torch.func.functional_call`; the module's own parameters
-receive the meta-gradient in ``.grad``, so the caller's optimiser, FedProx term, clipping and prune masks apply
-unchanged.
+A meta step trains the weights ``w`` to be a good starting point rather than a good model: it adapts
+a copy on one batch, ``w' = w - a grad L_s(w)`` (``inner_steps`` times), and moves ``w`` along the
+gradient of another batch's loss at the adapted weights, ``grad L_q(w')``. First-order: the inner
+gradients are constants, so ``d L_q(w') / d w = grad L_q(w')`` and no second derivative is taken.
+The step's batch is split in two, the first half adapting and the second scoring, so the node's
+examples and minibatch count stay those of a plain step. The adapted copy lives only inside
+:func:`torch.func.functional_call`; the module's own parameters receive the meta-gradient in
+``.grad``, so the caller's optimiser, FedProx term, clipping and prune masks apply unchanged.
 """
 
 from __future__ import annotations
@@ -28,18 +28,19 @@ def first_order_maml_backward(
     inner_steps: int,
     logits: Callable[[torch.Tensor], torch.Tensor] = lambda out: out,
 ) -> float:
-    """Put the first-order MAML gradient of one minibatch into the ``.grad`` of ``model``'s trained parameters.
+    """Put the first-order MAML gradient of one minibatch into the ``.grad`` of ``model``'s trained
+    parameters.
 
     Parameters
     ----------
     model : nn.Module
-        The model (prune masks attached, where the submodel is masked); its parameters that require a gradient
-        are adapted and receive the meta-gradient.
+        The model (prune masks attached, where the submodel is masked); its parameters that require
+        a gradient are adapted and receive the meta-gradient.
     loss_fn : Callable
         ``loss_fn(logits, labels)``, the mean loss of a batch.
     inputs, labels : torch.Tensor
-        The minibatch (model inputs, class labels). Its first half adapts, its second half scores; a batch of one
-        example does both.
+        The minibatch (model inputs, class labels). Its first half adapts, its second half scores; a
+        batch of one example does both.
     inner_lr : float
         The inner step size ``a``.
     inner_steps : int
@@ -63,7 +64,8 @@ def first_order_maml_backward(
     for _ in range(inner_steps):
         step = grad(support_loss)(adapted)
         adapted = {name: w - inner_lr * step[name] for name, w in adapted.items()}
-    # w' = w - a * (sum of the inner gradients, constants): the query loss's gradient reaches w unchanged.
+    # w' = w - a * (sum of the inner gradients, constants): the query loss's gradient reaches w
+    # unchanged.
     shifted = {name: p + (adapted[name] - p.detach()) for name, p in trained.items()}
     loss = loss_fn(logits(functional_call(model, shifted, (query[0],))), query[1])
     loss.backward()

@@ -1,10 +1,10 @@
 """The client optimiser of a round's local training, by the ``optimizer`` run-config key.
 
-A client builds its optimiser afresh every round, so no optimiser state (momentum buffers, Adam moments)
-outlives a round or travels: every method's update is the difference of weights alone, as in FedAvg.
-``sgd`` is what the image benchmarks and the papers' CNN experiments use; ``adamw`` is what fine-tuning a
-pretrained transformer (or its LoRA adapters) usually takes, where plain SGD moves the adapters slowly
-(docs/design/transformers.md measures both).
+A client builds its optimiser afresh every round, so no optimiser state (momentum buffers, Adam
+moments) outlives a round or travels: every method's update is the difference of weights alone, as
+in FedAvg. ``sgd`` is what the image benchmarks and the papers' CNN experiments use; ``adamw`` is
+what fine-tuning a pretrained transformer (or its LoRA adapters) usually takes, where plain SGD
+moves the adapters slowly (docs/design/transformers.md measures both).
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from common.training.catalog import OPTIMIZERS
 
 
 def make_optimizer(
-    params: Iterable[torch.nn.Parameter], name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0
+    params: Iterable[torch.nn.Parameter],
+    name: str,
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
 ) -> torch.optim.Optimizer:
     """A fresh optimiser over ``params``.
 

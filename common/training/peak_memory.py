@@ -1,10 +1,10 @@
 """Peak resident memory of this process while a block of code runs (a client's local training).
 
-A device's limit is its physical memory, so the figure reported is the process's resident set size (RSS):
-Python, torch, the model, the optimiser state and the activations together. It is sampled by a daemon
-thread rather than read from ``getrusage``: ``ru_maxrss`` is the peak over the process's whole life, and a
-simulation worker process trains clients of every capacity one after another, so only a peak taken
-inside the block belongs to the client that ran in it.
+A device's limit is its physical memory, so the figure reported is the process's resident set size
+(RSS): Python, torch, the model, the optimiser state and the activations together. It is sampled by
+a daemon thread rather than read from ``getrusage``: ``ru_maxrss`` is the peak over the process's
+whole life, and a simulation worker process trains clients of every capacity one after another, so
+only a peak taken inside the block belongs to the client that ran in it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def current_rss_bytes() -> int | None:
-    """Resident set size of this process now, in bytes (``None`` where ``/proc`` is not available)."""
+    """Resident set size of this process now, in bytes (``None`` where ``/proc`` is not
+    available)."""
     try:
         with open(_STATM, "rb") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -33,8 +34,8 @@ def current_rss_bytes() -> int | None:
 
 
 def lifetime_peak_rss_bytes() -> int:
-    """The process's peak RSS over its whole life, in bytes (``ru_maxrss``: KiB on Linux, bytes on macOS; 0
-    where the platform has no ``resource`` module)."""
+    """The process's peak RSS over its whole life, in bytes (``ru_maxrss``: KiB on Linux, bytes on
+    macOS; 0 where the platform has no ``resource`` module)."""
     if resource is None:
         return 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -47,11 +48,12 @@ class PeakRSS:
     Parameters
     ----------
     interval_s : float
-        Seconds between samples. An allocation that lives for less than this may be missed; a training
-        step's activations live for the whole backward pass, far longer than the default 5 ms.
+        Seconds between samples. An allocation that lives for less than this may be missed; a
+        training step's activations live for the whole backward pass, far longer than the default 5
+        ms.
 
-    Where ``/proc/self/statm`` does not exist (macOS), :attr:`peak_bytes` falls back to the process's
-    lifetime peak, which is an upper bound on the block's.
+    Where ``/proc/self/statm`` does not exist (macOS), :attr:`peak_bytes` falls back to the
+    process's lifetime peak, which is an upper bound on the block's.
     """
 
     def __init__(self, interval_s: float = 0.005) -> None:
@@ -80,7 +82,10 @@ class PeakRSS:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         if self._thread is not None:
             self._stop.set()

@@ -1,9 +1,10 @@
 """Personalised evaluation: a few local SGD steps on a node's training split before it evaluates.
 
-A federation's model is judged on the server's test set; the owner of a device judges it on their own data,
-after it has had a moment to adapt. With ``adapt-steps = s`` every node, in every evaluation round, evaluates
-the submodel it would train next twice on its own test split: as received, and after ``s`` steps of the
-run's optimiser on its own training split. The adapted model never leaves the node; only its accuracy does.
+A federation's model is judged on the server's test set; the owner of a device judges it on their
+own data, after it has had a moment to adapt. With ``adapt-steps = s`` every node, in every
+evaluation round, evaluates the submodel it would train next twice on its own test split: as
+received, and after ``s`` steps of the run's optimiser on its own training split. The adapted model
+never leaves the node; only its accuracy does.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from common.data.arrays import ArrayDataset
 from common.models.layout import ParamLayout
 from common.training.loop import TrainConfig, attach_masks, round_train_config, train_loop
 
-#: Added to a round's minibatch seed for its adaptation, so adapting draws other batches than training.
+#: Added to a round's minibatch seed for its adaptation, so adapting draws other batches than
+#: training.
 ADAPT_SEED_OFFSET = 7919
 
 
-def adaptation_examples(num_examples: int, steps: int, batch_size: int, seed: int) -> NDArray[np.int64]:
+def adaptation_examples(
+    num_examples: int, steps: int, batch_size: int, seed: int
+) -> NDArray[np.int64]:
     """The ``steps * batch_size`` training examples of an adaptation, in passes over the split.
 
-    Each pass is a seeded permutation of all ``num_examples`` examples, so every example is used once before
-    any is used twice; one epoch over the result is then exactly ``steps`` minibatches.
+    Each pass is a seeded permutation of all ``num_examples`` examples, so every example is used
+    once before any is used twice; one epoch over the result is then exactly ``steps`` minibatches.
 
     Parameters
     ----------
@@ -48,14 +52,16 @@ def adaptation_examples(num_examples: int, steps: int, batch_size: int, seed: in
     need = steps * batch_size
     rng = np.random.default_rng(seed)
     passes = -(-need // num_examples)
-    order = np.concatenate([rng.permutation(num_examples) for _ in range(passes)] or [np.zeros(0, np.int64)])
+    order = np.concatenate(
+        [rng.permutation(num_examples) for _ in range(passes)] or [np.zeros(0, np.int64)]
+    )
     return order[:need].astype(np.int64)
 
 
 def adapt_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
-    """The adaptation's optimiser settings: the round's training settings, one pass over the chosen examples,
-    no FedProx pull toward the received model (adapting is meant to move away from it), no statistics, plain
-    steps (a meta-learned model is adapted by ordinary SGD)."""
+    """The adaptation's optimiser settings: the round's training settings, one pass over the chosen
+    examples, no FedProx pull toward the received model (adapting is meant to move away from it), no
+    statistics, plain steps (a meta-learned model is adapted by ordinary SGD)."""
     cfg = round_train_config(run, node, max(server_round, 1))
     steps = {"epochs": 1, "proximal_mu": 0.0, "fisher_batches": 0, "meta_inner_lr": 0.0}
     return dataclasses.replace(cfg, seed=cfg.seed + ADAPT_SEED_OFFSET, **steps)
@@ -84,8 +90,8 @@ def adapt(
     device : torch.device
         Where to train.
     gate : tuple, optional
-        ``(layout, mask)`` of an element-wise submodel: positions outside ``mask`` stay zero (masks attached with
-        ``torch.nn.utils.prune`` for the steps).
+        ``(layout, mask)`` of an element-wise submodel: positions outside ``mask`` stay zero (masks
+        attached with ``torch.nn.utils.prune`` for the steps).
     """
     model.to(device)
     if steps > 0 and len(train) > 0:

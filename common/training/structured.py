@@ -1,7 +1,8 @@
-"""Local training of a physically smaller model (CA-HFP's channel-sliced submodel): every weight trained, no mask.
+"""Local training of a physically smaller model (CA-HFP's channel-sliced submodel): every weight
+trained, no mask.
 
-The same loop as a masked submodel (:func:`common.training.loop.train_loop`), with the gradient moments of
-every weight gathered along it (:class:`common.training.accumulators.GradientMoments`).
+The same loop as a masked submodel (:func:`common.training.loop.train_loop`), with the gradient
+moments of every weight gathered along it (:class:`common.training.accumulators.GradientMoments`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ class SmallTrainResult:
     stats_seconds: float
 
 
-def train_small(model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: torch.device) -> SmallTrainResult:
-    """Train a physically small model (already holding the received weights) and its gradient moments.
+def train_small(
+    model: nn.Module, data: ArrayDataset, cfg: TrainConfig, device: torch.device
+) -> SmallTrainResult:
+    """Train a physically small model (already holding the received weights) and its gradient
+    moments.
 
     Parameters
     ----------

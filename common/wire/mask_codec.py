@@ -42,10 +42,11 @@ def index_dtype(d: int) -> np.dtype:
 
 
 def position_dtype(d: int) -> np.dtype:
-    """Signed dtype of the positions of a model of ``d`` parameters: ``int32`` while every index fits, else ``int64``.
+    """Signed dtype of the positions of a model of ``d`` parameters: ``int32`` while every index
+    fits, else ``int64``.
 
-    Four bytes per kept position instead of eight for every model below 2^31 parameters; numpy indexes with
-    either (the consumers cast a block at a time where they index repeatedly).
+    Four bytes per kept position instead of eight for every model below 2^31 parameters; numpy
+    indexes with either (the consumers cast a block at a time where they index repeatedly).
     """
     return np.dtype(np.int32) if d - 1 <= np.iinfo(np.int32).max else np.dtype(np.int64)
 
@@ -55,17 +56,19 @@ _POSITIONS_BLOCK = 1 << 17
 
 
 def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np.signedinteger]:
-    """The set positions of a packed mask of ``d`` bits, increasing, as :func:`position_dtype` (``int32`` mostly).
+    """The set positions of a packed mask of ``d`` bits, increasing, as :func:`position_dtype`
+    (``int32`` mostly).
 
-    The same positions as ``np.flatnonzero(np.unpackbits(packed, count=d))``, without the unpacked mask (``d``
-    bytes) or an int64 array of them (8 bytes per position): blocks of 2^20 bits are unpacked one at a time
-    (8 MiB of int64 positions at most) and their positions written into the result. A full mask
-    (``kept == d``) is ``arange(d)``.
+    The same positions as ``np.flatnonzero(np.unpackbits(packed, count=d))``, without the unpacked
+    mask (``d`` bytes) or an int64 array of them (8 bytes per position): blocks of 2^20 bits are
+    unpacked one at a time (8 MiB of int64 positions at most) and their positions written into the
+    result. A full mask (``kept == d``) is ``arange(d)``.
 
     Parameters
     ----------
     packed : NDArray[uint8]
-        ``ceil(d / 8)`` bytes, most significant bit first (``np.packbits``); padding bits are ignored.
+        ``ceil(d / 8)`` bytes, most significant bit first (``np.packbits``); padding bits are
+        ignored.
     d : int
         Bits of the mask.
     kept : int
@@ -73,10 +76,13 @@ def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np
     """
     dt = position_dtype(d)
     if packed.dtype != np.uint8 or packed.shape != ((d + 7) // 8,):
-        raise ValueError(f"packed mask must be uint8[{(d + 7) // 8}], got {packed.dtype}{list(packed.shape)}")
+        raise ValueError(
+            f"packed mask must be uint8[{(d + 7) // 8}], got {packed.dtype}{list(packed.shape)}"
+        )
     if kept == d:
-        # Every bit set: its whole bytes are 0xFF and the last one's leading d % 8 bits are set, read off the
-        # packed bytes (d / 8 of them) instead of the d unpacked bits; counted only to say what is wrong.
+        # Every bit set: its whole bytes are 0xFF and the last one's leading d % 8 bits are set,
+        # read off the packed bytes (d / 8 of them) instead of the d unpacked bits; counted only to
+        # say what is wrong.
         whole, rest = divmod(d, 8)
         full = bool(np.all(packed[:whole] == 0xFF))
         if full and rest:
@@ -88,8 +94,12 @@ def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np
     out = np.empty(kept, dtype=dt)
     n = 0
     for start in range(0, packed.size, _POSITIONS_BLOCK):
-        bits = np.unpackbits(packed[start : start + _POSITIONS_BLOCK], count=min(8 * _POSITIONS_BLOCK, d - 8 * start))
-        pos = np.flatnonzero(bits.view(np.bool_))  # numpy's fast path is for booleans (several times uint8's)
+        bits = np.unpackbits(
+            packed[start : start + _POSITIONS_BLOCK], count=min(8 * _POSITIONS_BLOCK, d - 8 * start)
+        )
+        pos = np.flatnonzero(
+            bits.view(np.bool_)
+        )  # numpy's fast path is for booleans (several times uint8's)
         if n + pos.size > kept:
             raise ValueError(f"packed mask holds more than {kept} set positions")
         pos += 8 * start
@@ -101,10 +111,13 @@ def packed_positions(packed: NDArray[np.uint8], d: int, kept: int) -> NDArray[np
 
 
 def elias_fano_low_bits(d: int, k: int) -> int:
-    """Low bits per index of the Elias-Fano code of ``k`` indices below ``d``: ``floor(log2(d / k))``."""
+    """Low bits per index of the Elias-Fano code of ``k`` indices below ``d``: ``floor(log2(d /
+    k))``."""
     if k <= 0 or d <= k:
         return 0
-    return (d // k).bit_length() - 1  # floor(log2(d / k)) in integers: floor(d / k) has the same bit length
+    return (
+        d // k
+    ).bit_length() - 1  # floor(log2(d / k)) in integers: floor(d / k) has the same bit length
 
 
 def elias_fano_bytes(d: int, k: int) -> int:
@@ -123,12 +136,13 @@ def _uint_dtype(width: int) -> np.dtype:
 
 
 def _pack_fixed(values: NDArray[np.int64], width: int) -> NDArray[np.uint8]:
-    """The ``width`` low bits of each value, most significant first, packed (``ceil(len * width / 8)`` bytes).
+    """The ``width`` low bits of each value, most significant first, packed (``ceil(len * width /
+    8)`` bytes).
 
-    Up to 8 bits a value, eight values at a time are joined into one 64-bit word (value ``j`` of a group
-    shifted left by ``width * (7 - j)``) whose ``width`` low bytes, big-endian, are the group's bits: the same
-    bytes as unpacking every value to bits and packing them again (zero padding at the end), without the
-    ``8 * len`` bytes of unpacked bits.
+    Up to 8 bits a value, eight values at a time are joined into one 64-bit word (value ``j`` of a
+    group shifted left by ``width * (7 - j)``) whose ``width`` low bytes, big-endian, are the
+    group's bits: the same bytes as unpacking every value to bits and packing them again (zero
+    padding at the end), without the ``8 * len`` bytes of unpacked bits.
     """
     if 0 < width <= 8:
         count = values.size
@@ -152,7 +166,8 @@ def _unpack_fixed(bits: NDArray[np.uint8], count: int, width: int) -> NDArray[np
 
 
 def encode_elias_fano(indices: NDArray, d: int) -> NDArray[np.uint8]:
-    """Elias-Fano code of strictly increasing ``indices`` below ``d`` (layout in the module docstring)."""
+    """Elias-Fano code of strictly increasing ``indices`` below ``d`` (layout in the module
+    docstring)."""
     idx = np.asarray(indices, dtype=np.int64)
     k = idx.size
     low = elias_fano_low_bits(d, k)
@@ -167,7 +182,8 @@ def encode_elias_fano(indices: NDArray, d: int) -> NDArray[np.uint8]:
 
 
 def decode_elias_fano(data: NDArray, d: int) -> NDArray[np.int64]:
-    """Strictly increasing indices below ``d`` from :func:`encode_elias_fano`; ``ValueError`` when inconsistent."""
+    """Strictly increasing indices below ``d`` from :func:`encode_elias_fano`; ``ValueError`` when
+    inconsistent."""
     if data.dtype != np.uint8 or data.ndim != 1 or data.size < _EF_HEADER:
         raise ValueError(f"elias-fano mask must be 1-D uint8 of at least {_EF_HEADER} bytes")
     k = int(np.frombuffer(data[:_EF_HEADER].tobytes(), dtype="<u8")[0])
@@ -175,7 +191,9 @@ def decode_elias_fano(data: NDArray, d: int) -> NDArray[np.int64]:
         raise ValueError(f"elias-fano mask declares k={k} kept, outside (0, {d})")
     if data.size != elias_fano_bytes(d, k):
         want = elias_fano_bytes(d, k)
-        raise ValueError(f"elias-fano mask of k={k} among d={d} must be {want} bytes, got {data.size}")
+        raise ValueError(
+            f"elias-fano mask of k={k} among d={d} must be {want} bytes, got {data.size}"
+        )
     low = elias_fano_low_bits(d, k)
     n_low, n_high = k * low, k + ((d - 1) >> low) + 1
     low_end = _EF_HEADER + (n_low + 7) // 8
@@ -211,17 +229,20 @@ def mask_kind(d: int, k: int) -> tuple[MaskKind, int]:
     return kind, int(sizes[kind])  # type: ignore[return-value]
 
 
-#: Bytes of ``indices`` and ``elias-fano`` encodings :func:`encode_mask` keeps for masks it meets again.
+#: Bytes of ``indices`` and ``elias-fano`` encodings :func:`encode_mask` keeps for masks it meets
+#: again.
 ENCODING_CACHE_BYTES = 32 << 20
 
 
 class EncodingCache:
-    """Encodings of recent masks by content (their packed bits' BLAKE2b digest), least recently used dropped first.
+    """Encodings of recent masks by content (their packed bits' BLAKE2b digest), least recently used
+    dropped first.
 
-    Between Fisher refreshes the server sends a client the same mask round after round (held masks), and every
-    client ranked by the prior at a capacity level the same one: their ``indices`` or ``elias-fano`` code is
-    then looked up (one ``packbits`` and one hash of ``d / 8`` bytes) instead of recomputed. Keyed by content,
-    so a changed mask is simply another key. The arrays handed out are read-only: callers share them.
+    Between Fisher refreshes the server sends a client the same mask round after round (held masks),
+    and every client ranked by the prior at a capacity level the same one: their ``indices`` or
+    ``elias-fano`` code is then looked up (one ``packbits`` and one hash of ``d / 8`` bytes) instead
+    of recomputed. Keyed by content, so a changed mask is simply another key. The arrays handed out
+    are read-only: callers share them.
 
     Parameters
     ----------
@@ -247,7 +268,8 @@ class EncodingCache:
         return data
 
     def put(self, key: tuple[int, str, bytes], data: NDArray) -> None:
-        """Keep ``data`` (made read-only) under ``key``, dropping the least recently used beyond :attr:`limit`."""
+        """Keep ``data`` (made read-only) under ``key``, dropping the least recently used beyond
+        :attr:`limit`."""
         if data.nbytes > self.limit or key in self._entries:
             return
         data.flags.writeable = False
@@ -272,9 +294,10 @@ def encode_mask(
 ) -> tuple[MaskKind, NDArray]:
     """Encode a boolean mask as its smallest kind (:func:`mask_kind`); returns ``(kind, array)``.
 
-    ``indices`` and ``elias-fano`` codes are kept by content (:class:`EncodingCache`, :data:`ENCODINGS`): a mask
-    met again (a held mask, a capacity level's prior-ranked mask) is looked up, and its array is then
-    read-only and shared. ``bits`` costs one ``packbits``, the key's price, and is not kept.
+    ``indices`` and ``elias-fano`` codes are kept by content (:class:`EncodingCache`,
+    :data:`ENCODINGS`): a mask met again (a held mask, a capacity level's prior-ranked mask) is
+    looked up, and its array is then read-only and shared. ``bits`` costs one ``packbits``, the
+    key's price, and is not kept.
 
     Parameters
     ----------
@@ -316,7 +339,9 @@ def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
         return np.ones(d, dtype=bool)
     if kind == "bits":
         if data.dtype != np.uint8 or data.shape != ((d + 7) // 8,):
-            raise ValueError(f"bit mask must be uint8[{(d + 7) // 8}], got {data.dtype}{list(data.shape)}")
+            raise ValueError(
+                f"bit mask must be uint8[{(d + 7) // 8}], got {data.dtype}{list(data.shape)}"
+            )
         bits = np.unpackbits(data)
         if bits[d:].any():
             raise ValueError("bit mask has set padding bits")
@@ -324,7 +349,9 @@ def decode_mask(kind: str, data: NDArray, d: int) -> NDArray[np.bool_]:
     if kind == "indices":
         want = index_dtype(d)
         if data.dtype != want or data.ndim != 1:
-            raise ValueError(f"index mask for d={d} must be 1-D {want}, got {data.dtype}{list(data.shape)}")
+            raise ValueError(
+                f"index mask for d={d} must be 1-D {want}, got {data.dtype}{list(data.shape)}"
+            )
         idx = data.astype(np.int64)
         if idx.size and (idx[-1] >= d or np.any(np.diff(idx) <= 0)):
             raise ValueError("index mask must be strictly increasing and below d")

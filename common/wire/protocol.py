@@ -25,18 +25,18 @@ Client -> server (TRAIN)::
                         cpu-seconds (optional: the client process's CPU seconds of training and Fisher)
     config "meta":      round, mask-digest
 
-A method packs its own payload (``Method.client_train``) and checks it (``Method.validate``); it may send a
-submodel of another shape altogether, as CA-HFP's physically smaller model (``common.methods.cahfp``, with
-its channel records in ``common.submodels.channel_slicing``). What every reply shares is checked by
-``common.wire.validation``.
+A method packs its own payload (``Method.client_train``) and checks it (``Method.validate``); it may
+send a submodel of another shape altogether, as CA-HFP's physically smaller model
+(``common.methods.cahfp``, with its channel records in ``common.submodels.channel_slicing``). What
+every reply shares is checked by ``common.wire.validation``.
 
 Client -> server (EVALUATE)::
 
     metrics "metrics":  num-examples, eval-loss, eval-acc
     config "meta":      round, mask-digest
 
-Server -> client (QUERY): empty, or, when a fresh run's method opens with a Fisher warm-up it can fold into
-discovery (``Method.warmup_in_discovery``)::
+Server -> client (QUERY): empty, or, when a fresh run's method opens with a Fisher warm-up it can
+fold into discovery (``Method.warmup_in_discovery``)::
 
     arrays "opening":   values  float32[d]   the initial global model, flat
 
@@ -47,18 +47,18 @@ Client -> server (QUERY), a node that could read its configuration::
     config "device":    device, client-key, capacity-source ("node-config" or "auto"),
                         capacity-kind ("bandwidth" or "memory", when the node config sets it)
 
-plus, when the QUERY carried "opening", the records of the node's round-0 TRAIN reply ("update", "metrics",
-"meta"): its Fisher at the initial model, for the submodel the server would send it in round 0
-(``FisherRankedMethod.opening_received``; the mask digest echoed lets the server check it is that one), or
-``config "opening-error": reason`` when it could not measure it. When the QUERY also carries
-``config "round-one"`` (``Method.opens_round_one``), the node then trains the submodel the server would send it
-in round 1, ranked by the Fisher it just measured (``Method.round_one_received``), and adds that round-1 TRAIN
-reply's records as "round-one-update", "round-one-metrics", "round-one-meta" (the digest echoed is the round-1
-mask's, which the server checks against its own), or ``config "round-one-error": reason``. And a misconfigured
-node::
+plus, when the QUERY carried "opening", the records of the node's round-0 TRAIN reply ("update",
+"metrics", "meta"): its Fisher at the initial model, for the submodel the server would send it in
+round 0 (``FisherRankedMethod.opening_received``; the mask digest echoed lets the server check it is
+that one), or ``config "opening-error": reason`` when it could not measure it. When the QUERY also
+carries ``config "round-one"`` (``Method.opens_round_one``), the node then trains the submodel the
+server would send it in round 1, ranked by the Fisher it just measured
+(``Method.round_one_received``), and adds that round-1 TRAIN reply's records as "round-one-update",
+"round-one-metrics", "round-one-meta" (the digest echoed is the round-1 mask's, which the server
+checks against its own), or ``config "round-one-error": reason``. And a misconfigured node::
 
     config "profile":   error  (why, e.g. "ConfigError: capacity=2: allowed range is (0, 1]")
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -79,16 +79,21 @@ META = "meta"
 PROFILE = "profile"
 OPENING = "opening"  # the initial model in a QUERY that also asks for the warm-up Fisher
 OPENING_ERROR = "opening-error"
-ROUND_ONE = "round-one"  # a QUERY carrying "opening" also asks the node to train round 1 (config record)
+ROUND_ONE = (
+    "round-one"  # a QUERY carrying "opening" also asks the node to train round 1 (config record)
+)
 ROUND_ONE_UPDATE = "round-one-update"
 ROUND_ONE_METRICS = "round-one-metrics"
 ROUND_ONE_META = "round-one-meta"
 ROUND_ONE_ERROR = "round-one-error"
 DELTA = "delta"
-ADAPTED_LOSS = "eval-loss-adapted"  # EVALUATE reply metric with adapt-steps: the loss after adapting locally
+ADAPTED_LOSS = (
+    "eval-loss-adapted"  # EVALUATE reply metric with adapt-steps: the loss after adapting locally
+)
 ADAPTED_ACC = "eval-acc-adapted"  # ... and the accuracy
 VALUES = "values"
-FISHER_BYTES = "fisher-bytes"  # in "fisher-at": the most bytes the Fisher payload of the reply may take (int64[1])
+# in "fisher-at": the most bytes the Fisher payload of the reply may take (int64[1])
+FISHER_BYTES = "fisher-bytes"
 MASK = "mask"
 
 
@@ -101,7 +106,8 @@ class SubmodelPayload:
     values : NDArray[float32]
         Global values at the mask's positions, in increasing position order.
     mask_kind : str
-        Mask encoding (``full``, ``bits``, ``indices`` or ``elias-fano``; :mod:`common.wire.mask_codec`).
+        Mask encoding (``full``, ``bits``, ``indices`` or ``elias-fano``;
+        :mod:`common.wire.mask_codec`).
     mask_data : NDArray
         Encoded mask.
     digest : str
@@ -123,15 +129,19 @@ class SubmodelPayload:
 _GATHER_BLOCK = 1 << 18
 
 
-def _gather(x: NDArray[np.float32], mask: NDArray[np.bool_], taken: int, outside: bool) -> NDArray[np.float32]:
-    """``x[mask]`` (``outside``: ``x[~mask]``), the same values in the same order, by the cheaper of two routes.
+def _gather(
+    x: NDArray[np.float32], mask: NDArray[np.bool_], taken: int, outside: bool
+) -> NDArray[np.float32]:
+    """``x[mask]`` (``outside``: ``x[~mask]``), the same values in the same order, by the cheaper of
+    two routes.
 
-    Boolean indexing copies run by run, so its time grows with the runs of the mask, which are most when
-    about half the positions are taken and few when most or few are; ``np.compress`` (the positions, then
-    a take) costs per position taken but not per run. Between 1/8 and 7/8 of the positions taken (a
-    ResNet-18 capacity-0.25 mask and its complement: 2 to 3 times faster) the mask is compressed one block of
-    :data:`_GATHER_BLOCK` positions at a time, into the output, so no position array of the whole mask is made.
-    Every position taken is a copy of ``x`` (never ``x`` itself: the model changes after the download is made).
+    Boolean indexing copies run by run, so its time grows with the runs of the mask, which are most
+    when about half the positions are taken and few when most or few are; ``np.compress`` (the
+    positions, then a take) costs per position taken but not per run. Between 1/8 and 7/8 of the
+    positions taken (a ResNet-18 capacity-0.25 mask and its complement: 2 to 3 times faster) the
+    mask is compressed one block of :data:`_GATHER_BLOCK` positions at a time, into the output, so
+    no position array of the whole mask is made. Every position taken is a copy of ``x`` (never
+    ``x`` itself: the model changes after the download is made).
 
     Parameters
     ----------
@@ -145,7 +155,9 @@ def _gather(x: NDArray[np.float32], mask: NDArray[np.bool_], taken: int, outside
         Gather the positions outside the mask instead of inside it.
     """
     d = x.shape[0]
-    if taken == d:  # every position (a capacity-1 download): one copy, half the time of indexing by the mask
+    if (
+        taken == d
+    ):  # every position (a capacity-1 download): one copy, half the time of indexing by the mask
         return x.copy()
     if not d // 8 <= taken <= d - d // 8:
         return x[~mask] if outside else x[mask]
@@ -162,7 +174,8 @@ def _gather(x: NDArray[np.float32], mask: NDArray[np.bool_], taken: int, outside
 
 
 def _flat_pair(x: NDArray, mask: NDArray) -> tuple[NDArray[np.float32], NDArray[np.bool_]] | None:
-    """``x`` as float32 and ``mask`` as booleans when both are flat and of one length (else ``None``)."""
+    """``x`` as float32 and ``mask`` as booleans when both are flat and of one length (else
+    ``None``)."""
     values, flags = np.asarray(x, dtype=np.float32), np.asarray(mask)
     if flags.dtype != np.bool_ or values.ndim != 1 or flags.shape != values.shape:
         return None
@@ -170,7 +183,8 @@ def _flat_pair(x: NDArray, mask: NDArray) -> tuple[NDArray[np.float32], NDArray[
 
 
 def selected_values(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> NDArray[np.float32]:
-    """The values of ``x`` at the mask's positions, in increasing position order (``x[mask]`` as float32).
+    """The values of ``x`` at the mask's positions, in increasing position order (``x[mask]`` as
+    float32).
 
     Parameters
     ----------
@@ -211,9 +225,11 @@ def _values(x: NDArray[np.float32], mask: NDArray[np.bool_], outside: bool) -> N
 def encode_submodel(x: NDArray[np.float32], mask: NDArray[np.bool_]) -> SubmodelPayload:
     """The selected values of ``x`` (:func:`selected_values`) and the compact mask.
 
-    A mask of fewer than ``d / 8`` positions is sent as ``indices`` or ``elias-fano``, which are built from its
-    positions: they are found once, and the values taken at them (:func:`common.wire.mask_codec.encode_mask`
-    gets them too), instead of a second scan of the mask by boolean indexing.
+    A mask of fewer than ``d / 8`` positions is sent as ``indices`` or ``elias-fano``, which are
+    built from its
+    positions: they are found once, and the values taken at them
+    (:func:`common.wire.mask_codec.encode_mask` gets them too), instead of a second scan of the mask
+    by boolean indexing.
     """
     pair = _flat_pair(x, mask)
     if pair is not None and int(np.count_nonzero(pair[1])) < pair[1].size // 8:
@@ -232,7 +248,10 @@ def decode_submodel(
     mask = decode_mask(mask_kind, mask_data, d)
     values = np.asarray(values)
     if values.dtype != np.float32 or values.shape != (int(mask.sum()),):
-        raise ValueError(f"submodel values must be float32[{int(mask.sum())}], got {values.dtype}{list(values.shape)}")
+        raise ValueError(
+            f"submodel values must be float32[{int(mask.sum())}], got "
+            f"{values.dtype}{list(values.shape)}"
+        )
     if not np.all(np.isfinite(values)):
         raise ValueError("submodel values contain NaN or Inf")
     dense = np.zeros(d, dtype=np.float32)

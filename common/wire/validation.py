@@ -32,9 +32,9 @@ class ReplyError(ValueError):
 class SentSubmodel:
     """What the server sent one node in one round, to check the reply against.
 
-    The mask is kept as packed bits (``d / 8`` bytes): a round holds one of these per participant until its
-    reply is folded, so at hundreds of clients the unpacked masks (``d`` bytes each) would dominate the round's
-    memory. :attr:`mask` unpacks a fresh copy.
+    The mask is kept as packed bits (``d / 8`` bytes): a round holds one of these per participant
+    until its reply is folded, so at hundreds of clients the unpacked masks (``d`` bytes each) would
+    dominate the round's memory. :attr:`mask` unpacks a fresh copy.
 
     Parameters
     ----------
@@ -91,8 +91,8 @@ class SentSubmodel:
     def positions(self) -> NDArray[np.signedinteger]:
         """The positions sent, increasing: ``int32`` while ``d <= 2^31``.
 
-        :func:`common.wire.mask_codec.packed_positions`: built from the packed bits a block at a time, neither
-        the unpacked mask nor int64 positions are made.
+        :func:`common.wire.mask_codec.packed_positions`: built from the packed bits a block at a
+        time, neither the unpacked mask nor int64 positions are made.
         """
         return packed_positions(self.packed, self.d, self.kept)
 
@@ -119,7 +119,9 @@ class TrainReply:
     update: MaskedUpdate
     fisher: NDArray[np.float32] | None
     metrics: dict[str, float]
-    fisher_bytes: int = field(default=0, kw_only=True)  # bytes of the Fisher payload as uploaded (before decoding)
+    fisher_bytes: int = field(
+        default=0, kw_only=True
+    )  # bytes of the Fisher payload as uploaded (before decoding)
 
 
 def _finite_number(metrics: Mapping[str, Any], key: str, lo: float = 0.0) -> float:
@@ -138,7 +140,10 @@ def check_meta(meta: Mapping[str, Any] | None, sent: SentSubmodel) -> None:
     if meta.get("round") != sent.round:
         raise ReplyError(f"reply is for round {meta.get('round')!r}, expected {sent.round}")
     if meta.get("mask-digest") != sent.digest:
-        raise ReplyError(f"reply mask digest {meta.get('mask-digest')!r} does not match the mask sent ({sent.digest})")
+        raise ReplyError(
+            f"reply mask digest {meta.get('mask-digest')!r} does not match the mask sent "
+            f"({sent.digest})"
+        )
 
 
 def check_examples(metrics: Mapping[str, Any], upper: int) -> int:
@@ -166,14 +171,15 @@ def validate_train_reply(
     layout : ParamLayout
         The model layout.
     payload : Collection[str]
-        Names of the method's own arrays the reply must carry besides ``delta`` (e.g. the Fisher payload);
-        the method decodes them.
+        Names of the method's own arrays the reply must carry besides ``delta`` (e.g. the Fisher
+        payload); the method decodes them.
 
     Returns
     -------
-    The reply with its update and metrics (``fisher`` ``None``), and the method's own arrays by name. The update
-    copies nothing it received: its delta is a read-only view of the reply's ``delta`` array, and its indices
-    are the positions sent, built from the packed mask as ``int32`` (:meth:`SentSubmodel.positions`).
+    The reply with its update and metrics (``fisher`` ``None``), and the method's own arrays by
+    name. The update copies nothing it received: its delta is a read-only view of the reply's
+    ``delta`` array, and its indices are the positions sent, built from the packed mask as ``int32``
+    (:meth:`SentSubmodel.positions`).
     """
     arrays, metrics = reply.arrays, reply.metrics
     check_meta(reply.meta, sent)
@@ -183,24 +189,31 @@ def validate_train_reply(
         raise ReplyError(f"metric record {P.METRICS!r} missing")
     expected = {P.DELTA, *payload}
     if set(arrays) != expected:
-        raise ReplyError(f"update arrays {sorted(arrays)} differ from the expected {sorted(expected)}")
+        raise ReplyError(
+            f"update arrays {sorted(arrays)} differ from the expected {sorted(expected)}"
+        )
     total = sum(int(np.asarray(a).nbytes) for a in arrays.values())
     if total > OVERSIZE_FACTOR * 4 * layout.size + 1024:
-        raise ReplyError(f"update of {total} bytes is oversized for a model of {layout.size} parameters")
+        raise ReplyError(
+            f"update of {total} bytes is oversized for a model of {layout.size} parameters"
+        )
     k = sent.kept
     delta = np.asarray(arrays[P.DELTA])
     if delta.dtype != np.float32 or delta.shape != (k,):
         raise ReplyError(
-            f"delta must be float32[{k}] (one value per position sent), got {delta.dtype}{list(delta.shape)}"
+            f"delta must be float32[{k}] (one value per position sent), got "
+            f"{delta.dtype}{list(delta.shape)}"
         )
-    if delta.size and not (np.isfinite(delta.min()) and np.isfinite(delta.max())):  # reductions, no temporary
+    if delta.size and not (
+        np.isfinite(delta.min()) and np.isfinite(delta.max())
+    ):  # reductions, no temporary
         raise ReplyError("delta contains NaN or Inf")
     n = check_examples(metrics, sent.max_examples)
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
         values[key] = _finite_number(metrics, key)
-    # Optional: a client on a platform without /proc or resource sends no peak; an older client, no CPU seconds;
-    # a run without dp-epsilon, no privacy ledger.
+    # Optional: a client on a platform without /proc or resource sends no peak; an older client, no
+    # CPU seconds; a run without dp-epsilon, no privacy ledger.
     for key in ("peak-rss-mib", "cpu-seconds", "dp-epsilon", "dp-noise-multiplier"):
         if key in metrics:
             values[key] = _finite_number(metrics, key)
@@ -211,8 +224,8 @@ def validate_train_reply(
 def read_only(a: NDArray) -> NDArray:
     """A read-only view of ``a`` (no copy): the update's delta is the received buffer itself.
 
-    The consumers (running sums, batch aggregation) only read it; a write through the view raises instead of
-    reaching the reply's buffer.
+    The consumers (running sums, batch aggregation) only read it; a write through the view raises
+    instead of reaching the reply's buffer.
     """
     view = a.view()
     view.flags.writeable = False
@@ -228,15 +241,18 @@ def validate_evaluate_reply(
 ) -> dict[str, float]:
     """Check an EVALUATE reply; returns its metrics.
 
-    ``adapted``: the run asks for the personalised figures too (``adapt-steps``), so the reply must carry the
-    loss and accuracy after adapting (:data:`~common.wire.protocol.ADAPTED_LOSS`, ``ADAPTED_ACC``).
+    ``adapted``: the run asks for the personalised figures too (``adapt-steps``), so the reply must
+    carry the loss and accuracy after adapting (:data:`~common.wire.protocol.ADAPTED_LOSS`,
+    ``ADAPTED_ACC``).
     """
     check_meta(meta, sent)
     if metrics is None:
         raise ReplyError(f"metric record {P.METRICS!r} missing")
     n = check_examples(metrics, max_test)
     out = {"num-examples": float(n)}
-    for loss_key, acc_key in [("eval-loss", "eval-acc")] + [(P.ADAPTED_LOSS, P.ADAPTED_ACC)] * adapted:
+    for loss_key, acc_key in [("eval-loss", "eval-acc")] + [
+        (P.ADAPTED_LOSS, P.ADAPTED_ACC)
+    ] * adapted:
         out[loss_key] = _finite_number(metrics, loss_key)
         out[acc_key] = _finite_number(metrics, acc_key)
         if out[acc_key] > 1:
@@ -244,7 +260,9 @@ def validate_evaluate_reply(
     return out
 
 
-def validate_profile(metrics: Mapping[str, Any] | None, error: str | None) -> tuple[float, int, int]:
+def validate_profile(
+    metrics: Mapping[str, Any] | None, error: str | None
+) -> tuple[float, int, int]:
     """Check a QUERY reply; returns ``(capacity, num_train, num_test)``."""
     if error:
         raise ReplyError(f"node reported a configuration error: {error}")

@@ -34,7 +34,13 @@ def _sha256(path: Path) -> str:
 
 
 def write_archive(
-    layer: Path, arch: str, tag: str, labels: dict[str, str], env: list[str], cmd: list[str], out: Path
+    layer: Path,
+    arch: str,
+    tag: str,
+    labels: dict[str, str],
+    env: list[str],
+    cmd: list[str],
+    out: Path,
 ) -> None:
     """Write the ``docker load`` archive.
 
@@ -60,7 +66,10 @@ def write_archive(
     manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]
     with tarfile.open(out, "w") as archive:
         archive.add(layer, arcname="layer/layer.tar")
-        for name, data in ((config_name, config_bytes), ("manifest.json", json.dumps(manifest).encode())):
+        for name, data in (
+            (config_name, config_bytes),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
@@ -68,9 +77,13 @@ def write_archive(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--layer", type=Path, required=True, help="tarball of the root file system")
-    ap.add_argument("--arch", required=True, help="architecture recorded in the image (amd64, arm64, ...)")
+    ap.add_argument(
+        "--arch", required=True, help="architecture recorded in the image (amd64, arm64, ...)"
+    )
     ap.add_argument("--tag", required=True, help="name:tag of the image")
     ap.add_argument("--label", action="append", default=[], help="KEY=VALUE image label (repeat)")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE environment (repeat)")

@@ -1,10 +1,10 @@
-"""What the synchronous and the asynchronous strategy share: the global model, the Messages that carry a node's
-submodel, the nodes' own evaluation and the server's central evaluation.
+"""What the synchronous and the asynchronous strategy share: the global model, the Messages that
+carry a node's submodel, the nodes' own evaluation and the server's central evaluation.
 
-Everything that differs between methods is asked of the run's :class:`~common.methods.base.Method`; the nodes
-are the :class:`~server.strategy_core.node_registry.NodeRegistry`'s. The two strategies differ in when they send
-and how they fold replies in: rounds (:mod:`server.strategy`) or every reply on arrival
-(:mod:`server.async_strategy`).
+Everything that differs between methods is asked of the run's :class:`~common.methods.base.Method`;
+the nodes are the :class:`~server.strategy_core.node_registry.NodeRegistry`'s. The two strategies
+differ in when they send and how they fold replies in: rounds (:mod:`server.strategy`) or every
+reply on arrival (:mod:`server.async_strategy`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
@@ -34,7 +42,8 @@ from server.strategy_core.node_registry import NodeRegistry
 from server.strategy_core.round_plan import EvaluatePlan, TrainPlan
 from server.strategy_core.round_records import ClientRound
 
-#: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``, ``loss``).
+#: Flower's signature for central evaluation: ``(server_round, arrays) -> metrics`` (``accuracy``,
+#: ``loss``).
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
@@ -44,8 +53,8 @@ def array_record(arrays: Mapping[str, NDArray]) -> ArrayRecord:
 
 
 def local_figures(metrics: MetricRecord) -> dict[str, float]:
-    """A round record's ``local``: the nodes' example-weighted accuracy and loss on their own test splits, and,
-    with ``adapt-steps``, after adapting (``adapted_accuracy``, ``adapted_loss``)."""
+    """A round record's ``local``: the nodes' example-weighted accuracy and loss on their own test
+    splits, and, with ``adapt-steps``, after adapting (``adapted_accuracy``, ``adapted_loss``)."""
     local = {"accuracy": metrics["eval-acc"], "loss": metrics["eval-loss"]}
     if P.ADAPTED_ACC in metrics:
         local["adapted_accuracy"] = metrics[P.ADAPTED_ACC]
@@ -54,7 +63,8 @@ def local_figures(metrics: MetricRecord) -> dict[str, float]:
 
 
 class SubmodelStrategyBase:
-    """The global model as a flat vector, the nodes, and per-node submodel Messages (see the module docstring).
+    """The global model as a flat vector, the nodes, and per-node submodel Messages (see the module
+    docstring).
 
     Parameters
     ----------
@@ -65,7 +75,8 @@ class SubmodelStrategyBase:
     method : Method, optional
         The method (default: the one ``cfg.method`` names, from the registry).
     on_round : Callable, optional
-        Called with each round's record (a JSON-ready dict, :mod:`server.strategy_core.round_records`).
+        Called with each round's record (a JSON-ready dict,
+        :mod:`server.strategy_core.round_records`).
     """
 
     def __init__(
@@ -82,7 +93,8 @@ class SubmodelStrategyBase:
         self.on_round = on_round
         self.evaluate_fn: EvaluateFn | None = None
         self.registry = NodeRegistry(cfg, self.method)
-        # The global model as of the last aggregation: what central evaluation and the level masks read.
+        # The global model as of the last aggregation: what central evaluation and the level masks
+        # read.
         self.x: NDArray[np.float32] = np.zeros(layout.size, dtype=np.float32)
         self.mask_history = MaskHistory(layout.size)
 
@@ -101,16 +113,18 @@ class SubmodelStrategyBase:
     def node_mask(
         self, node_id: int, server_round: int, x: NDArray[np.float32] | None = None
     ) -> tuple[NDArray[np.bool_], str]:
-        """The submodel mask of a discovered node for ``server_round`` of the global model ``x`` (default: the
-        current one), and the rule that chose it."""
+        """The submodel mask of a discovered node for ``server_round`` of the global model ``x``
+        (default: the current one), and the rule that chose it."""
         prof = self.registry.nodes[node_id]
-        return self.method.mask_for(prof.key, server_round, prof.capacity, self.x if x is None else x)
+        return self.method.mask_for(
+            prof.key, server_round, prof.capacity, self.x if x is None else x
+        )
 
     def level_mask(
         self, server_round: int, gamma: float, x: NDArray[np.float32] | None = None
     ) -> tuple[NDArray[np.bool_], str]:
-        """The submodel of capacity level ``gamma`` that central evaluation measures after ``server_round``, for
-        the global model ``x`` of that round (default: the current one)."""
+        """The submodel of capacity level ``gamma`` that central evaluation measures after
+        ``server_round``, for the global model ``x`` of that round (default: the current one)."""
         return self.method.mask_for(None, server_round + 1, gamma, self.x if x is None else x)
 
     # ------------------------------------------------------------- messages
@@ -124,7 +138,8 @@ class SubmodelStrategyBase:
         config: ConfigRecord | None = None,
         x: NDArray[np.float32] | None = None,
     ) -> tuple[Message, ClientRound]:
-        """The Message carrying a node's submodel, and its bookkeeping entry; records what was sent in ``store``.
+        """The Message carrying a node's submodel, and its bookkeeping entry; records what was sent
+        in ``store``.
 
         Parameters
         ----------
@@ -139,13 +154,17 @@ class SubmodelStrategyBase:
         mask_and_source : tuple, optional
             The mask to send (default: :meth:`node_mask` for ``server_round``).
         config : ConfigRecord, optional
-            Extra settings for the node (``train_config`` / ``evaluate_config`` of ``start``), sent as
-            the ``config`` record when not empty.
+            Extra settings for the node (``train_config`` / ``evaluate_config`` of ``start``), sent
+            as the ``config`` record when not empty.
         x : NDArray[float32], optional
             The global model the submodel is cut from (default: the current one).
         """
         x = self.x if x is None else x
-        mask, source = mask_and_source if mask_and_source is not None else self.node_mask(node_id, server_round, x)
+        mask, source = (
+            mask_and_source
+            if mask_and_source is not None
+            else self.node_mask(node_id, server_round, x)
+        )
         download = self.method.encode(x, mask)
         records = {name: array_record(arrays) for name, arrays in download.records.items()}
         request = None
@@ -155,7 +174,12 @@ class SubmodelStrategyBase:
         if request is not None and request.arrays:
             records[P.FISHER_AT] = array_record(request.arrays)
         round_config = ConfigRecord(
-            {"mask-kind": download.kind, "mask-digest": download.digest, "d": self.layout.size, "round": server_round}
+            {
+                "mask-kind": download.kind,
+                "mask-digest": download.digest,
+                "d": self.layout.size,
+                "round": server_round,
+            }
         )
         info = self.note_sent(
             node_id,
@@ -185,7 +209,8 @@ class SubmodelStrategyBase:
         fisher_at_bytes: int = 0,
         train: bool = True,
     ) -> ClientRound:
-        """Keep what a node was sent (its :class:`SentSubmodel` in ``store``) and return its round entry.
+        """Keep what a node was sent (its :class:`SentSubmodel` in ``store``) and return its round
+        entry.
 
         Parameters
         ----------
@@ -200,14 +225,17 @@ class SubmodelStrategyBase:
         fisher_asked : bool
             Whether the node was asked for its Fisher (its reply must then carry it).
         bytes_down, fisher_at_bytes : int
-            Bytes the node received for this submodel, and of them the global values sent for a Fisher refresh.
+            Bytes the node received for this submodel, and of them the global values sent for a
+            Fisher refresh.
         train : bool
-            A TRAIN submodel: the mask's overlap with the client's previous one and its positions per tensor
-            are noted.
+            A TRAIN submodel: the mask's overlap with the client's previous one and its positions
+            per tensor are noted.
         """
         prof = self.registry.nodes[node_id]
         mask, source = mask_and_source
-        store[node_id] = SentSubmodel(node_id, server_round, mask, download.digest, prof.num_train, fisher_asked)
+        store[node_id] = SentSubmodel(
+            node_id, server_round, mask, download.digest, prof.num_train, fisher_asked
+        )
         k = int(mask.sum())
         info = ClientRound(
             node_id=node_id,
@@ -239,7 +267,9 @@ class SubmodelStrategyBase:
         plan = EvaluatePlan(server_round)
         nodes = self.registry.nodes
         plan.messages = [
-            self.submodel_message(nid, server_round, MessageType.EVALUATE, plan.sent, config=config, x=x)[0]
+            self.submodel_message(
+                nid, server_round, MessageType.EVALUATE, plan.sent, config=config, x=x
+            )[0]
             for nid in sorted(nodes)
             if nodes[nid].num_test > 0
         ]
@@ -248,7 +278,8 @@ class SubmodelStrategyBase:
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message], plan: EvaluatePlan
     ) -> MetricRecord | None:
-        """Example-weighted local loss and accuracy over valid replies; the figures per capacity into ``plan``."""
+        """Example-weighted local loss and accuracy over valid replies; the figures per capacity
+        into ``plan``."""
         nodes = self.registry.nodes
         seen: dict[int, dict[str, float]] = {}
         for msg in replies:
@@ -256,14 +287,24 @@ class SubmodelStrategyBase:
             try:
                 sent = expected_sent(p, plan.sent, seen)
                 seen[p.node_id] = validate_evaluate_reply(
-                    p.metrics, p.meta, sent, nodes[p.node_id].num_test, adapted=self.cfg.adapt_steps > 0
+                    p.metrics,
+                    p.meta,
+                    sent,
+                    nodes[p.node_id].num_test,
+                    adapted=self.cfg.adapt_steps > 0,
                 )
             except ReplyError as err:
-                log(WARNING, "round %d: evaluation reply from node %d rejected: %s", server_round, p.node_id, err)
+                log(
+                    WARNING,
+                    "round %d: evaluation reply from node %d rejected: %s",
+                    server_round,
+                    p.node_id,
+                    err,
+                )
         if not seen:
             return None
-        # Summed in the clients' key order, not in arrival order (nor by node id, which a new federation draws
-        # afresh): the same replies give the same figures to the last bit.
+        # Summed in the clients' key order, not in arrival order (nor by node id, which a new
+        # federation draws afresh): the same replies give the same figures to the last bit.
         seen = {nid: seen[nid] for nid in sorted(seen, key=lambda nid: nodes[nid].key)}
         plan.federated = federated_figures(
             [
@@ -286,10 +327,15 @@ class SubmodelStrategyBase:
         return metrics
 
     def nodes_evaluate(
-        self, server_round: int, arrays: ArrayRecord, grid: Grid, timeout: float, config: ConfigRecord
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        grid: Grid,
+        timeout: float,
+        config: ConfigRecord,
     ) -> tuple[MetricRecord | None, dict[str, Any] | None]:
-        """The nodes' own evaluation of ``arrays``: their example-weighted metrics (``None`` when no node
-        replied) and the figures per capacity level (a round record's ``federated``)."""
+        """The nodes' own evaluation of ``arrays``: their example-weighted metrics (``None`` when no
+        node replied) and the figures per capacity level (a round record's ``federated``)."""
         plan = self.configure_evaluate(server_round, arrays, config, grid)
         replies = exchange(grid, list(plan), timeout, self.cfg.poll_interval)
         return self.aggregate_evaluate(server_round, replies, plan), plan.federated
@@ -309,8 +355,9 @@ class SubmodelStrategyBase:
         server_round : int
             The round whose model is evaluated.
         trained : TrainPlan, optional
-            The round's plan: also evaluate the submodel each of its clients trained (``trained_per_capacity``;
-            one evaluation per distinct mask, so it runs on the rounds of the clients' own evaluation only).
+            The round's plan: also evaluate the submodel each of its clients trained
+            (``trained_per_capacity``; one evaluation per distinct mask, so it runs on the rounds of
+            the clients' own evaluation only).
         x : NDArray[float32], optional
             The round's global model (default: the current one).
         capacities : Iterable[float], optional
@@ -323,9 +370,13 @@ class SubmodelStrategyBase:
         if full is None:
             return {}
         levels = {}
-        for gamma in sorted(set(self.registry.capacities() if capacities is None else capacities), reverse=True):
+        for gamma in sorted(
+            set(self.registry.capacities() if capacities is None else capacities), reverse=True
+        ):
             mask, source = self.level_mask(server_round, gamma, x)
-            sub = self.evaluate_fn(server_round, self.to_arrays(np.where(mask, x, 0).astype(np.float32)))
+            sub = self.evaluate_fn(
+                server_round, self.to_arrays(np.where(mask, x, 0).astype(np.float32))
+            )
             if sub is None:
                 continue
             levels[f"{gamma:g}"] = {
@@ -342,10 +393,11 @@ class SubmodelStrategyBase:
     def evaluate_trained(
         self, server_round: int, full: Mapping[str, float], plan: TrainPlan, x: NDArray[np.float32]
     ) -> dict[str, dict[str, float]]:
-        """The round's model ``x`` on each trained client's own mask, into its entry of ``plan``; the mean per
-        capacity level.
+        """The round's model ``x`` on each trained client's own mask, into its entry of ``plan``;
+        the mean per capacity level.
 
-        Clients sent the same mask (a width slice, a held level) are evaluated once; a full mask is the full model.
+        Clients sent the same mask (a width slice, a held level) are evaluated once; a full mask is
+        the full model.
         """
         assert self.evaluate_fn is not None
         seen: dict[str, tuple[float, float]] = {}
@@ -357,7 +409,9 @@ class SubmodelStrategyBase:
                 if sent.kept == sent.d:
                     seen[sent.digest] = (float(full["accuracy"]), float(full["loss"]))
                 else:
-                    sub = self.evaluate_fn(server_round, self.to_arrays(np.where(sent.mask, x, 0).astype(np.float32)))
+                    sub = self.evaluate_fn(
+                        server_round, self.to_arrays(np.where(sent.mask, x, 0).astype(np.float32))
+                    )
                     if sub is None:
                         continue
                     seen[sent.digest] = (float(sub["accuracy"]), float(sub["loss"]))

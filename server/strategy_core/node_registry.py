@@ -1,8 +1,10 @@
-"""The federation's nodes: discovery (QUERY), what each reported, who joined and who left since the last record.
+"""The federation's nodes: discovery (QUERY), what each reported, who joined and who left since the
+last record.
 
-Both strategies keep one :class:`NodeRegistry`. It asks the SuperLink which nodes are connected, QUERYs the new
-ones for their profile, forgets departed ones, and answers which nodes train (the method's
-:meth:`~common.methods.base.Method.participates` and the round's ``fraction-train`` sample).
+Both strategies keep one :class:`NodeRegistry`. It asks the SuperLink which nodes are connected,
+QUERYs the new ones for their profile, forgets departed ones, and answers which nodes train (the
+method's :meth:`~common.methods.base.Method.participates` and the round's ``fraction-train``
+sample).
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ class NodeProfile:
 
 
 class NodeRegistry:
-    """The discovered nodes by node id, and the joins and departures not yet written to a round record.
+    """The discovered nodes by node id, and the joins and departures not yet written to a round
+    record.
 
     Parameters
     ----------
     cfg : RunConfig
-        Validated run configuration (``min-nodes``, ``min-train-nodes``, ``fraction-train``, ``seed``,
-        ``poll-interval``).
+        Validated run configuration (``min-nodes``, ``min-train-nodes``, ``fraction-train``,
+        ``seed``, ``poll-interval``).
     method : Method
         The run's method: told of each node that joins, and asked which capacities take part.
     """
@@ -54,10 +57,14 @@ class NodeRegistry:
         self.cfg = cfg
         self.method = method
         self.nodes: dict[int, NodeProfile] = {}
-        self.excluded: set[int] = set()  # left out at discovery (misconfigured, or Flower answered for them)
-        # Nodes excluded at discovery or departed since the last round record, with why (``nodes_out``).
+        self.excluded: set[int] = (
+            set()
+        )  # left out at discovery (misconfigured, or Flower answered for them)
+        # Nodes excluded at discovery or departed since the last round record, with why
+        # (``nodes_out``).
         self.nodes_out: list[dict[str, Any]] = []
-        # Nodes discovered since the last round record, with what they reported of their own data (``nodes_in``).
+        # Nodes discovered since the last round record, with what they reported of their own data
+        # (``nodes_in``).
         self.nodes_in: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ who trains
@@ -66,32 +73,47 @@ class NodeRegistry:
         return [p.capacity for p in self.nodes.values()]
 
     def participants(self) -> list[int]:
-        """Discovered nodes that train, by node id (the method may leave some out, e.g. by capacity)."""
-        return [nid for nid in sorted(self.nodes) if self.method.participates(self.nodes[nid].capacity)]
+        """Discovered nodes that train, by node id (the method may leave some out, e.g. by
+        capacity)."""
+        return [
+            nid for nid in sorted(self.nodes) if self.method.participates(self.nodes[nid].capacity)
+        ]
 
     def round_participants(self, server_round: int) -> list[int]:
-        """The participants that train in ``server_round``: a seeded sample of ``fraction-train`` of them."""
+        """The participants that train in ``server_round``: a seeded sample of ``fraction-train`` of
+        them."""
         eligible = self.participants()
         if self.cfg.fraction_train == 1:
             return eligible
         by_key = {self.nodes[nid].key: nid for nid in eligible}
         keys = sample_clients(
-            list(by_key), self.cfg.fraction_train, self.cfg.min_train_nodes, self.cfg.seed, server_round
+            list(by_key),
+            self.cfg.fraction_train,
+            self.cfg.min_train_nodes,
+            self.cfg.seed,
+            server_round,
         )
         return sorted(by_key[k] for k in keys)
 
     # ------------------------------------------------------------- discovery
     def in_key_order(self, node_ids: Iterable[int]) -> list[int]:
-        """``node_ids`` sorted by the clients' stable keys (node ids last, for a node not discovered).
+        """``node_ids`` sorted by the clients' stable keys (node ids last, for a node not
+        discovered).
 
-        Not arrival order nor node ids (which the Simulation Engine draws anew each run): the float sums of the
-        fold and FedRolex's order-dependent count weights then repeat from run to run.
+        Not arrival order nor node ids (which the Simulation Engine draws anew each run): the float
+        sums of the fold and FedRolex's order-dependent count weights then repeat from run to run.
         """
         nodes = self.nodes
-        return sorted(node_ids, key=lambda nid: (nid not in nodes, nodes[nid].key if nid in nodes else "", nid))
+        return sorted(
+            node_ids,
+            key=lambda nid: (nid not in nodes, nodes[nid].key if nid in nodes else "", nid),
+        )
 
-    def join(self, grid: Grid, timeout: float, discover: Callable[[Grid, float], None] | None = None) -> None:
-        """Wait for ``min-nodes`` SuperNodes, discover them, and stop with the reason when none can train.
+    def join(
+        self, grid: Grid, timeout: float, discover: Callable[[Grid, float], None] | None = None
+    ) -> None:
+        """Wait for ``min-nodes`` SuperNodes, discover them, and stop with the reason when none can
+        train.
 
         Parameters
         ----------
@@ -100,13 +122,16 @@ class NodeRegistry:
         timeout : float
             Seconds to wait for the nodes, and for their discovery replies.
         discover : Callable, optional
-            ``(grid, timeout)``: the discovery exchange, which passes each reply to :meth:`profile_reply`
-            (default :meth:`discover`; the strategy's may carry more, e.g. the Fisher warm-up).
+            ``(grid, timeout)``: the discovery exchange, which passes each reply to
+            :meth:`profile_reply` (default :meth:`discover`; the strategy's may carry more, e.g. the
+            Fisher warm-up).
         """
         wait_for_nodes(grid, self.cfg.min_nodes, timeout, self.cfg.poll_interval)
         (discover or self.discover)(grid, timeout)
         if not self.nodes:
-            raise RuntimeError("no usable node answered discovery; check the SuperNodes' --node-config")
+            raise RuntimeError(
+                "no usable node answered discovery; check the SuperNodes' --node-config"
+            )
         if not self.participants():
             requirement = self.method.participation_requirement()
             raise RuntimeError(
@@ -115,15 +140,16 @@ class NodeRegistry:
             )
 
     def await_train_nodes(self, grid: Grid, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until ``min-train-nodes`` participants are known; else stop with why."""
+        """Wait (at most ``timeout`` s) until ``min-train-nodes`` participants are known; else stop
+        with why."""
         deadline = time.monotonic() + timeout
         while len(self.participants()) < self.cfg.min_train_nodes:
             if time.monotonic() >= deadline:
                 raise RuntimeError(
-                    f"min-train-nodes={self.cfg.min_train_nodes}: only {len(self.participants())} node(s) "
-                    f"can train after waiting {timeout:.0f} s ({len(grid.get_node_ids())} connected, "
-                    f"{len(self.excluded)} excluded for a bad node config); start more SuperNodes or lower "
-                    "min-train-nodes"
+                    f"min-train-nodes={self.cfg.min_train_nodes}: only {len(self.participants())} "
+                    f"node(s) can train after waiting {timeout:.0f} s ({len(grid.get_node_ids())} "
+                    f"connected, {len(self.excluded)} excluded for a bad node config); start more "
+                    "SuperNodes or lower min-train-nodes"
                 )
             time.sleep(max(self.cfg.poll_interval, 0.5))
             self.refresh(grid, min(timeout, 60.0))
@@ -145,14 +171,19 @@ class NodeRegistry:
             self.discover(grid, timeout, new)
 
     def discover(self, grid: Grid, timeout: float, node_ids: list[int] | None = None) -> None:
-        """QUERY nodes (default: every connected one) for capacity, device, example counts and client key."""
+        """QUERY nodes (default: every connected one) for capacity, device, example counts and
+        client key."""
         node_ids = sorted(grid.get_node_ids()) if node_ids is None else node_ids
-        msgs = [Message(content=RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY) for nid in node_ids]
+        msgs = [
+            Message(content=RecordDict(), dst_node_id=nid, message_type=MessageType.QUERY)
+            for nid in node_ids
+        ]
         for msg in exchange(grid, msgs, timeout, self.cfg.poll_interval):
             self.profile_reply(reply_parts(msg, None, P.PROFILE, None))
 
     def profile_reply(self, parts: ReplyParts) -> bool:
-        """Register the node of one discovery reply (``True``), or exclude it (logged, noted for ``nodes_out``)."""
+        """Register the node of one discovery reply (``True``), or exclude it (logged, noted for
+        ``nodes_out``)."""
         try:
             if parts.error:
                 raise ReplyError(parts.error)
@@ -168,14 +199,24 @@ class NodeRegistry:
         device = str(parts.extras.get("device", "unknown"))
         key = str(parts.extras.get("client-key") or f"node-{parts.node_id}")
         if any(p.key == key for p in self.nodes.values()):
-            log(WARNING, "node %d reports client key %r already in use; keyed by its node id", parts.node_id, key)
+            log(
+                WARNING,
+                "node %d reports client key %r already in use; keyed by its node id",
+                parts.node_id,
+                key,
+            )
             key = f"node-{parts.node_id}"
         source = "auto" if parts.extras.get("capacity-source") == "auto" else "node-config"
         self.nodes[parts.node_id] = NodeProfile(capacity, device, n_train, n_test, key, source)
         self.method.node_joined(key, parts.extras)
         data = str(parts.extras["data"]) if "data" in parts.extras else None
         self.nodes_in.append(
-            {"node_id": parts.node_id, "client_key": key, "capacity": capacity, "num_train": n_train}
+            {
+                "node_id": parts.node_id,
+                "client_key": key,
+                "capacity": capacity,
+                "num_train": n_train,
+            }
             | ({"data": data} if data else {})
         )
         if data:
@@ -199,9 +240,15 @@ class NodeRegistry:
 
     # ------------------------------------------------------ record bookkeeping
     def node_out(self, node_id: int, key: Any, event: str, reason: str) -> None:
-        """Note that a node was left out (``excluded``) or left (``departed``), for the next round record."""
+        """Note that a node was left out (``excluded``) or left (``departed``), for the next round
+        record."""
         self.nodes_out.append(
-            {"node_id": node_id, "client_key": None if key is None else str(key), "event": event, "reason": reason}
+            {
+                "node_id": node_id,
+                "client_key": None if key is None else str(key),
+                "event": event,
+                "reason": reason,
+            }
         )
 
     def take_nodes_out(self) -> list[dict[str, Any]]:

@@ -1,10 +1,11 @@
 """What a round sent: the value :meth:`configure_train` returns and :meth:`aggregate_train` takes.
 
 Flower's strategies keep no round in ``self``: ``configure_train`` returns the round's Messages and
-``aggregate_train`` gets the replies. A submodel round also needs, to check and fold each reply, what each node
-was sent (its mask and digest) and the model the round started from. A :class:`TrainPlan` carries both: it is
-iterable over the round's Messages, as Flower's ``configure_train`` result is, and it is the second argument of
-the strategy's ``aggregate_train``. :class:`EvaluatePlan` is the same for the nodes' own evaluation.
+``aggregate_train`` gets the replies. A submodel round also needs, to check and fold each reply,
+what each node was sent (its mask and digest) and the model the round started from. A
+:class:`TrainPlan` carries both: it is iterable over the round's Messages, as Flower's
+``configure_train`` result is, and it is the second argument of the strategy's ``aggregate_train``.
+:class:`EvaluatePlan` is the same for the nodes' own evaluation.
 """
 
 from __future__ import annotations
@@ -30,13 +31,16 @@ class TrainPlan:
     server_round : int
         The round (0: the Fisher warm-up).
     x : NDArray[float32]
-        The global model the round starts from: replies are checked against it and folded into a copy.
+        The global model the round starts from: replies are checked against it and folded into a
+        copy.
     messages : list[Message]
-        The TRAIN messages, in the clients' key order (:meth:`take_messages` hands them to the grid).
+        The TRAIN messages, in the clients' key order (:meth:`take_messages` hands them to the
+        grid).
     sent : dict
         Node id -> the :class:`SentSubmodel` its reply must match.
     clients : dict
-        Node id -> its entry of the round record (bytes, mask, status), updated as its reply is folded.
+        Node id -> its entry of the round record (bytes, mask, status), updated as its reply is
+        folded.
     """
 
     server_round: int
@@ -52,14 +56,16 @@ class TrainPlan:
         return len(self.messages)
 
     def take_messages(self) -> list[Message]:
-        """The messages, no longer held here: once the grid has pushed them, their submodels can go."""
+        """The messages, no longer held here: once the grid has pushed them, their submodels can
+        go."""
         messages, self.messages = self.messages, []
         return messages
 
 
 @dataclass
 class EvaluatePlan:
-    """One evaluation round's EVALUATE messages, what each node was sent, and what the replies measured.
+    """One evaluation round's EVALUATE messages, what each node was sent, and what the replies
+    measured.
 
     Parameters
     ----------
@@ -70,8 +76,8 @@ class EvaluatePlan:
     sent : dict
         Node id -> the :class:`SentSubmodel` its reply must match.
     federated : dict, optional
-        The node-measured figures per capacity, once :meth:`aggregate_evaluate` has the replies (a round
-        record's ``federated``).
+        The node-measured figures per capacity, once :meth:`aggregate_evaluate` has the replies (a
+        round record's ``federated``).
     """
 
     server_round: int

@@ -1,9 +1,10 @@
-"""What metrics.json keeps of each round (and rounds.jsonl, TensorBoard read): the records and their progress lines.
+"""What metrics.json keeps of each round (and rounds.jsonl, TensorBoard read): the records and their
+progress lines.
 
 A record is a JSON-ready dict: the synchronous rounds' (:func:`round_record`, with round 0's
-:func:`opening_record` before them) and the asynchronous evaluations' (:func:`async_record`). Each client of a
-round has a :class:`ClientRound` entry. :func:`progress_line` is the one log line per record,
-:func:`update_line` the line per applied asynchronous update.
+:func:`opening_record` before them) and the asynchronous evaluations' (:func:`async_record`). Each
+client of a round has a :class:`ClientRound` entry. :func:`progress_line` is the one log line per
+record, :func:`update_line` the line per applied asynchronous update.
 """
 
 from __future__ import annotations
@@ -43,20 +44,33 @@ class ClientRound:
     peak_rss_mib: float | None = None  # the client process's peak resident memory while it trained
     cpu_seconds: float | None = None  # the client process's CPU seconds of training and Fisher
     num_examples: int | None = None
-    dp_epsilon: float | None = None  # the node's privacy budget spent so far (its ledger, after this reply)
-    dp_noise_multiplier: float | None = None  # the noise multiplier its DP-SGD steps and Fisher used
+    dp_epsilon: float | None = (
+        None  # the node's privacy budget spent so far (its ledger, after this reply)
+    )
+    dp_noise_multiplier: float | None = (
+        None  # the noise multiplier its DP-SGD steps and Fisher used
+    )
     capacity_source: str = "node-config"
-    client_key: str = ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
+    client_key: str = (
+        ""  # the node's stable client key (survives a SuperNode restart, unlike the node id)
+    )
     fisher_asked: bool = False  # the message asked for the node's Fisher
-    fisher_at_bytes: int = 0  # bytes of the global values outside the mask sent for a Fisher refresh
-    mask_overlap: float | None = None  # Jaccard overlap with this client's previous TRAIN mask (None: first)
+    fisher_at_bytes: int = (
+        0  # bytes of the global values outside the mask sent for a Fisher refresh
+    )
+    mask_overlap: float | None = (
+        None  # Jaccard overlap with this client's previous TRAIN mask (None: first)
+    )
     layer_positions: dict[str, int] | None = None  # held positions per tensor (TRAIN messages)
-    submodel_accuracy: float | None = None  # the round's global model on this client's mask, server test set
+    submodel_accuracy: float | None = (
+        None  # the round's global model on this client's mask, server test set
+    )
     submodel_loss: float | None = None
 
 
 def note_accepted(info: ClientRound | None, bytes_up: int, reply: TrainReply) -> None:
-    """Note an accepted TRAIN reply in its client's entry (``None``: a reply without one, nothing to note).
+    """Note an accepted TRAIN reply in its client's entry (``None``: a reply without one, nothing to
+    note).
 
     Parameters
     ----------
@@ -96,10 +110,11 @@ def opening_record(
     nodes_in, nodes_out : list of dict
         The nodes discovered, and those left out, at the start.
     warmup : dict or None
-        The Fisher warm-up's counts and its clients' entries (``fisher_warmup``; left out when the run has none).
+        The Fisher warm-up's counts and its clients' entries (``fisher_warmup``; left out when the
+        run has none).
 
-    ``time`` is the Unix time the record was made (also in every round's record): with the submission's time it
-    gives the seconds a run took to reach an accuracy, start-up included.
+    ``time`` is the Unix time the record was made (also in every round's record): with the
+    submission's time it gives the seconds a run took to reach an accuracy, start-up included.
     """
     record = {
         "round": 0,
@@ -136,14 +151,16 @@ def round_record(
     central : dict
         The central evaluation after aggregation (``global``; empty without a server test set).
     local : dict or None
-        The nodes' example-weighted accuracy and loss on their own test splits (``local``; ``None`` on a
-        round without client evaluation).
+        The nodes' example-weighted accuracy and loss on their own test splits (``local``; ``None``
+        on a round without client evaluation).
     federated : dict or None
         The node-measured figures of that evaluation (``federated``).
     clients : Mapping[int, ClientRound]
-        The entry of every client sent a TRAIN message (``clients``; ``replies`` counts the ``ok`` ones).
+        The entry of every client sent a TRAIN message (``clients``; ``replies`` counts the ``ok``
+        ones).
     eligible : int
-        Nodes that could train this round (``eligible``; more than ``sent`` under ``fraction-train``).
+        Nodes that could train this round (``eligible``; more than ``sent`` under
+        ``fraction-train``).
     nodes_in, nodes_out : list of dict
         Nodes discovered, and nodes left out or departed, since the previous record.
     server_seconds : float
@@ -153,8 +170,8 @@ def round_record(
     method_entries : Mapping[str, Any]
         The method's own entries (:meth:`~common.methods.base.Method.round_entries`), last.
     trained_at : float, optional
-        Unix time the round's model was aggregated (``time``; default: now). Its record may be made later: its
-        central evaluation can run while the next round trains.
+        Unix time the round's model was aggregated (``time``; default: now). Its record may be made
+        later: its central evaluation can run while the next round trains.
     """
     return {
         "round": server_round,
@@ -205,12 +222,14 @@ def async_record(
     federated : dict or None
         The node-measured figures of that evaluation.
     window : list of dict
-        Each reply handled (or message given up) since the previous record: its :class:`ClientRound` entry
-        with the dispatch, and for an applied update its staleness, overlap, weight and version (``clients``).
+        Each reply handled (or message given up) since the previous record: its :class:`ClientRound`
+        entry with the dispatch, and for an applied update its staleness, overlap, weight and
+        version (``clients``).
     nodes_in, nodes_out : list of dict
         Nodes discovered, and nodes left out or departed, since the previous record.
     server_seconds : float
-        Seconds the server spent building messages, applying updates and evaluating since the previous record.
+        Seconds the server spent building messages, applying updates and evaluating since the
+        previous record.
     round_seconds : float
         Wall-clock seconds since the previous record.
     """
@@ -235,7 +254,9 @@ def async_record(
     }
 
 
-def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iterable[float] = ()) -> str:
+def progress_line(
+    record: dict[str, Any], num_rounds: int, earlier_seconds: Iterable[float] = ()
+) -> str:
     """One human-readable line per round, ending with an estimate of the time left.
 
     Parameters
@@ -245,9 +266,9 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
     num_rounds : int
         The last round of the run.
     earlier_seconds : Iterable[float]
-        ``round_seconds`` of the rounds this process ran before this one. The time left is the mean over
-        them and this round, times the rounds still to run (``~N s left``; left out after the last round,
-        and while no round time has been measured).
+        ``round_seconds`` of the rounds this process ran before this one. The time left is the mean
+        over them and this round, times the rounds still to run (``~N s left``; left out after the
+        last round, and while no round time has been measured).
     """
     g = global_figures(record) or {}
     on_nodes = g.get("source") == NODES_SOURCE  # no server test set: the nodes' own test splits
@@ -256,7 +277,9 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
     local = record.get("local")
     own = ((record.get("federated") or {}).get("per_capacity") or {}).items()
     adapted = " ".join(
-        f"{k}:{v['accuracy']:.3f}->{v['adapted_accuracy']:.3f}" for k, v in own if v and "adapted_accuracy" in v
+        f"{k}:{v['accuracy']:.3f}->{v['adapted_accuracy']:.3f}"
+        for k, v in own
+        if v and "adapted_accuracy" in v
     )
     down = sum(c["bytes_down"] for c in record["clients"]) / 1024
     up = sum(c["bytes_up"] for c in record["clients"]) / 1024
@@ -276,7 +299,8 @@ def progress_line(record: dict[str, Any], num_rounds: int, earlier_seconds: Iter
 
 
 class RoundProgress:
-    """Logs each synchronous round's :func:`progress_line`, its time left estimated from the rounds so far.
+    """Logs each synchronous round's :func:`progress_line`, its time left estimated from the rounds
+    so far.
 
     Parameters
     ----------
@@ -308,6 +332,6 @@ def update_line(entry: dict[str, Any], applied: int, total: int, seconds: float)
     """
     return (
         f"[update {applied}/{total}] node {entry['node_id']} capacity {entry['capacity']:g} "
-        f"density {entry['density']:.3f} staleness {entry['staleness']} overlap {entry['overlap']:.2f} "
-        f"weight {entry['weight']:.3f} | {seconds:.1f} s"
+        f"density {entry['density']:.3f} staleness {entry['staleness']} overlap "
+        f"{entry['overlap']:.2f} weight {entry['weight']:.3f} | {seconds:.1f} s"
     )

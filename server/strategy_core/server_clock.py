@@ -1,4 +1,5 @@
-"""The server's own seconds of a round: wall-clock and CPU, while it works, not while it waits for nodes."""
+"""The server's own seconds of a round: wall-clock and CPU, while it works, not while it waits for
+nodes."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from server.grid_io import GridTime
 
 @dataclass
 class ServerClock:
-    """Seconds of the server's own work, summed over the spans between :meth:`start` and :meth:`stop`.
+    """Seconds of the server's own work, summed over the spans between :meth:`start` and
+    :meth:`stop`.
 
-    ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads). Time a span spent in the
-    grid or in work beside the nodes' (a :class:`~server.grid_io.GridTime`) is taken off with :meth:`exclude`.
+    ``seconds`` is wall-clock, ``cpu_seconds`` this process's CPU time (all threads). Time a span
+    spent in the grid or in work beside the nodes' (a :class:`~server.grid_io.GridTime`) is taken
+    off with :meth:`exclude`.
     """
 
     seconds: float = 0.0
@@ -34,6 +37,7 @@ class ServerClock:
         self._since = None
 
     def exclude(self, waited: GridTime) -> None:
-        """Take off the seconds ``waited`` spent inside this clock's spans (in the grid, or beside the nodes)."""
+        """Take off the seconds ``waited`` spent inside this clock's spans (in the grid, or beside
+        the nodes)."""
         self.seconds -= waited.seconds
         self.cpu_seconds -= waited.cpu_seconds

@@ -13,10 +13,12 @@ if TYPE_CHECKING:
 
 
 class MethodSpec:
-    """A method as the run configuration sees it. Subclasses set :attr:`name` and :attr:`implementation`.
+    """A method as the run configuration sees it. Subclasses set :attr:`name` and
+    :attr:`implementation`.
 
-    Everything here is a class attribute or a class method: a spec is never instantiated. The method's
-    implementation (a :class:`common.methods.base.Method`) subclasses its spec, so both answer alike.
+    Everything here is a class attribute or a class method: a spec is never instantiated. The
+    method's implementation (a :class:`common.methods.base.Method`) subclasses its spec, so both
+    answer alike.
     """
 
     #: The ``method`` run-config key that selects this method.
@@ -27,25 +29,34 @@ class MethodSpec:
     options: ClassVar[type[Schema] | None] = None
     #: Prefix of those keys in the run config (e.g. ``gmr-``).
     options_prefix: ClassVar[str] = ""
-    #: Groups of keys the method shares with others (e.g. the Fisher-ranked methods' ``fisher-*`` keys).
+    #: Groups of keys the method shares with others (e.g. the Fisher-ranked methods' ``fisher-*``
+    #: keys).
     shared_key_groups: ClassVar[tuple[KeyGroup, ...]] = ()
-    #: Settings ``fibos bench`` also runs this method with by default, each a row of its own (``key=value``
-    #: joined by ``+``; e.g. FedGMR capacity-limited beside its published bandwidth kind).
+    #: Settings ``fibos bench`` also runs this method with by default, each a row of its own
+    #: (``key=value`` joined by ``+``; e.g. FedGMR capacity-limited beside its published bandwidth
+    #: kind).
     bench_variants: ClassVar[tuple[str, ...]] = ()
-    #: Where the implementation lives, ``"module:Class"``; imported only when a run builds the method.
+    #: Where the implementation lives, ``"module:Class"``; imported only when a run builds the
+    #: method.
     implementation: ClassVar[str] = ""
-    #: Whether this class is the implementation itself (true for every :class:`common.methods.base.Method`).
+    #: Whether this class is the implementation itself (true for every
+    #: :class:`common.methods.base.Method`).
     is_implementation: ClassVar[bool] = False
-    #: Whether the node's local steps can be first-order MAML steps (``meta-learning``): its training is one
-    #: plain loop over the received weights, with no statistics gathered from the gradients it needs.
+    #: Whether the node's local steps can be first-order MAML steps (``meta-learning``): its
+    #: training is one plain loop over the received weights, with no statistics gathered from the
+    #: gradients it needs.
     meta_learning_wraps: ClassVar[bool] = True
 
     @classmethod
     def key_groups(cls) -> tuple[KeyGroup, ...]:
-        """Every group of run-config keys this method owns: its own (:attr:`options`) and shared ones."""
+        """Every group of run-config keys this method owns: its own (:attr:`options`) and shared
+        ones."""
         if cls.options is None:
             return cls.shared_key_groups
-        return (KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name), *cls.shared_key_groups)
+        return (
+            KeyGroup(cls.name, cls.options_prefix, cls.options, cls.name),
+            *cls.shared_key_groups,
+        )
 
     @classmethod
     def auto_settings(cls, run: RunConfig) -> dict[str, Any]:
@@ -62,23 +73,30 @@ class MethodSpec:
     @classmethod
     def check_safeguards(cls, run: RunConfig) -> None:
         """Refuse ``dp-*`` and ``robust-*`` settings this method cannot honour
-        (:func:`common.methods.specs.privacy.check_privacy`, :func:`common.methods.specs.robust.check_robust`)."""
+        (:func:`common.methods.specs.privacy.check_privacy`,
+        :func:`common.methods.specs.robust.check_robust`)."""
         specs = [s for s in _subclasses(MethodSpec) if s.name]
         groups = cls.key_groups()
         covered = sorted({s.name for s in specs if PRIVACY_KEYS in s.key_groups()})
         check_privacy(run, PRIVACY_KEYS in groups, cls.reads_fisher(run), covered)
-        check_robust(run, ROBUST_KEYS in groups, sorted({s.name for s in specs if ROBUST_KEYS in s.key_groups()}))
+        check_robust(
+            run,
+            ROBUST_KEYS in groups,
+            sorted({s.name for s in specs if ROBUST_KEYS in s.key_groups()}),
+        )
         if run.meta_learning != "off":
             wraps = sorted(s.name for s in specs if s.meta_learning_wraps)
             if not cls.meta_learning_wraps:
                 raise ValueError(
-                    f"meta-learning={run.meta_learning!r} cannot wrap method={run.method!r}, whose local training "
-                    f"needs statistics of its gradients; it wraps: {', '.join(wraps)}"
+                    f"meta-learning={run.meta_learning!r} cannot wrap method={run.method!r}, whose "
+                    "local training needs statistics of its gradients; it wraps: "
+                    f"{', '.join(wraps)}"
                 )
             if cls.reads_fisher(run) and run.options("fisher").estimator == "path":
                 raise ValueError(
-                    f'meta-learning={run.meta_learning!r} with fisher-estimator="path": the Fisher would be read '
-                    'from meta-gradients; use fisher-estimator="global" or "received"'
+                    f'meta-learning={run.meta_learning!r} with fisher-estimator="path": the Fisher '
+                    'would be read from meta-gradients; use fisher-estimator="global" or '
+                    '"received"'
                 )
 
     @classmethod
@@ -88,12 +106,14 @@ class MethodSpec:
 
     @classmethod
     def upload_encoding(cls, run: RunConfig) -> str:
-        """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never reads it."""
+        """The Fisher encoding clients upload (``fisher-encoding``): ``none`` for a run that never
+        reads it."""
         return run.options("fisher").encoding if cls.reads_fisher(run) else "none"
 
 
 def _subclasses(cls: type) -> set[type]:
-    """Every class below ``cls`` (every spec and implementation loaded so far; the registry loads every spec)."""
+    """Every class below ``cls`` (every spec and implementation loaded so far; the registry loads
+    every spec)."""
     found = set(cls.__subclasses__())
     for sub in list(found):
         found |= _subclasses(sub)

@@ -15,20 +15,20 @@ class CAHFPOptions(Schema):
 
     scores: Literal["client", "pooled"] = Field(
         "client",
-        description="whose channel scores rank a client's channels: client (its own, per-client masks) or "
-        "pooled (one example-weighted state for all clients)",
+        description="whose channel scores rank a client's channels: client (its own, per-client "
+        "masks) or pooled (one example-weighted state for all clients)",
     )
     aggregation: Literal["fedavg", "holders"] = Field(
         "fedavg",
-        description="fedavg: FedAvg over the reconstructed models (`x + sum_k p_k M_k delta_k`, `sum p_k = 1`); "
-        "holders: mean over the clients that held each position",
+        description="fedavg: FedAvg over the reconstructed models (`x + sum_k p_k M_k delta_k`, "
+        "`sum p_k = 1`); holders: mean over the clients that held each position",
     )
     score_memory_mb: float = Field(
         64.0,
         ge=0.001,
         le=10_000_000,
-        description="budget for per-client channel scores; beyond it the least recent client is evicted and "
-        "ranks by the pooled scores",
+        description="budget for per-client channel scores; beyond it the least recent client is "
+        "evicted and ranks by the pooled scores",
     )
 
 
@@ -36,11 +36,14 @@ class CAHFPSpec(ChannelSpec):
     """Curvature-aware structured pruning with physically smaller client models."""
 
     name = "cahfp"
-    meta_learning_wraps = False  # its local training gathers gradient statistics (its reply's scores / moments)
+    meta_learning_wraps = (
+        False  # its local training gathers gradient statistics (its reply's scores / moments)
+    )
     summary = (
-        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by the client's "
-        "own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; reconstructed into the full shape on the "
-        "server, then FedAvg over the reconstructed models (`docs/design/cahfp.md`)"
+        "CA-HFP: a physically smaller model, the top `ceil(r c)` channels of each channel group by "
+        "the client's own curvature score `|sum g w| + sum h w^2`, `r = sqrt(gamma)`; "
+        "reconstructed into the full shape on the server, then FedAvg over the reconstructed "
+        "models (`docs/design/cahfp.md`)"
     )
     options = CAHFPOptions
     options_prefix = "cahfp-"

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 class ChannelSpec(MethodSpec):
     """A method whose submodels are made of whole channels (HeteroFL, FedRolex, CA-HFP).
 
-    Such a method only runs on a model with a channel graph (:data:`common.submodels.width.WIDTH_MODELS`).
+    Such a method only runs on a model with a channel graph
+    (:data:`common.submodels.width.WIDTH_MODELS`).
     """
 
     @classmethod

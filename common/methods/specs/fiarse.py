@@ -17,13 +17,15 @@ class FIARSEOptions(Schema):
 
     surrogate: bool = Field(
         False,
-        description="train through the threshold with the surrogate gradient `2 theta / (|w| + theta)^2` "
-        "(the paper's text); false: the plain masked gradient `1[|w| >= theta] g` (the published code, whose "
-        "bool-valued `Bern` autograd never differentiates)",
+        description="train through the threshold with the surrogate gradient "
+        "`2 theta / (|w| + theta)^2` (the paper's text); false: the plain masked gradient "
+        "`1[|w| >= theta] g` (the published code, whose bool-valued `Bern` autograd never "
+        "differentiates)",
     )
     aggregation: Literal["nonzero", "holders"] = Field(
         "nonzero",
-        description="nonzero: `sum delta / count(delta != 0)`, unweighted; holders: example-weighted mean over holders",
+        description="nonzero: `sum delta / count(delta != 0)`, unweighted; holders: "
+        "example-weighted mean over holders",
     )
 
 
@@ -32,8 +34,8 @@ class FIARSESpec(MethodSpec):
 
     name = "fiarse"
     summary = (
-        "every weight with `|x_j| >= theta`, `theta` the `floor(gamma n)`-th largest magnitude; the mask follows "
-        "the weights inside the round (FIARSE's threshold rule)"
+        "every weight with `|x_j| >= theta`, `theta` the `floor(gamma n)`-th largest magnitude; "
+        "the mask follows the weights inside the round (FIARSE's threshold rule)"
     )
     options = FIARSEOptions
     options_prefix = "fiarse-"

@@ -1,4 +1,5 @@
-"""stock-fedavg: the ClientApp, as Flower's template writes it (train the received model, send it back)."""
+"""stock-fedavg: the ClientApp, as Flower's template writes it (train the received model, send it
+back)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ app = ClientApp()
 
 @app.train()
 def train_model(msg: Message, context: Context) -> Message:
-    """Train the received global model on this node's partition; reply with the weights and the metrics.
+    """Train the received global model on this node's partition; reply with the weights and the
+    metrics.
 
-    Besides the template's loss and example count, the reply carries what the benchmark's emulated fleet time
+    Besides the template's loss and example count, the reply carries what the benchmark's emulated
+    fleet time
     needs: the CPU seconds of local training, the bytes received and sent, and the node's capacity.
     """
     run = product_settings(context.run_config)

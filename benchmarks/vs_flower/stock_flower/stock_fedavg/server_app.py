@@ -1,9 +1,9 @@
 """stock-fedavg: the ServerApp, as Flower's template writes it (FedAvg over every connected node).
 
-Two additions, both for the benchmark: central evaluation on the product's test set after every round (Flower's
-``evaluate_fn``), and ``metrics.json`` in ``results-dir``: one record per evaluation with its Unix time, each
-node's reply metrics of the round (CPU seconds, bytes) and the server's seconds of aggregation and evaluation
-(wall-clock and CPU), for the emulated fleet time.
+Two additions, both for the benchmark: central evaluation on the product's test set after every
+round (Flower's ``evaluate_fn``), and ``metrics.json`` in ``results-dir``: one record per evaluation
+with its Unix time, each node's reply metrics of the round (CPU seconds, bytes) and the server's
+seconds of aggregation and evaluation (wall-clock and CPU), for the emulated fleet time.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ class TimedFedAvg(FedAvg):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.replies: dict[int, list[dict[str, float]]] = {}  # round -> each replying node's metrics
+        self.replies: dict[
+            int, list[dict[str, float]]
+        ] = {}  # round -> each replying node's metrics
         self.aggregate_seconds: dict[int, float] = {}
         self.aggregate_cpu_seconds: dict[int, float] = {}
 
@@ -44,7 +46,9 @@ class TimedFedAvg(FedAvg):
         self.aggregate_seconds[server_round] = time.perf_counter() - t0
         self.aggregate_cpu_seconds[server_round] = time.process_time() - c0
         self.replies[server_round] = [
-            {k: float(v) for k, v in r.content["metrics"].items()} for r in replies if r.has_content()
+            {k: float(v) for k, v in r.content["metrics"].items()}
+            for r in replies
+            if r.has_content()
         ]
         return out
 
@@ -73,11 +77,17 @@ def main(grid: Grid, context: Context) -> None:
                 "global": {"accuracy": acc, "loss": loss},
                 "time": time.time(),
                 "clients": strategy.replies.pop(server_round, []),
-                "server_seconds": strategy.aggregate_seconds.get(server_round, 0.0) + time.perf_counter() - t0,
-                "server_cpu_seconds": strategy.aggregate_cpu_seconds.get(server_round, 0.0) + time.process_time() - c0,
+                "server_seconds": strategy.aggregate_seconds.get(server_round, 0.0)
+                + time.perf_counter()
+                - t0,
+                "server_cpu_seconds": strategy.aggregate_cpu_seconds.get(server_round, 0.0)
+                + time.process_time()
+                - c0,
             }
         )
-        log(INFO, "[round %d/%d] global acc %.4f", server_round, int(rc["num-rounds"]), acc)  # the launcher echoes it
+        log(
+            INFO, "[round %d/%d] global acc %.4f", server_round, int(rc["num-rounds"]), acc
+        )  # the launcher echoes it
         return MetricRecord({"accuracy": acc, "loss": loss})
 
     strategy.start(

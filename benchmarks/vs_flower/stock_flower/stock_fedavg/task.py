@@ -1,9 +1,11 @@
-"""stock-fedavg: the model, the data, local training and evaluation (the ``task.py`` of Flower's PyTorch template).
+"""stock-fedavg: the model, the data, local training and evaluation (the ``task.py`` of Flower's
+PyTorch template).
 
-The template builds its own CNN and partitions with flwr-datasets; here the network, the partition of each node
-and the server's test set come from the product's ``common`` package, so a comparison of the two runs compares
-what the federation does, not two models or two splits. Local training is the template's plain loop (SGD with
-momentum, cross-entropy, shuffled minibatches), with the run config's hyperparameters.
+The template builds its own CNN and partitions with flwr-datasets; here the network, the partition
+of each node and the server's test set come from the product's ``common`` package, so a comparison
+of the two runs compares what the federation does, not two models or two splits. Local training is
+the template's plain loop (SGD with momentum, cross-entropy, shuffled minibatches), with the run
+config's hyperparameters.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from common.models.architectures import build_run_model
 from common.training.evaluation import evaluate
 from common.training.loop import as_input
 
-# The product's run-config keys this app shares: the data split and the model (initial weights from `seed`).
+# The product's run-config keys this app shares: the data split and the model (initial weights from
+# `seed`).
 SHARED_KEYS = (
     "dataset",
     "model",
@@ -39,7 +42,8 @@ SHARED_KEYS = (
 
 
 def product_settings(run_config: Mapping[str, Any]) -> RunConfig:
-    """The product's validated run configuration for this app's shared keys (the rest at the product's defaults)."""
+    """The product's validated run configuration for this app's shared keys (the rest at the
+    product's defaults)."""
     return parse_run_config({key: run_config[key] for key in SHARED_KEYS})
 
 
@@ -57,13 +61,20 @@ def server_model(run: RunConfig) -> tuple[nn.Module, ArrayDataset]:
 
 
 def load_data(run: RunConfig, node_config: Mapping[str, Any]) -> tuple[ArrayDataset, ArrayDataset]:
-    """This node's training and local test split: partition ``partition-id`` of ``num-partitions``."""
+    """This node's training and local test split: partition ``partition-id`` of
+    ``num-partitions``."""
     local = derive_local_data(run, parse_node_config(node_config))
     return local.train, local.test
 
 
 def train(
-    model: nn.Module, data: ArrayDataset, epochs: int, lr: float, momentum: float, batch_size: int, seed: int
+    model: nn.Module,
+    data: ArrayDataset,
+    epochs: int,
+    lr: float,
+    momentum: float,
+    batch_size: int,
+    seed: int,
 ) -> tuple[float, float]:
     """Train ``model`` in place; returns the mean training loss and the CPU seconds it took.
 
@@ -103,5 +114,6 @@ def train(
 
 
 def test(model: nn.Module, data: ArrayDataset) -> tuple[float, float]:
-    """Mean loss and accuracy of ``model`` on ``data`` (the product's evaluation, so both runs score alike)."""
+    """Mean loss and accuracy of ``model`` on ``data`` (the product's evaluation, so both runs score
+    alike)."""
     return evaluate(model, data, torch.device("cpu"))
