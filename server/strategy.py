@@ -13,27 +13,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
-from common.methods.base import Accepted
-from common.methods.round_fold import RoundFold, WarmUpFold
+from common.methods.round_fold import WarmUpFold
 from common.wire import protocol as P
-from common.wire.validation import ReplyError
 from server.grid_io import GridTime, ordered_replies
 from server.opening import Opening
-from server.replies import ReplyParts, expected_sent, train_parts
+from server.replies import ReplyParts, train_parts
 from server.strategy_core.base import EvaluateFn, SubmodelStrategyBase, local_figures
+from server.strategy_core.reply_fold import fold_replies
 from server.strategy_core.round_plan import TrainPlan
-from server.strategy_core.round_records import RoundProgress, note_accepted, round_record
+from server.strategy_core.round_records import RoundProgress, round_record
 from server.strategy_core.server_clock import ServerClock
 
 
@@ -129,6 +126,51 @@ def train_metrics(metrics: list[dict[str, float]]) -> MetricRecord:
     aggregated = aggregate_metricrecords(records, "num-examples")
     aggregated["num-examples"] = sum(m["num-examples"] for m in metrics)
     return aggregated
+
+
+class RoundReporter:
+    """Each trained round's evaluation and record, made at once or once the next round is out.
+
+    A round whose central evaluation can overlap the next round's training waits (:meth:`defer`):
+    evaluating every capacity level then does not delay the next round. :meth:`flush`, called once
+    the next round's messages are pushed, evaluates it. Each record goes to the progress line and
+    to ``on_round``.
+
+    Parameters
+    ----------
+    complete : Callable
+        ``complete(done, overlapped)``: the round evaluated, its record
+        (:meth:`SubmodelStrategy.complete_round`).
+    progress : RoundProgress
+        Logs each record's progress line.
+    on_round : Callable, optional
+        Called with each record.
+    """
+
+    def __init__(
+        self,
+        complete: Callable[[TrainedRound, bool], dict[str, Any]],
+        progress: RoundProgress,
+        on_round: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.complete, self.progress, self.on_round = complete, progress, on_round
+        self.waiting: list[TrainedRound] = []
+
+    def report(self, done: TrainedRound, overlapped: bool) -> None:
+        """Evaluate ``done`` and report its record (``overlapped``: beside the next round)."""
+        record = self.complete(done, overlapped)
+        self.progress.log(record)
+        if self.on_round:
+            self.on_round(record)
+
+    def defer(self, done: TrainedRound) -> None:
+        """Evaluate ``done`` at the next :meth:`flush`."""
+        self.waiting.append(done)
+
+    def flush(self) -> None:
+        """Evaluate and report the round waiting, if any (beside the next round's training)."""
+        while self.waiting:
+            self.report(self.waiting.pop(), overlapped=True)
 
 
 class SubmodelStrategy(SubmodelStrategyBase, Strategy):
@@ -233,42 +275,12 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         The accepted replies' metrics, in fold order (empty when none was accepted or the round was
         skipped).
         """
-        min_replies, server_round = self.cfg.min_replies, plan.server_round
-        if warm_up:
-            fold: RoundFold = WarmUpFold(self.method, plan.x, server_round, min_replies)
-        else:
-            fold = self.method.round_fold(plan.x, server_round, min_replies)
-        accepted: dict[int, dict[str, float]] = {}
-        for p in parts:
-            info = plan.clients.get(p.node_id)
-            try:
-                sent = expected_sent(p, plan.sent, accepted)
-                reply = self.method.validate(p.records, sent, plan.x)
-                fold.add(Accepted(p.node_id, self.registry.nodes[p.node_id].key, reply))
-            except (ReplyError, ValueError) as err:
-                log(
-                    WARNING,
-                    "round %d: reply from node %d rejected: %s",
-                    server_round,
-                    p.node_id,
-                    err,
-                )
-                if info is not None and info.status in ("no reply",):
-                    info.status = f"rejected: {err}"
-                continue
-            accepted[p.node_id] = reply.metrics
-            note_accepted(info, p.nbytes, reply)
-            del reply, p  # the fold holds what it needs of it; the arrays go now
-        if 0 < len(accepted) < min_replies:
-            fold.discard()
-            reason = f"only {len(accepted)} valid replies, min-replies={min_replies}: round skipped"
-            log(WARNING, "round %d: %s", server_round, reason)
-            for node_id in accepted:
-                plan.clients[node_id].status = f"skipped: {reason}"
-            return []
+        args = (plan.x, plan.server_round, self.cfg.min_replies)
+        fold = WarmUpFold(self.method, *args) if warm_up else self.method.round_fold(*args)
+        accepted = fold_replies(self.method, self.registry.nodes, plan, parts, fold, args[2])
         if accepted:
             self.x = fold.finish()
-        return list(accepted.values())
+        return accepted
 
     # --------------------------------------------------------------- one round
     def run_round(
@@ -432,33 +444,21 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         self.registry.join(grid, timeout, self.opening.discovery if fold_warmup else None)
         if self.first_round == 1:
             self.opening.round_zero(grid, num_rounds, timeout)
-        progress = RoundProgress(num_rounds)
-        waiting: list[
-            TrainedRound
-        ] = []  # a round whose central evaluation waits for the next round's push
-
-        def report(done: TrainedRound, overlapped: bool) -> None:
-            record = self.complete_round(done, grid, timeout, evaluate_config, result, overlapped)
-            progress.log(record)
-            if self.on_round:
-                self.on_round(record)
-
-        def evaluate_waiting() -> None:
-            while waiting:
-                report(waiting.pop(), overlapped=True)
-
+        reporter = RoundReporter(
+            lambda done, overlapped: self.complete_round(
+                done, grid, timeout, evaluate_config, result, overlapped
+            ),
+            RoundProgress(num_rounds),
+            self.on_round,
+        )
         for server_round in range(self.first_round, num_rounds + 1):
             done = self.run_round(
-                grid, server_round, num_rounds, timeout, train_config, result, evaluate_waiting
+                grid, server_round, num_rounds, timeout, train_config, result, reporter.flush
             )
-            # a round that sent nothing (its replies came with discovery, or no node trained)
-            evaluate_waiting()
+            reporter.flush()  # a round that sent nothing (its replies came with discovery, or none)
             if done.evaluation_round:
-                report(done, overlapped=False)
+                reporter.report(done, overlapped=False)
             else:
-                # Evaluated once the next round's messages are out: the server's evaluation of every
-                # capacity level then overlaps the nodes' training instead of delaying the next
-                # round.
-                waiting.append(done)
-        evaluate_waiting()
+                reporter.defer(done)
+        reporter.flush()
         return result
