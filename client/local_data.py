@@ -57,6 +57,35 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     small board), so the result is cached on the node, keyed by every setting it
     depends on.
     """
+    key = _cache_key(run, node)
+    path = cache_dir() / f"{run.dataset}-{key}.npz"
+    if path.exists():
+        try:
+            z = np.load(path)
+            nc = int(z["num_classes"])
+            report = json.loads(str(z["report"])) if "report" in z.files else None
+            return LocalData(
+                ArrayDataset(z["train_x"], z["train_y"], nc),
+                ArrayDataset(z["test_x"], z["test_y"], nc),
+                None if report is None else NodeDataReport.from_dict(report),
+            )
+        except (OSError, ValueError, KeyError):
+            path.unlink(missing_ok=True)  # torn or stale cache entry: derive again
+    data = derive_local_data(run, node)
+    _write_cache(path, data)
+    return data
+
+
+def _cache_key(run: RunConfig, node: NodeConfig) -> str:
+    """The cache entry's key: a digest of every setting the node's split depends on.
+
+    Parameters
+    ----------
+    run : RunConfig
+        The run configuration (dataset, split and partitioning settings).
+    node : NodeConfig
+        The node's own configuration (its capacity and device do not change the split).
+    """
     key_fields = {
         "v": CACHE_VERSION,
         "dataset": run.dataset,
@@ -83,21 +112,19 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
         if node.data_path
         else None,
     }
-    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / f"{run.dataset}-{key}.npz"
-    if path.exists():
-        try:
-            z = np.load(path)
-            nc = int(z["num_classes"])
-            report = json.loads(str(z["report"])) if "report" in z.files else None
-            return LocalData(
-                ArrayDataset(z["train_x"], z["train_y"], nc),
-                ArrayDataset(z["test_x"], z["test_y"], nc),
-                None if report is None else NodeDataReport.from_dict(report),
-            )
-        except (OSError, ValueError, KeyError):
-            path.unlink(missing_ok=True)  # torn or stale cache entry: derive again
-    data = derive_local_data(run, node)
+    return hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _write_cache(path: Path, data: LocalData) -> None:
+    """Write a derived split to the cache, atomically (a concurrent reader never sees a torn file).
+
+    Parameters
+    ----------
+    path : Path
+        The cache entry (``.npz``); its folder is created when missing.
+    data : LocalData
+        The split derived for this node.
+    """
     buf = io.BytesIO()
     np.savez(
         buf,
@@ -113,4 +140,3 @@ def load_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     with os.fdopen(fd, "wb") as f:
         f.write(buf.getvalue())
     os.replace(tmp, path)
-    return data

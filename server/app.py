@@ -7,14 +7,16 @@ import time
 from logging import INFO
 from pathlib import Path
 
+import numpy as np
 import torch
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from numpy.typing import NDArray
 
 from common.config.parse import parse_run_config
 from common.training.device import pick_device
-from server.federation import build_federation
+from server.federation import Federation, build_federation
 from server.persistence import (
     CHECKPOINT,
     MetricsLog,
@@ -43,44 +45,12 @@ def main(grid: Grid, context: Context) -> None:
         # anything is built; starting over instead would overwrite the earlier rounds' metrics.json.
         check_resume(results, cfg)
     federation = build_federation(cfg, pick_device("auto"))
-    strategy, method, layout, x0 = (
-        federation.strategy,
-        federation.method,
-        federation.strategy.layout,
-        federation.x0,
-    )
+    strategy, method, x0 = federation.strategy, federation.method, federation.x0
     checkpoint = results / CHECKPOINT
     done = None
     if cfg.resume:
-        done, x0, state = load_checkpoint(checkpoint)
-        if x0.shape != (layout.size,):
-            raise ValueError(
-                f"{checkpoint} holds a model of {x0.size} parameters, this run builds {layout.size}"
-            )
-        method.load_state(state)
-        strategy.first_round = done + 1
-        log(INFO, "resuming after round %d from %s", done, checkpoint)
-    metrics = MetricsLog(
-        results / "metrics.json",
-        {
-            **cfg.flat(),
-            "upload_encoding": method.upload_encoding(cfg),
-            "d": layout.size,
-            "results_dir": str(results),
-        },
-        keep_until=done,
-    )
-    rounds = RoundLog(results / ROUNDS_JSONL, keep_until=done)  # one line per round, for `tail -f`
-    if (
-        done is not None
-    ):  # how the run came to be resumed: the launcher's record stamped, or one of its own
-        restart = note_resume(
-            metrics.doc.setdefault("restarts", []), done, last_recorded_round(results), time.time()
-        )
-        rounds.note_restart(restart)
-    tensorboard = (
-        TensorBoardLog(results / TENSORBOARD_DIR, resume_after=done) if cfg.tensorboard else None
-    )
+        done, x0 = _resume(checkpoint, federation)
+    metrics, rounds, tensorboard = _open_logs(results, federation, done)
 
     def after_round(record: dict) -> None:
         metrics.append(record)
@@ -104,6 +74,91 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         if tensorboard is not None:
             tensorboard.close()
+    _save_final(results, federation)
+
+
+def _resume(checkpoint: Path, federation: Federation) -> tuple[int, NDArray[np.float32]]:
+    """Restore a resumed run's method state and first round from its checkpoint.
+
+    Parameters
+    ----------
+    checkpoint : Path
+        The run's checkpoint file, already checked by ``check_resume``.
+    federation : Federation
+        The freshly built federation: its method takes the checkpoint's state and its strategy
+        starts at the round after the checkpoint's.
+
+    Returns
+    -------
+    tuple[int, NDArray[float32]]
+        The last round the checkpoint holds, and the global model (flat) after it.
+    """
+    strategy, method, layout = federation.strategy, federation.method, federation.strategy.layout
+    done, x0, state = load_checkpoint(checkpoint)
+    if x0.shape != (layout.size,):
+        raise ValueError(
+            f"{checkpoint} holds a model of {x0.size} parameters, this run builds {layout.size}"
+        )
+    method.load_state(state)
+    strategy.first_round = done + 1
+    log(INFO, "resuming after round %d from %s", done, checkpoint)
+    return done, x0
+
+
+def _open_logs(
+    results: Path, federation: Federation, done: int | None
+) -> tuple[MetricsLog, RoundLog, TensorBoardLog | None]:
+    """The run's per-round logs, keeping a resumed run's earlier rounds and noting its restart.
+
+    Parameters
+    ----------
+    results : Path
+        The run's results folder (resolved, already created).
+    federation : Federation
+        The built federation: its config, method and layout are written in ``metrics.json``.
+    done : int or None
+        The last round a resumed run's checkpoint holds; ``None`` when the run starts afresh.
+
+    Returns
+    -------
+    tuple[MetricsLog, RoundLog, TensorBoardLog or None]
+        ``metrics.json``, ``rounds.jsonl`` and, when the config asks for it, the TensorBoard log.
+    """
+    cfg, method, layout = federation.cfg, federation.method, federation.strategy.layout
+    metrics = MetricsLog(
+        results / "metrics.json",
+        {
+            **cfg.flat(),
+            "upload_encoding": method.upload_encoding(cfg),
+            "d": layout.size,
+            "results_dir": str(results),
+        },
+        keep_until=done,
+    )
+    rounds = RoundLog(results / ROUNDS_JSONL, keep_until=done)  # one line per round, for `tail -f`
+    # How the run came to be resumed: the launcher's record stamped, or one of its own.
+    if done is not None:
+        restart = note_resume(
+            metrics.doc.setdefault("restarts", []), done, last_recorded_round(results), time.time()
+        )
+        rounds.note_restart(restart)
+    tensorboard = (
+        TensorBoardLog(results / TENSORBOARD_DIR, resume_after=done) if cfg.tensorboard else None
+    )
+    return metrics, rounds, tensorboard
+
+
+def _save_final(results: Path, federation: Federation) -> None:
+    """Save the final global model and, when the method keeps any, its state.
+
+    Parameters
+    ----------
+    results : Path
+        The run's results folder: ``model.pt`` and the method's ``state_file`` go there.
+    federation : Federation
+        The federation whose strategy has finished its rounds.
+    """
+    strategy, method, layout = federation.strategy, federation.method, federation.strategy.layout
     final = {n: torch.from_numpy(v.copy()) for n, v in layout.unflatten(strategy.x).items()}
     save_model(results / "model.pt", final)
     state = method.state_bytes()

@@ -148,7 +148,7 @@ def build_hf_model(
         Naming ``model-path`` when it holds no loadable model, or when its tokenizer emits ids
         outside the model's embedding table (a tokenizer and model that do not belong together).
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     if embeddings not in EMBEDDING_RULES:
         raise ConfigError(
@@ -157,18 +157,7 @@ def build_hf_model(
     _quiet()
     where = resolve_model_path(path)
     tokenizer = load_tokenizer(path)
-    try:
-        config = AutoConfig.from_pretrained(where, num_labels=num_classes)
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"model-path={path!r}: no model configuration could be loaded ({err})"
-        ) from None
-    vocab = getattr(config, "vocab_size", None)
-    if vocab is not None and len(tokenizer) > vocab:
-        raise ConfigError(
-            f"model-path={path!r}: the tokenizer has {len(tokenizer)} tokens but the model's "
-            f"embedding table {vocab} rows: tokenizer and model do not belong together"
-        )
+    config = _checked_config(path, where, num_classes, tokenizer)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         try:
@@ -185,3 +174,40 @@ def build_hf_model(
     if embeddings == "frozen":
         freeze_embeddings(net)
     return HFClassifier(net, tokenizer.pad_token_id)
+
+
+def _checked_config(path: str, where: str, num_classes: int, tokenizer: Any) -> Any:
+    """The model's configuration with a ``num_classes``-way head, checked against its tokenizer.
+
+    Parameters
+    ----------
+    path : str
+        ``model-path`` as the run config gives it (named in errors).
+    where : str
+        That path resolved: a local folder or a hub id.
+    num_classes : int
+        Labels of the dataset (the head's outputs).
+    tokenizer : Any
+        The tokenizer stored with the model; its ids must fit the model's embedding table.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``model-path`` when it holds no loadable configuration, or when the tokenizer has
+        more tokens than the embedding table has rows.
+    """
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(where, num_labels=num_classes)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"model-path={path!r}: no model configuration could be loaded ({err})"
+        ) from None
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ConfigError(
+            f"model-path={path!r}: the tokenizer has {len(tokenizer)} tokens but the model's "
+            f"embedding table {vocab} rows: tokenizer and model do not belong together"
+        )
+    return config

@@ -197,17 +197,7 @@ def validate_train_reply(
         raise ReplyError(
             f"update of {total} bytes is oversized for a model of {layout.size} parameters"
         )
-    k = sent.kept
-    delta = np.asarray(arrays[P.DELTA])
-    if delta.dtype != np.float32 or delta.shape != (k,):
-        raise ReplyError(
-            f"delta must be float32[{k}] (one value per position sent), got "
-            f"{delta.dtype}{list(delta.shape)}"
-        )
-    if delta.size and not (
-        np.isfinite(delta.min()) and np.isfinite(delta.max())
-    ):  # reductions, no temporary
-        raise ReplyError("delta contains NaN or Inf")
+    delta = _checked_delta(arrays[P.DELTA], sent.kept)
     n = check_examples(metrics, sent.max_examples)
     values = {"num-examples": float(n)}
     for key in ("train-loss", "train-seconds", "fisher-seconds"):
@@ -219,6 +209,28 @@ def validate_train_reply(
             values[key] = _finite_number(metrics, key)
     update = MaskedUpdate(sent.positions(), read_only(delta), float(n))
     return TrainReply(update, None, values), {name: arrays[name] for name in payload}
+
+
+def _checked_delta(received: NDArray, k: int) -> NDArray:
+    """The reply's ``delta`` as an array, once it is ``float32[k]`` and finite.
+
+    Parameters
+    ----------
+    received : NDArray
+        The reply's ``delta`` array, as it arrived.
+    k : int
+        Positions sent (:attr:`SentSubmodel.kept`): one value is expected per position.
+    """
+    delta = np.asarray(received)
+    if delta.dtype != np.float32 or delta.shape != (k,):
+        raise ReplyError(
+            f"delta must be float32[{k}] (one value per position sent), got "
+            f"{delta.dtype}{list(delta.shape)}"
+        )
+    # Two reductions rather than np.isfinite(delta).all(): no temporary of k booleans.
+    if delta.size and not (np.isfinite(delta.min()) and np.isfinite(delta.max())):
+        raise ReplyError("delta contains NaN or Inf")
+    return delta
 
 
 def read_only(a: NDArray) -> NDArray:

@@ -165,29 +165,17 @@ class SubmodelStrategyBase:
             if mask_and_source is not None
             else self.node_mask(node_id, server_round, x)
         )
-        download = self.method.encode(x, mask)
-        records = {name: array_record(arrays) for name, arrays in download.records.items()}
-        request = None
-        if message_type == MessageType.TRAIN:
-            key = self.registry.nodes[node_id].key
-            request = self.method.fisher_request(key, server_round, x, mask, download)
-        if request is not None and request.arrays:
-            records[P.FISHER_AT] = array_record(request.arrays)
-        round_config = ConfigRecord(
-            {
-                "mask-kind": download.kind,
-                "mask-digest": download.digest,
-                "d": self.layout.size,
-                "round": server_round,
-            }
+        download, records, fisher_asked = self._download_records(
+            node_id, server_round, message_type, x, mask
         )
+        round_config = self._submodel_config(download, server_round)
         info = self.note_sent(
             node_id,
             server_round,
             (mask, source),
             download,
             store,
-            fisher_asked=request is not None,
+            fisher_asked=fisher_asked,
             bytes_down=sum(r.count_bytes() for r in records.values()),
             fisher_at_bytes=records[P.FISHER_AT].count_bytes() if P.FISHER_AT in records else 0,
             train=message_type == MessageType.TRAIN,
@@ -196,6 +184,60 @@ class SubmodelStrategyBase:
         if config:
             content[P.CONFIG] = config
         return Message(content=content, dst_node_id=node_id, message_type=message_type), info
+
+    def _download_records(
+        self,
+        node_id: int,
+        server_round: int,
+        message_type: str,
+        x: NDArray[np.float32],
+        mask: NDArray[np.bool_],
+    ) -> tuple[Download, dict[str, ArrayRecord], bool]:
+        """The method's encoding of a node's submodel, its records, and whether a TRAIN message
+        asks the node for its Fisher (the global values it is asked at go in ``P.FISHER_AT``).
+
+        Parameters
+        ----------
+        node_id : int
+            Destination.
+        server_round : int
+            The round the submodel is for (a dispatch number in asynchronous runs).
+        message_type : str
+            ``MessageType.TRAIN`` or ``MessageType.EVALUATE``; only TRAIN may ask for Fisher.
+        x : NDArray[float32]
+            The global model the submodel is cut from.
+        mask : NDArray[bool]
+            The submodel's mask.
+        """
+        download = self.method.encode(x, mask)
+        records = {name: array_record(arrays) for name, arrays in download.records.items()}
+        request = None
+        if message_type == MessageType.TRAIN:
+            key = self.registry.nodes[node_id].key
+            request = self.method.fisher_request(key, server_round, x, mask, download)
+        if request is not None and request.arrays:
+            records[P.FISHER_AT] = array_record(request.arrays)
+        return download, records, request is not None
+
+    def _submodel_config(self, download: Download, server_round: int) -> ConfigRecord:
+        """The message's ``P.SUBMODEL_CONFIG`` record: the mask's kind and digest, the global
+        model's size ``d`` and the round.
+
+        Parameters
+        ----------
+        download : Download
+            The method's encoding of the submodel (its mask kind and digest are sent).
+        server_round : int
+            Written as the record's ``round``.
+        """
+        return ConfigRecord(
+            {
+                "mask-kind": download.kind,
+                "mask-digest": download.digest,
+                "d": self.layout.size,
+                "round": server_round,
+            }
+        )
 
     def note_sent(
         self,

@@ -175,13 +175,8 @@ def round_record(
     """
     return {
         "round": server_round,
-        "global": central,
-        "local": local,
-        "federated": federated,
-        "replies": sum(c.status == "ok" for c in clients.values()),
-        "sent": len(clients),
-        "eligible": eligible,
-        "clients": [asdict(c) for c in clients.values()],
+        **_evaluation_entries(central, local, federated),
+        **_client_entries(clients, eligible),
         "nodes_in": nodes_in,
         "nodes_out": nodes_out,
         "server_seconds": server_seconds,
@@ -239,18 +234,67 @@ def async_record(
         "mode": "async",
         "updates": updates,
         "wall_seconds": wall_seconds,
-        "global": central,
-        "local": local,
-        "federated": federated,
+        **_evaluation_entries(central, local, federated),
         "replies": len(applied),
         "sent": len(window),
         "clients": window,
         "nodes_in": nodes_in,
         "nodes_out": nodes_out,
-        "staleness_max": max((c["staleness"] for c in applied), default=0),
-        "staleness_mean": float(np.mean([c["staleness"] for c in applied])) if applied else 0.0,
+        **_staleness_entries(applied),
         "server_seconds": server_seconds,
         "round_seconds": round_seconds,
+    }
+
+
+def _evaluation_entries(
+    central: dict[str, Any], local: dict[str, float] | None, federated: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A record's evaluations, in the order both kinds of record keep them: ``global``, ``local``,
+    ``federated``.
+
+    Parameters
+    ----------
+    central : dict
+        The central evaluation on the server's test set (``global``).
+    local : dict or None
+        The nodes' example-weighted accuracy and loss on their own test splits (``local``; ``None``
+        when the record has no client evaluation).
+    federated : dict or None
+        The node-measured figures of that evaluation (``federated``).
+    """
+    return {"global": central, "local": local, "federated": federated}
+
+
+def _client_entries(clients: Mapping[int, ClientRound], eligible: int) -> dict[str, Any]:
+    """A synchronous round's ``replies`` (the ``ok`` entries), ``sent``, ``eligible`` and
+    ``clients``.
+
+    Parameters
+    ----------
+    clients : Mapping[int, ClientRound]
+        The entry of every client sent a TRAIN message.
+    eligible : int
+        Nodes that could train this round.
+    """
+    return {
+        "replies": sum(c.status == "ok" for c in clients.values()),
+        "sent": len(clients),
+        "eligible": eligible,
+        "clients": [asdict(c) for c in clients.values()],
+    }
+
+
+def _staleness_entries(applied: list[dict[str, Any]]) -> dict[str, Any]:
+    """An asynchronous record's ``staleness_max`` and ``staleness_mean`` (0 when none applied).
+
+    Parameters
+    ----------
+    applied : list of dict
+        The window's entries of the updates applied since the previous record.
+    """
+    return {
+        "staleness_max": max((c["staleness"] for c in applied), default=0),
+        "staleness_mean": float(np.mean([c["staleness"] for c in applied])) if applied else 0.0,
     }
 
 
