@@ -38,7 +38,7 @@ def _brute_force(
         h = held.size
         if h == 0:
             continue
-        cut = min(int(np.floor(trim * h)), (h - 1) // 2) if h >= 3 else 0
+        cut = min(max(int(np.floor(trim * h)), int(trim > 0)), (h - 1) // 2) if h >= 3 else 0
         out[j] += lr * held[cut : h - cut].mean()
     return out
 
@@ -60,6 +60,17 @@ def test_the_trimmed_holder_mean_equals_a_loop_over_positions(n, d, trim, seed):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
     unheld = ~masks.any(axis=0)
     assert np.array_equal(got[unheld], x[unheld])  # nobody held it: exactly unchanged
+
+
+def test_one_attacker_among_three_holders_is_cut_whatever_the_share():
+    """The positions only the three capacity-1 nodes of a small fleet hold: 0.2 of 3 rounds to none,
+    yet the attacker must be cut (measured: with nothing cut, a scale:-10 attacker kept the model at
+    chance)."""
+    x = np.zeros(3, dtype=np.float32)
+    honest = [MaskedUpdate(np.arange(3), np.full(3, 0.1, dtype=np.float32), 1.0) for _ in range(2)]
+    attacker = MaskedUpdate(np.arange(3), np.full(3, -1.0, dtype=np.float32), 1.0)
+    assert np.allclose(trimmed_holder_mean_step(x, [*honest, attacker], 0.2), 0.1)
+    assert np.allclose(trimmed_holder_mean_step(x, [*honest, attacker], 0.0), -0.8 / 3)
 
 
 def test_the_median_ignores_one_scaled_update_the_mean_does_not():

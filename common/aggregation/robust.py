@@ -76,11 +76,14 @@ def _trimmed_means(
     block: NDArray[np.float32], holders: NDArray[np.intp], trim: float
 ) -> NDArray[np.float32]:
     """Per column of ``block`` (NaN: not held), the mean of the held values with ``floor(trim h)``
-    cut each end."""
+    cut each end, at least one when ``trim > 0`` and ``h >= 3``."""
     ordered = np.sort(
         block, axis=0
     )  # NaN sorts last: a column's first ``h`` rows are its holders' values
-    cut = np.where(holders >= 3, np.floor(trim * holders).astype(np.intp), 0)
+    # At least one value cut at each end once three hold a position: a share of a few holders rounds
+    # to none, and one attacker among the three capacity-1 nodes would then go through untrimmed.
+    share = np.floor(trim * holders).astype(np.intp)
+    cut = np.where(holders >= 3, np.maximum(share, 1 if trim > 0 else 0), 0)
     cut = np.minimum(
         cut, (holders - 1) // 2
     )  # keep at least one value (two, the middle ones, for an even h)
