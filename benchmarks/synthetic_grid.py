@@ -128,7 +128,41 @@ class PendingTrain:
     mask_code: tuple[str, NDArray] | None
 
 
-class SyntheticGrid(Grid):
+class LocalGrid(Grid):
+    """The ``Grid`` interface besides pushing and pulling, for nodes that answer in this process.
+
+    A subclass gives ``get_node_ids``, ``push_messages`` and ``pull_messages`` (all the strategies
+    use); :class:`SyntheticGrid` and the tests' in-process grid share the rest.
+    """
+
+    def set_run(self, run_id: int) -> None:
+        """Messages created from now on belong to ``run_id``."""
+        TaskIdentity.run_id = run_id
+
+    @property
+    def run(self) -> Run:
+        """The run messages belong to."""
+        return Run.create_empty(TaskIdentity.run_id)
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """A message to ``dst_node_id`` (``group_id`` and ``ttl`` have no meaning in process)."""
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Push, then pull everything (every reply is ready at once)."""
+        return self.pull_messages(list(self.push_messages(messages)))
+
+
+class SyntheticGrid(LocalGrid):
     """Nodes ``FIRST_NODE_ID + i`` of capacity ``capacities[i]``, answering in this process.
 
     Parameters
@@ -252,33 +286,3 @@ class SyntheticGrid(Grid):
         )
         self.trained += 1
         return Message(content, reply_to=p.stub)
-
-    # The rest of Grid's interface (the strategy uses the three methods above).
-    def set_run(self, run_id: int) -> None:
-        """Messages created from now on belong to ``run_id``."""
-        TaskIdentity.run_id = run_id
-
-    @property
-    def run(self) -> Run:
-        """The run messages belong to."""
-        return Run.create_empty(TaskIdentity.run_id)
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        """A message to ``dst_node_id`` (``group_id`` and ``ttl`` have no meaning in process)."""
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
-
-    def send_and_receive(
-        self,
-        messages: Iterable[Message],
-        *,
-        timeout: float | None = None,
-    ) -> Iterable[Message]:
-        """Push, then pull everything (every reply is ready at once)."""
-        return self.pull_messages(list(self.push_messages(messages)))

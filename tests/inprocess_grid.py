@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from benchmarks.synthetic_grid import LocalGrid
 from client import app as client_app
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ RUN_ID = 1
 SERVER_NODE_ID = 1  # the SuperLink's own id as a message source
 
 
-class InProcessGrid(Grid):
+class InProcessGrid(LocalGrid):
     """Routes messages to ``client.app`` handlers.
 
     Parameters
@@ -88,33 +87,6 @@ class InProcessGrid(Grid):
             return handler(msg, self.contexts[node_id])
         except Exception as err:  # a crashing ClientApp answers with an error, as a SuperNode does
             return Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
-
-    # The rest of Grid's interface, for completeness (the strategies use the three methods above).
-    def set_run(self, run_id: int) -> None:
-        """Messages created from now on belong to ``run_id``."""
-        TaskIdentity.run_id = run_id
-
-    @property
-    def run(self) -> Run:
-        """The run messages belong to."""
-        return Run.create_empty(TaskIdentity.run_id)
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        """A message to ``dst_node_id`` (``group_id`` and ``ttl`` have no meaning in process)."""
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        """Push, then pull everything (every reply is ready at once)."""
-        return self.pull_messages(list(self.push_messages(messages)))
 
 
 @dataclass
