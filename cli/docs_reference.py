@@ -50,8 +50,8 @@ LAYOUT_GUIDE = (
     "import each other, `common/` imports neither, the three import nothing from `cli/` or "
     "`benchmarks/`, no import cycle (type-only imports included), the shared layers "
     "(`common/config`, `common/wire`, `common/training`) import no method, the config schema loads "
-    "neither torch nor the methods, a method's spec loads no torch, and no folder holds more than "
-    "15 modules.\n"
+    "neither torch nor the methods, a method's spec loads no torch, the server and the ClientApp "
+    "each call only their own side of a method, and no folder holds more than 15 modules.\n"
 )
 #: The packages of the layout section, in reading order: the apps first, then what they share, then
 #: the tools.
@@ -61,6 +61,7 @@ PACKAGES = (
     "client",
     "common",
     "common/methods",
+    "common/methods/contract",
     "common/methods/specs",
     "common/config",
     "common/data",

@@ -252,7 +252,7 @@ def client_round(run: Any, gamma: float, device: torch.device) -> RoundOutcome:
     """
     from client.local_data import load_local_data
     from common.methods import create_method
-    from common.methods.base import Received
+    from common.methods.contract.payloads import Received
     from common.training.loop import round_train_config
     from common.wire import protocol as P
 

@@ -21,7 +21,8 @@ from common.config.node import NodeConfig, parse_node_config
 from common.config.parse import parse_run_config
 from common.config.run import RunConfig
 from common.methods import create_method
-from common.methods.base import LocalUpdate, Method, Received
+from common.methods.contract.client_side import ClientMethod
+from common.methods.contract.payloads import LocalUpdate, Received
 from common.methods.specs.privacy import PRIVACY_KEYS
 from common.training.device import pick_device
 from common.training.evaluation import evaluate
@@ -109,7 +110,12 @@ def query(msg: Message, context: Context) -> Message:
 
 
 def measured_train(
-    method: Method, got: Received, run: RunConfig, node: NodeConfig, data: LocalData, run_id: int
+    method: ClientMethod,
+    got: Received,
+    run: RunConfig,
+    node: NodeConfig,
+    data: LocalData,
+    run_id: int,
 ) -> tuple[LocalUpdate, float | None, float, dict[str, float]]:
     """``method.client_train`` on ``got`` with the node's settings for ``got.round``, measured.
 
@@ -169,7 +175,7 @@ def opening_warmup(
 
 
 def opening_round_one(
-    method: Method,
+    method: ClientMethod,
     x0: NDArray[np.float32],
     capacity: float,
     opening: Received,
@@ -183,8 +189,9 @@ def opening_round_one(
     ``round-one-*`` names.
 
     The submodel is the one the server will rank by the warm-up Fisher just measured
-    (:meth:`~common.methods.base.Method.round_one_received`); when it cannot be built or trained,
-    the reason (``round-one-error``), and the server leaves the node out of round 1.
+    (:meth:`~common.methods.contract.client_side.ClientMethod.round_one_received`); when it cannot
+    be built or trained, the reason (``round-one-error``), and the server leaves the node out of
+    round 1.
     """
     try:
         got = method.round_one_received(data.train, x0, capacity, opening, warm_up)

@@ -18,7 +18,7 @@ import numpy as np
 from common.config.node import NodeConfig
 from common.config.run import RunConfig
 from common.data.arrays import ArrayDataset
-from common.methods.base import LocalUpdate
+from common.methods.contract.payloads import LocalUpdate
 from common.wire import protocol as P
 
 

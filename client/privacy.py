@@ -26,7 +26,8 @@ from client.local_data import cache_dir
 from common.config.node import NodeConfig
 from common.config.run import RunConfig
 from common.fisher.codec import expected_names
-from common.methods.base import LocalUpdate, Method
+from common.methods.contract.client_side import ClientMethod
+from common.methods.contract.payloads import LocalUpdate
 from common.methods.specs.privacy import PRIVACY_KEYS, PrivacyOptions, node_noise_multiplier
 from common.privacy.accountant import PrivacyLedger
 from common.privacy.releases import Releases, node_releases
@@ -70,7 +71,7 @@ def save_ledger(ledger: PrivacyLedger, run: RunConfig, node: NodeConfig, run_id:
 
 
 def private_config(
-    cfg: TrainConfig, method: Method, run: RunConfig, num_examples: int
+    cfg: TrainConfig, method: ClientMethod, run: RunConfig, num_examples: int
 ) -> TrainConfig:
     """``cfg`` with DP-SGD on: the run's gradient bound and this node's noise multiplier."""
     opts: PrivacyOptions = run.options(PRIVACY_KEYS.name)
@@ -88,7 +89,7 @@ def check_budget(ledger: PrivacyLedger, cfg: TrainConfig, num_examples: int) -> 
 
 
 def reply_releases(
-    update: LocalUpdate, method: Method, run: RunConfig, cfg: TrainConfig, num_examples: int
+    update: LocalUpdate, method: ClientMethod, run: RunConfig, cfg: TrainConfig, num_examples: int
 ) -> Releases:
     """The mechanisms behind a reply: the DP-SGD steps of its training and its Fisher upload, if
     any."""
@@ -100,7 +101,7 @@ def reply_releases(
 def charge_reply(
     ledger: PrivacyLedger,
     update: LocalUpdate,
-    method: Method,
+    method: ClientMethod,
     run: RunConfig,
     node: NodeConfig,
     cfg: TrainConfig,
@@ -115,7 +116,7 @@ def charge_reply(
         The node's ledger for this run (:func:`open_ledger`), charged and written back.
     update : LocalUpdate
         What the method trained under ``cfg`` (DP-SGD steps, a noised Fisher).
-    method : Method
+    method : ClientMethod
         The run's method.
     run, node : RunConfig, NodeConfig
         The run's and this node's settings.

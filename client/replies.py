@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from common.methods.base import LocalUpdate
+from common.methods.contract.payloads import LocalUpdate
 from common.wire import protocol as P
 
 

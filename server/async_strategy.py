@@ -1,12 +1,12 @@
 """The asynchronous strategy (FedGMR's ``gmr-mode = "async"``): no global rounds, every node kept
 busy, each reply applied on arrival.
 
-The loop pushes a TRAIN message to every idle node (``Grid.push_messages``),
-polls ``Grid.pull_messages`` every ``poll-interval`` seconds, validates each reply
-(the method's checks, as in the synchronous rounds), folds it into the global model
-with the method's :meth:`~common.methods.base.AsynchronousMethod.apply_async` (FedGMR:
-staleness- and overlap-weighted, or dropped beyond ``gmr-max-staleness``) and at once
-sends that node the current model under its current mask.
+The loop pushes a TRAIN message to every idle node (``Grid.push_messages``), polls
+``Grid.pull_messages`` every ``poll-interval`` seconds, validates each reply (the method's checks,
+as in the synchronous rounds), folds it into the global model with the method's
+:meth:`~common.methods.contract.server_side.AsynchronousMethod.apply_async` (FedGMR: staleness- and
+overlap-weighted, or dropped beyond ``gmr-max-staleness``) and at once sends that node the current
+model under its current mask.
 
 * Restoration clock: ``t = applied updates / number of nodes`` (a fractional
   round equivalent), so submodels grow at the same pace as in sync mode per
@@ -45,7 +45,8 @@ from numpy.typing import NDArray
 
 from common.aggregation.asynchronous import TooStale
 from common.config.run import RunConfig
-from common.methods.base import Accepted, AsynchronousMethod, Method
+from common.methods.contract.server_side import AsynchronousMethod, ServerMethod
+from common.methods.round_fold import Accepted
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel
@@ -127,7 +128,7 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         Flat layout of the global model.
     method : AsynchronousMethod, optional
         The method (default: the one ``cfg.method`` names); it must implement
-        :class:`~common.methods.base.AsynchronousMethod`.
+        :class:`~common.methods.contract.server_side.AsynchronousMethod`.
     on_round : Callable, optional
         Called with each evaluation record (a JSON-ready dict).
     """
@@ -136,7 +137,7 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         self,
         cfg: RunConfig,
         layout: ParamLayout,
-        method: Method | None = None,
+        method: ServerMethod | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         super().__init__(cfg, layout, method, on_round)

@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 from common.config.run import RunConfig
 from common.data.datasets import load_server_data
 from common.methods import create_method
-from common.methods.base import Method
+from common.methods.contract.server_side import ServerMethod
 from common.models.architectures import build_run_model, model_layout, trainable_arrays
 from common.models.layout import ParamLayout
 from common.training.evaluation import CentralEvaluator
@@ -37,7 +37,7 @@ class Federation:
     ----------
     cfg : RunConfig
         The validated run configuration.
-    method : Method
+    method : ServerMethod
         The run's method (the strategy's own).
     strategy : SubmodelStrategy or AsyncSubmodelStrategy
         Rounds, or every reply applied on arrival when the method runs asynchronously.
@@ -48,7 +48,7 @@ class Federation:
     """
 
     cfg: RunConfig
-    method: Method
+    method: ServerMethod
     strategy: SubmodelStrategy | AsyncSubmodelStrategy
     x0: NDArray[np.float32]
     evaluate_fn: EvaluateFn | None
@@ -67,7 +67,7 @@ def central_evaluate_fn(evaluator: CentralEvaluator) -> EvaluateFn:
 
 
 def global_model(
-    cfg: RunConfig, method: Method, device: str
+    cfg: RunConfig, method: ServerMethod, device: str
 ) -> tuple[NDArray[np.float32], ParamLayout, EvaluateFn | None]:
     """The run's initial global model (flat), its layout, and central evaluation on the server's
     test set.

@@ -1,12 +1,13 @@
 """The opening of a fresh run: round 0's Fisher warm-up, with discovery when the method allows it,
 and round 1 carried by the same exchange.
 
-A method that ranks round 1 by the nodes' Fisher (:meth:`~common.methods.base.Method.runs_warmup`)
-needs each node's Fisher at the initial model first. :meth:`Opening.fisher_warmup` asks for it in an
-exchange of its own; :meth:`Opening.discovery` folds it into discovery instead (each QUERY carries
-the initial model, each reply the node's profile and Fisher), and, when every node trains every
-round, each node also trains round 1 on the mask the server will choose, so round 1 costs no
-exchange either (:meth:`Opening.round_one`).
+A method that ranks round 1 by the nodes' Fisher
+(:meth:`~common.methods.contract.server_side.ServerMethod.opening`) needs each node's Fisher at
+the initial model first. :meth:`Opening.fisher_warmup` asks for it in an exchange of its own;
+:meth:`Opening.discovery` folds it into discovery instead (each QUERY carries the initial model,
+each reply the node's profile and Fisher), and, when every node trains every round, each node also
+trains round 1 on the mask the server will choose, so round 1 costs no exchange either
+(:meth:`Opening.round_one`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
 from common.config.run import RunConfig
-from common.methods.base import Download, Method
+from common.methods.contract.payloads import Download
+from common.methods.contract.server_side import ServerMethod
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import SentSubmodel
@@ -42,7 +44,7 @@ class RoundStrategy(Protocol):
 
     cfg: RunConfig
     layout: ParamLayout
-    method: Method
+    method: ServerMethod
     registry: NodeRegistry
     x: NDArray[np.float32]
     first_round: int
@@ -135,14 +137,15 @@ class Opening:
     def trains_round_one(self, nodes: int) -> bool:
         """Whether the opening exchange of ``nodes`` nodes also trains round 1 (:meth:`discovery`).
 
-        When the method can (:meth:`~common.methods.base.Method.opens_round_one`), every participant
-        trains each round (``fraction-train = 1``), and the nodes' round-1 updates, held until the
-        warm-up is folded, fit in :data:`ROUND_ONE_HOLD_BYTES`.
+        When the method can
+        (:meth:`~common.methods.contract.server_side.ServerMethod.opening`), every
+        participant trains each round (``fraction-train = 1``), and the nodes' round-1 updates, held
+        until the warm-up is folded, fit in :data:`ROUND_ONE_HOLD_BYTES`.
         """
         s = self.strategy
         return (
             s.first_round == 1
-            and s.method.opens_round_one()
+            and s.method.opening() == "discovery+round-one"
             and s.cfg.fraction_train == 1
             and nodes * s.layout.size * 4 <= ROUND_ONE_HOLD_BYTES
         )
@@ -154,7 +157,7 @@ class Opening:
         Each node gets the submodel it would get in round 1 without a Fisher estimate (the method's
         fallback), measures its Fisher there (``fisher-estimator = "received"``) and replies with a
         zero update; the method folds the Fisher into its state
-        (:meth:`~common.methods.base.Method.warm_up`) and round 1 ranks by it.
+        (:meth:`~common.methods.contract.server_side.ServerMethod.warm_up`) and round 1 ranks by it.
         """
         s = self.strategy
         plan = s.plan_train(0, s.x, s.registry.participants())
@@ -165,7 +168,8 @@ class Opening:
 
     def discovery(self, grid: Grid, timeout: float) -> None:
         """Discovery and round 0's Fisher warm-up in one exchange
-        (:meth:`Method.warmup_in_discovery`), and round 1 with them when :meth:`trains_round_one`.
+        (:meth:`ServerMethod.opening` ``discovery``), and round 1 with them when
+        :meth:`trains_round_one`.
 
         Each QUERY carries the initial model (every node would have been sent all of it for the
         warm-up anyway); each node replies with its profile and its Fisher for the submodel it would
@@ -180,10 +184,10 @@ class Opening:
 
         With round 1, each node also trains the round-1 submodel ranked by the Fisher it just
         measured, which it computes as the server will
-        (:meth:`~common.methods.base.Method.round_one_received`), and adds that reply; the replies
-        are held until :meth:`round_one` folds them in the clients' key order, each checked against
-        the mask the server then chooses. Saves a second exchange. The initial model is evaluated
-        centrally while the nodes work.
+        (:meth:`~common.methods.contract.client_side.ClientMethod.round_one_received`), and adds
+        that reply; the replies are held until :meth:`round_one` folds them in the clients' key
+        order, each checked against the mask the server then chooses. Saves a second exchange. The
+        initial model is evaluated centrally while the nodes work.
         """
         s = self.strategy
         node_ids = sorted(grid.get_node_ids())
@@ -295,7 +299,7 @@ class Opening:
         discovery carried it, :meth:`discovery`), then the initial model's record."""
         s = self.strategy
         warmup = self.warmup
-        if warmup is None and s.method.runs_warmup():
+        if warmup is None and s.method.opening() != "none":
             warmup = self.fisher_warmup(grid, timeout)
         if warmup is not None:
             log(

@@ -124,7 +124,7 @@ def save_checkpoint(
     x : NDArray[float32]
         The global vector after that round.
     fisher_state : bytes
-        The method's serialised state (``Method.state_bytes``).
+        The method's serialised state (``ServerMethod.state_bytes``).
 
     Returns
     -------

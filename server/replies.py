@@ -45,7 +45,8 @@ class ReplyParts:
 
     @property
     def records(self) -> ReplyRecords:
-        """The records a method validates (:meth:`common.methods.base.Method.validate`)."""
+        """The records a method validates
+        (:meth:`common.methods.contract.server_side.ServerMethod.validate`)."""
         return ReplyRecords(self.arrays, self.metrics, self.meta)
 
 

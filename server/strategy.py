@@ -182,7 +182,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         Validated run configuration.
     layout : ParamLayout
         Flat layout of the global model.
-    method : Method, optional
+    method : ServerMethod, optional
         The method (default: the one ``cfg.method`` names, from the registry).
     on_round : Callable, optional
         Called with each round's record (a JSON-ready dict) after the round ends.
@@ -255,10 +255,10 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         the given order.
 
         Each reply is validated against what ``plan`` sent and the model the round started from,
-        folded (:meth:`~common.methods.base.Method.round_fold`) and dropped; a rejected one is
-        logged with its reason and changes nothing. With fewer than ``min-replies`` valid replies
-        the round is skipped: the model and the method's state stay as they were. Otherwise the
-        folded model becomes the strategy's model (``self.x``).
+        folded (:meth:`~common.methods.contract.server_side.ServerMethod.round_fold`) and dropped; a
+        rejected one is logged with its reason and changes nothing. With fewer than ``min-replies``
+        valid replies the round is skipped: the model and the method's state stay as they were.
+        Otherwise the folded model becomes the strategy's model (``self.x``).
 
         Parameters
         ----------
@@ -267,8 +267,9 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         parts : Iterable[ReplyParts]
             The replies, taken apart, in the order to fold them (the clients' key order).
         warm_up : bool
-            Round 0's Fisher-only replies: :meth:`~common.methods.base.Method.warm_up` takes them;
-            the model stays.
+            Round 0's Fisher-only replies:
+            :meth:`~common.methods.contract.server_side.ServerMethod.warm_up` takes them; the model
+            stays.
 
         Returns
         -------
@@ -440,7 +441,7 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         evaluate_config = evaluate_config or ConfigRecord()
         result = Result(arrays=initial_arrays)
         self.x = self._flat(initial_arrays)
-        fold_warmup = self.first_round == 1 and self.method.warmup_in_discovery()
+        fold_warmup = self.first_round == 1 and self.method.opening().startswith("discovery")
         self.registry.join(grid, timeout, self.opening.discovery if fold_warmup else None)
         if self.first_round == 1:
             self.opening.round_zero(grid, num_rounds, timeout)

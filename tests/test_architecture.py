@@ -223,8 +223,8 @@ def test_the_config_schema_loads_neither_torch_nor_the_methods():
 def test_every_method_spec_loads_without_torch_and_names_an_implementation_of_its_name():
     code = (
         "import sys; from common.methods import registry;"
-        "print(len(registry()), sorted(m for m in ('torch', 'common.methods.base') if m in "
-        "sys.modules))"
+        "print(len(registry()), sorted(m for m in ('torch', 'common.methods.contract.method') if m "
+        "in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
@@ -236,3 +236,68 @@ def test_every_method_spec_loads_without_torch_and_names_an_implementation_of_it
     for name, spec in registry().items():
         cls = method_class(name)
         assert cls.is_implementation and issubclass(cls, spec) and cls.name == name, name
+
+
+def _method_attributes(package: str) -> dict[str, set[str]]:
+    """Attributes read from a method object in ``package``: ``method.x``, ``self.method.x``,
+    ``s.method.x`` (names and attributes called ``method``), keyed as ``path:line``."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            holder = node.value
+            named = (isinstance(holder, ast.Name) and holder.id == "method") or (
+                isinstance(holder, ast.Attribute) and holder.attr == "method"
+            )
+            if named:
+                found.setdefault(node.attr, set()).add(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("package", "side", "other"),
+    [
+        ("server", "common.methods.contract.server_side:ServerMethod", "client"),
+        ("client", "common.methods.contract.client_side:ClientMethod", "server"),
+    ],
+)
+def test_each_app_calls_only_its_own_side_of_a_method(package: str, side: str, other: str) -> None:
+    from importlib import import_module
+
+    module, _, name = side.partition(":")
+    contract = getattr(import_module(module), name)
+    used = _method_attributes(package)
+    outside = {attr: sorted(where) for attr, where in used.items() if not hasattr(contract, attr)}
+    assert outside == {}, f"{package}/ reads these from a method, outside {name}"
+    assert used, f"the scan found no method attribute in {package}/"
+
+
+def test_the_two_sides_of_a_method_share_only_the_core_and_stay_small() -> None:
+    from common.methods.contract.client_side import ClientMethod
+    from common.methods.contract.core import MethodCore
+    from common.methods.contract.server_side import ServerMethod
+
+    def own(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n, None))}
+
+    server, client = own(ServerMethod), own(ClientMethod)
+    assert server & client == set()
+    assert not any(hasattr(ServerMethod, n) for n in client)
+    assert not any(hasattr(ClientMethod, n) for n in server)
+    assert len(client) <= 10 and len(server) <= 20, (sorted(client), sorted(server))
+    assert issubclass(ServerMethod, MethodCore) and issubclass(ClientMethod, MethodCore)
+
+
+def test_one_spec_module_per_method_named_as_its_implementation_module() -> None:
+    from common.methods import BUILTIN, method_class, registry
+
+    spec_modules: dict[str, str] = {}
+    for name, spec in registry().items():
+        if not spec.__module__.startswith("common.methods.specs."):
+            continue  # a method a test registered
+        module = spec.__module__.rsplit(".", 1)[1]
+        assert module not in spec_modules, (name, spec_modules.get(module))
+        spec_modules[module] = name
+        assert method_class(name).__module__ == f"common.methods.{module}", name
+    assert sorted(spec_modules) == sorted(BUILTIN)

@@ -205,8 +205,8 @@ def test_a_refresh_goes_only_to_a_client_that_can_afford_the_rest_of_the_model()
 
 
 def test_without_a_budget_the_warm_up_runs_and_with_one_it_does_not() -> None:
-    assert create_method(parse_run_config({"fedfibos-byte-budget": 0})).runs_warmup()
-    assert not create_method(parse_run_config({})).runs_warmup()  # the default budget
+    assert create_method(parse_run_config({"fedfibos-byte-budget": 0})).opening() != "none"
+    assert create_method(parse_run_config({})).opening() == "none"  # the default budget
 
 
 def test_a_fisher_larger_than_its_cap_is_not_folded_in_and_its_bytes_count(caplog) -> None:

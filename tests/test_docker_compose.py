@@ -428,8 +428,8 @@ def test_compose_up_runs_the_federation_through_crash_rogue_and_gateway(
     # it, and round 1 with it where the method can (then round k is the node's (k-1)-th train
     # message).
     method = create_method(default_run_config())
-    warmup_messages = 1 if method.runs_warmup() and not method.warmup_in_discovery() else 0
-    carried = 1 if method.warmup_in_discovery() and method.opens_round_one() else 0
+    warmup_messages = 1 if method.opening() == "exchange" else 0
+    carried = 1 if method.opening() == "discovery+round-one" else 0
     compose.wait_log(
         KILLED, "Receiving: train message", KILL_ROUND + warmup_messages - carried, timeout=900
     )

@@ -10,7 +10,7 @@ from common.aggregation.masked import MaskedUpdate
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from common.methods import create_method
-from common.methods.base import Accepted
+from common.methods.round_fold import Accepted
 from common.models.layout import ParamLayout, TensorSpec
 from common.wire.validation import TrainReply
 

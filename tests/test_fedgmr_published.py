@@ -18,7 +18,7 @@ from common.aggregation.masked import MaskedUpdate
 from common.config.parse import parse_run_config
 from common.fisher.selection import budget
 from common.methods import create_method, method_class
-from common.methods.base import Accepted
+from common.methods.round_fold import Accepted
 from common.models.layout import ParamLayout
 from common.submodels.restoration import (
     EarlyStop,

@@ -37,9 +37,9 @@ NODES = {51: 1.0, 52: 0.25, 53: 0.0625}
 def _run(monkeypatch, tmp_path, run_config=RUN, separate=False, round_one=True):
     monkeypatch.setenv("FIBOS_CACHE_DIR", str(tmp_path / "cache"))
     if separate:
-        monkeypatch.setattr(FedFIbOS, "warmup_in_discovery", lambda self: False)
-    if not round_one:
-        monkeypatch.setattr(FedFIbOS, "opens_round_one", lambda self: False)
+        monkeypatch.setattr(FedFIbOS, "opening", lambda self: "exchange")
+    elif not round_one:
+        monkeypatch.setattr(FedFIbOS, "opening", lambda self: "discovery")
     fed = inprocess_federation(run_config, NODES)
     fed.strategy.start(
         fed.grid,
@@ -65,9 +65,7 @@ def test_discovery_carries_the_warm_up_and_round_one_and_gives_the_separate_exch
     monkeypatch, tmp_path
 ):
     merged = _run(monkeypatch, tmp_path)
-    assert (
-        merged.strategy.method.warmup_in_discovery() and merged.strategy.method.opens_round_one()
-    )  # defaults
+    assert merged.strategy.method.opening() == "discovery+round-one"  # the defaults
     warm_only = _run(monkeypatch, tmp_path, round_one=False)
     separate = _run(monkeypatch, tmp_path, separate=True)
     # Two exchanges fewer: no round-0 nor round-1 TRAIN messages, the QUERY carried them.
@@ -230,12 +228,14 @@ def test_a_nodes_round_one_mask_is_the_servers_after_every_warm_up(
 
 
 def test_runs_that_cannot_train_round_one_with_discovery_send_it_alone(monkeypatch, tmp_path):
-    assert not create_method(
-        parse_run_config({"fisher-every": 1, **NO_BUDGET})
-    ).opens_round_one()  # round 1 would ask Fisher
-    assert not create_method(
-        parse_run_config({"fisher-estimator": "received", **NO_BUDGET})
-    ).opens_round_one()
+    # Round 1 would ask Fisher.
+    assert create_method(parse_run_config({"fisher-every": 1, **NO_BUDGET})).opening() == (
+        "discovery"
+    )
+    assert (
+        create_method(parse_run_config({"fisher-estimator": "received", **NO_BUDGET})).opening()
+        == "exchange"
+    )
     sampled = _run(monkeypatch, tmp_path, {**RUN, "fraction-train": 0.7, "min-train-nodes": 1})
     assert not any("round-one" in m.content.config_records for m in sampled.grid.handled[:3])
     assert ("train", 1) in _kinds(sampled)
@@ -303,18 +303,16 @@ def test_the_opening_model_must_fit_the_nodes_model(monkeypatch, tmp_path):
 
 
 def test_runs_that_cannot_fold_the_warm_up_keep_its_own_exchange():
-    assert create_method(parse_run_config(NO_BUDGET)).warmup_in_discovery()
-    assert not create_method(
-        parse_run_config({})
-    ).warmup_in_discovery()  # the default byte budget: no warm-up
-    assert not create_method(
-        parse_run_config({"fisher-estimator": "received", **NO_BUDGET})
-    ).warmup_in_discovery()
-    assert not create_method(
-        parse_run_config({"fisher-warmup": False, **NO_BUDGET})
-    ).warmup_in_discovery()
-    assert not create_method(parse_run_config({"method": "fedgmr"})).warmup_in_discovery()
-    assert not create_method(parse_run_config({"method": "fiarse"})).warmup_in_discovery()
+    def opening(run: dict) -> str:
+        return create_method(parse_run_config(run)).opening()
+
+    assert opening(NO_BUDGET) == "discovery+round-one"
+    assert opening({}) == "none"  # the default byte budget: no warm-up
+    assert opening({"fisher-estimator": "received", **NO_BUDGET}) == "exchange"
+    assert opening({"fisher-estimator": "path", **NO_BUDGET}) == "none"
+    assert opening({"fisher-warmup": False, **NO_BUDGET}) == "none"
+    assert opening({"method": "fedgmr"}) == "none"
+    assert opening({"method": "fiarse"}) == "none"
 
 
 @settings(max_examples=25, deadline=None)

@@ -16,7 +16,7 @@ from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.methods import create_method
-from common.methods.base import Received
+from common.methods.contract.payloads import Received
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.training.loop import TrainConfig
 from common.training.personalisation import adaptation_examples

@@ -28,7 +28,7 @@ from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.fisher.estimation import per_example_fisher
 from common.methods import create_method
-from common.methods.base import LocalUpdate
+from common.methods.contract.payloads import LocalUpdate
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.privacy.accountant import (
     ORDERS,

@@ -139,7 +139,7 @@ def test_the_attack_knob_picks_every_nth_partition_and_poisons_what_it_says():
     from client.bench_attack import attacks, poisoned_data, poisoned_update
     from common.config.node import parse_node_config
     from common.data.arrays import ArrayDataset
-    from common.methods.base import LocalUpdate
+    from common.methods.contract.payloads import LocalUpdate
     from common.wire import protocol as P
 
     run = parse_run_config({"bench-attack": "scale:-10", "bench-attack-every": 4})

@@ -11,8 +11,7 @@ import pytest
 from common.aggregation.masked import MaskedUpdate
 from common.config.parse import parse_run_config
 from common.methods import create_method
-from common.methods.base import Accepted
-from common.methods.round_fold import BufferedFold, IncrementalFold, WarmUpFold
+from common.methods.round_fold import Accepted, BufferedFold, IncrementalFold, WarmUpFold
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.wire.validation import TrainReply
 

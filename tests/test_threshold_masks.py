@@ -16,7 +16,8 @@ from common.aggregation.update_means import nonzero_mean_step
 from common.config.parse import parse_run_config
 from common.data.arrays import ArrayDataset
 from common.methods import create_method
-from common.methods.base import Accepted, Received
+from common.methods.contract.payloads import Received
+from common.methods.round_fold import Accepted
 from common.models.architectures import build_model, model_layout, trainable_arrays
 from common.submodels.threshold import (
     ThresholdGate,

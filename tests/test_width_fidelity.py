@@ -19,9 +19,10 @@ from common.config.schema import ConfigError
 from common.data.arrays import ArrayDataset
 from common.data.datasets import load_dataset
 from common.methods import create_method
-from common.methods.base import Accepted, Received
+from common.methods.contract.payloads import Received
 from common.methods.fedrolex import count_weighted_positions
 from common.methods.heterofl import HeteroFL
+from common.methods.round_fold import Accepted
 from common.models.architectures import (
     ScaledBatchNorm2d,
     Scaler,

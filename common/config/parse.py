@@ -58,7 +58,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     Unknown keys are rejected, so a typo never silently falls back to a default. The keys of every
     registered method's groups are validated (Flower passes the manifest's defaults for all of
     them), whichever method is selected; then the selected method's own rules across keys
-    (:meth:`~common.methods.specs.base.MethodSpec.check_run`).
+    (:meth:`~common.methods.contract.spec.MethodSpec.check_run`).
     """
     groups = key_groups()
     owner_of = {key: name for name, group in groups.items() for key in group.keys()}

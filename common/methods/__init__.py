@@ -1,9 +1,14 @@
-"""One module per method behind one interface, and the registry the method key selects from.
+"""One module per method behind three contracts, and the registry the method key selects from.
 
-A method has two halves: its spec (:mod:`common.methods.specs`: name, run-config keys, rules across
-keys; no torch) and its implementation here (a :class:`~common.methods.base.Method` that subclasses
-the spec). The registry holds specs, so a run configuration is checked without importing any
-training code; the implementation is imported when a run builds the method (:func:`method_class`).
+A method ``m`` is two modules of the same name: its spec, ``common/methods/specs/m.py`` (name,
+run-config keys, rules across keys; no torch: :class:`~common.methods.contract.spec.MethodSpec`),
+and its implementation, ``common/methods/m.py`` (a :class:`~common.methods.contract.method.Method`
+that subclasses the spec). The implementation answers two contracts, one per side of the wire: the
+server holds it as a :class:`~common.methods.contract.server_side.ServerMethod` (masks, validation,
+the fold of replies, state), the ClientApp as a
+:class:`~common.methods.contract.client_side.ClientMethod` (train, evaluate, adapt). The registry
+holds specs, so a run configuration is checked without importing any training code; the
+implementation is imported when a run builds the method (:func:`method_class`).
 
 Adding a method is a spec module in :mod:`common.methods.specs` whose class names its
 implementation, the implementation module here, and the spec module's name in :data:`BUILTIN`;
@@ -18,11 +23,11 @@ from importlib import import_module
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING
 
-from common.methods.specs.base import MethodSpec
+from common.methods.contract.spec import MethodSpec
 
 if TYPE_CHECKING:
     from common.config.run import RunConfig
-    from common.methods.base import Method
+    from common.methods.contract.method import Method
 
 _REGISTRY: dict[str, type[MethodSpec]] = {}
 
@@ -83,9 +88,19 @@ def create_method(run: RunConfig) -> Method:
 
 
 #: The built-in methods' spec modules (in :mod:`common.methods.specs`), in the order the README's
-#: table lists them. Each module's own :class:`~common.methods.specs.base.MethodSpec` subclasses
+#: table lists them. Each module's own :class:`~common.methods.contract.spec.MethodSpec` subclasses
 #: that set ``name`` are registered (a base class a module imports, or one without a name, is not).
-BUILTIN = ("fedfibos", "fiarse", "width", "fedavg", "fedgmr", "cahfp", "lora")
+BUILTIN = (
+    "fedfibos",
+    "fiarse",
+    "heterofl",
+    "fedrolex",
+    "fedavg",
+    "fedavg_drop",
+    "fedgmr",
+    "cahfp",
+    "lora",
+)
 
 
 def _register_module(module: ModuleType) -> None:

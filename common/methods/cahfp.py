@@ -42,8 +42,9 @@ from torch import nn
 from common.aggregation.masked import aggregate_masked
 from common.aggregation.update_means import participant_mean_step
 from common.data.arrays import ArrayDataset
-from common.methods.base import Accepted, Download, LocalUpdate, Received
 from common.methods.channels import ChannelMethod
+from common.methods.contract.payloads import Download, LocalUpdate, Received
+from common.methods.round_fold import Accepted
 from common.methods.specs.cahfp import CAHFPOptions, CAHFPSpec
 from common.models.architectures import build_model
 from common.models.layout import ParamLayout

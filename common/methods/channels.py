@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.methods.base import Method
+from common.methods.contract.method import Method
 from common.methods.specs.channels import ChannelSpec
 from common.models.layout import ParamLayout
 from common.submodels.width import channel_graph

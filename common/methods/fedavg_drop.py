@@ -4,7 +4,7 @@ the model."""
 from __future__ import annotations
 
 from common.methods.fedavg import FedAvg
-from common.methods.specs.fedavg import FedAvgDropSpec
+from common.methods.specs.fedavg_drop import FedAvgDropSpec
 
 
 class FedAvgDrop(FedAvgDropSpec, FedAvg):
@@ -14,6 +14,5 @@ class FedAvgDrop(FedAvgDropSpec, FedAvg):
         """Only nodes that hold the full model."""
         return capacity >= 1.0
 
-    def participation_requirement(self) -> str:
-        """Capacity 1: a node that cannot hold the full model is left out."""
-        return "needs capacity 1"
+    #: A node that cannot hold the full model is left out.
+    participation_requirement = "needs capacity 1"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from logging import WARNING, getLogger
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,7 +38,7 @@ from common.fisher.level_masks import LevelMasks
 from common.fisher.prior_influence import contested_by_level
 from common.fisher.selection import powered, select_mask
 from common.fisher.state import FisherState
-from common.methods.base import Download, FisherRequest, LocalUpdate, Received
+from common.methods.contract.payloads import Download, FisherRequest, LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.methods.specs.fedfibos import FedFIbOSOptions, FedFIbOSSpec
 from common.models.layout import ParamLayout
@@ -48,6 +48,7 @@ from common.wire.byte_budget import ByteLedger
 if TYPE_CHECKING:
     from common.config.run import RunConfig
     from common.data.arrays import ArrayDataset
+    from common.methods.contract.server_side import OpeningKind
     from common.methods.round_fold import Accepted
 
 logger = getLogger("flwr")
@@ -109,10 +110,24 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
             if self.ledger is not None and "ledger_keys" in z.files:
                 self.ledger = ByteLedger.from_arrays(z, self.opts.byte_budget)
 
-    def runs_warmup(self) -> bool:
-        """As the run asks, except under ``fedfibos-byte-budget``: the warm-up sends every node the
-        whole model before the server knows its capacity, which no submodel's budget covers."""
-        return super().runs_warmup() and self.opts.byte_budget == 0
+    def opening(self) -> OpeningKind:
+        """The base rule's warm-up, moved into discovery and, when it can, round 1 too.
+
+        * No warm-up under ``fedfibos-byte-budget``: it sends every node the whole model before the
+          server knows its capacity, which no submodel's budget covers.
+        * With the ``global`` estimator the warm-up rides on discovery: round 0's mask is magnitude
+          top-k (:meth:`opening_mask`), which a node can compute itself, and the warm-up already
+          sends every node the whole model then, so the QUERY carrying it costs no more bytes.
+        * With ``fisher-every`` >= 2 as well, discovery trains round 1: round 1 asks no Fisher, and
+          a node's round-1 mask is ranked by its own fresh warm-up Fisher alone
+          (:meth:`round_one_mask`), which it can compute.
+        """
+        kind = super().opening()
+        if kind == "none" or self.opts.byte_budget != 0:
+            return "none"
+        if self.fisher_keys.estimator != "global":
+            return kind
+        return "discovery+round-one" if self.fisher_keys.every >= 2 else "discovery"
 
     def fisher_request(
         self,
@@ -182,15 +197,6 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
             return
         super().observe(accepted, fisher_round)
 
-    def warmup_in_discovery(self) -> bool:
-        """With the ``global`` estimator: round 0's mask is magnitude top-k, which a node can
-        compute itself.
-
-        The warm-up already sends every node the whole model then, so the QUERY carrying it costs no
-        more bytes.
-        """
-        return self.runs_warmup() and self.fisher_keys.estimator == "global"
-
     def opening_mask(
         self, layout: ParamLayout, x: NDArray[np.float32], gamma: float
     ) -> NDArray[np.bool_]:
@@ -200,12 +206,6 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
         return select_mask(
             layout, x, gamma, "magnitude", None, guards.min_per_row, guards.keep_vectors
         )
-
-    def opens_round_one(self) -> bool:
-        """With the warm-up in discovery and ``fisher-every`` >= 2: round 1 asks no Fisher, and a
-        node's round-1 mask is ranked by its own fresh warm-up Fisher alone
-        (:meth:`round_one_mask`), which it can compute."""
-        return self.warmup_in_discovery() and self.fisher_keys.every >= 2
 
     def round_one_mask(
         self, layout: ParamLayout, x: NDArray[np.float32], gamma: float, fisher: NDArray[np.float32]
@@ -294,6 +294,10 @@ class FedFIbOS(FedFIbOSSpec, FisherRankedMethod):
                 return held, "held"
             self.held.put(key, stamp, gamma, mask)
         return mask, source
+
+    def round_entries(self, x: NDArray[np.float32], levels: Sequence[float]) -> dict[str, Any]:
+        """``prior_influence`` (:meth:`prior_influence`)."""
+        return {"prior_influence": self.prior_influence(x, levels)}
 
     def prior_influence(
         self, x: NDArray[np.float32], levels: Sequence[float]

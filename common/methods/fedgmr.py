@@ -27,8 +27,8 @@ from numpy.typing import NDArray
 from common.aggregation.asynchronous import AsyncStep, apply_async_update
 from common.aggregation.masked import MaskedUpdate
 from common.config.capacity import CAPACITY_KINDS
-from common.methods.base import Accepted
 from common.methods.masked import FisherRankedMethod
+from common.methods.round_fold import Accepted
 from common.methods.specs.fedgmr import FedGMROptions, FedGMRSpec
 from common.models.layout import ParamLayout
 from common.submodels.restoration import RestorationMasks

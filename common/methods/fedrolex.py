@@ -36,7 +36,7 @@ from common.aggregation.masked import MaskedUpdate
 from common.aggregation.running_sums import HolderSum, RunningSum, UpdateCountSum
 from common.aggregation.update_means import update_count_mean_step
 from common.methods.heterofl import HeteroFL
-from common.methods.specs.width import FedRolexSpec
+from common.methods.specs.fedrolex import FedRolexSpec
 from common.models.layout import ParamLayout
 from common.submodels.label_split import class_of_position
 

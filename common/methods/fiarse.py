@@ -36,7 +36,7 @@ from common.aggregation.masked import MaskedUpdate, aggregate_masked
 from common.aggregation.running_sums import HolderSum, NonzeroSum, RunningSum
 from common.aggregation.update_means import nonzero_mean_step
 from common.data.arrays import ArrayDataset
-from common.methods.base import LocalUpdate, Received
+from common.methods.contract.payloads import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
 from common.methods.specs.fiarse import FIARSEOptions, FIARSESpec
 from common.models.architectures import build_run_model, load_flat

@@ -40,10 +40,10 @@ from numpy.typing import NDArray
 
 from common.data.arrays import ArrayDataset
 from common.fisher.codec import encode_fisher
-from common.methods.base import LocalUpdate, Received
 from common.methods.channels import ChannelMethod
+from common.methods.contract.payloads import LocalUpdate, Received
 from common.methods.masked import MaskedMethod, decode_received
-from common.methods.specs.width import WIDTH_KEYS, HeteroFLSpec, WidthOptions
+from common.methods.specs.heterofl import WIDTH_KEYS, HeteroFLSpec, WidthOptions
 from common.models.architectures import set_scaler_rate
 from common.models.layout import ParamLayout
 from common.submodels.label_split import (

@@ -27,7 +27,8 @@ from torch import nn
 from common.aggregation.masked import MaskedUpdate
 from common.config.schema import ConfigError
 from common.fisher.codec import encode_fisher
-from common.methods.base import LocalUpdate, Method, Received
+from common.methods.contract.method import Method
+from common.methods.contract.payloads import LocalUpdate, Received
 from common.methods.masked import FisherRankedMethod, decode_received
 from common.methods.specs.lora import LoRAOptions, LoRASpec
 from common.models.architectures import build_run_model

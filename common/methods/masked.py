@@ -37,8 +37,9 @@ from common.data.arrays import ArrayDataset
 from common.fisher.codec import decode_fisher, encode_fisher, expected_names
 from common.fisher.estimation import example_indices, per_example_fisher
 from common.fisher.state import FisherState, fisher_capacity
-from common.methods.base import Accepted, Download, FisherRequest, LocalUpdate, Method, Received
-from common.methods.round_fold import IncrementalFold, RoundFold
+from common.methods.contract.method import Method
+from common.methods.contract.payloads import Download, FisherRequest, LocalUpdate, Received
+from common.methods.round_fold import Accepted, IncrementalFold, RoundFold
 from common.methods.specs.fisher import (
     FISHER_KEYS,
     MASK_GUARD_KEYS,

@@ -14,13 +14,14 @@ method's state as they were.
   then). Memory: the sums, plus at most ``min-replies - 1`` replies. The element-wise methods whose
   mean is a running sum use it: fedfibos, fedavg, fedavg-drop, heterofl, fedrolex, fiarse, fedgmr
   (synchronous).
-* :class:`BufferedFold`: the replies are kept and :meth:`~common.methods.base.Method.aggregate` sees
-  them all at the end, as before: the default of :class:`~common.methods.base.Method`, for methods
-  whose step needs every update at once (LoRA's SVD redistribution) or that keep other per-reply
-  state (CA-HFP's channel scores).
+* :class:`BufferedFold`: the replies are kept and
+  :meth:`~common.methods.contract.server_side.ServerMethod.aggregate` sees them all at the end, as
+  before: the default of :class:`~common.methods.contract.method.Method`, for methods whose step
+  needs every update at once (LoRA's SVD redistribution) or that keep other per-reply state
+  (CA-HFP's channel scores).
 * :class:`WarmUpFold`: round 0's Fisher-only replies (``fisher-warmup``), each passed to
-  :meth:`~common.methods.base.Method.warm_up` once the round is certain to count; the model is not
-  touched.
+  :meth:`~common.methods.contract.server_side.ServerMethod.warm_up` once the round is certain to
+  count; the model is not touched.
 
 For the same replies in the same order every fold gives the batch result to the bit
 (``tests/test_round_fold.py``).
@@ -60,7 +61,7 @@ class Accepted:
 
 class AggregatesRound(Protocol):
     """What :class:`BufferedFold` needs of a method:
-    :meth:`~common.methods.base.Method.aggregate`."""
+    :meth:`~common.methods.contract.server_side.ServerMethod.aggregate`."""
 
     def aggregate(
         self, x: NDArray[np.float32], accepted: Sequence[Accepted], server_round: int
@@ -68,7 +69,8 @@ class AggregatesRound(Protocol):
 
 
 class WarmsUp(Protocol):
-    """What :class:`WarmUpFold` needs of a method: :meth:`~common.methods.base.Method.warm_up`."""
+    """What :class:`WarmUpFold` needs of a method:
+    :meth:`~common.methods.contract.server_side.ServerMethod.warm_up`."""
 
     def warm_up(self, accepted: Sequence[Accepted], server_round: int) -> None: ...
 
@@ -183,8 +185,8 @@ class IncrementalFold:
 
 
 class BufferedFold:
-    """Every reply kept; :meth:`~common.methods.base.Method.aggregate` sees them all when the round
-    is committed.
+    """Every reply kept; :meth:`~common.methods.contract.server_side.ServerMethod.aggregate` sees
+    them all when the round is committed.
 
     Parameters
     ----------
@@ -219,8 +221,8 @@ class BufferedFold:
 
 
 class WarmUpFold:
-    """Round 0's replies, each passed to :meth:`~common.methods.base.Method.warm_up` once the round
-    counts.
+    """Round 0's replies, each passed to
+    :meth:`~common.methods.contract.server_side.ServerMethod.warm_up` once the round counts.
 
     Parameters
     ----------

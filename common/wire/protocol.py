@@ -36,7 +36,7 @@ Client -> server (EVALUATE)::
     config "meta":      round, mask-digest
 
 Server -> client (QUERY): empty, or, when a fresh run's method opens with a Fisher warm-up it can
-fold into discovery (``Method.warmup_in_discovery``)::
+fold into discovery (``ServerMethod.opening``: ``discovery``)::
 
     arrays "opening":   values  float32[d]   the initial global model, flat
 
@@ -51,9 +51,9 @@ plus, when the QUERY carried "opening", the records of the node's round-0 TRAIN 
 "metrics", "meta"): its Fisher at the initial model, for the submodel the server would send it in
 round 0 (``FisherRankedMethod.opening_received``; the mask digest echoed lets the server check it is
 that one), or ``config "opening-error": reason`` when it could not measure it. When the QUERY also
-carries ``config "round-one"`` (``Method.opens_round_one``), the node then trains the submodel the
+carries ``config "round-one"`` (``ServerMethod.opening``: ``discovery+round-one``), the node then trains the submodel the
 server would send it in round 1, ranked by the Fisher it just measured
-(``Method.round_one_received``), and adds that round-1 TRAIN reply's records as "round-one-update",
+(``ClientMethod.round_one_received``), and adds that round-1 TRAIN reply's records as "round-one-update",
 "round-one-metrics", "round-one-meta" (the digest echoed is the round-1 mask's, which the server
 checks against its own), or ``config "round-one-error": reason``. And a misconfigured node::
 

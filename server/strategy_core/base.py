@@ -1,10 +1,11 @@
 """What the synchronous and the asynchronous strategy share: the global model, the Messages that
 carry a node's submodel, the nodes' own evaluation and the server's central evaluation.
 
-Everything that differs between methods is asked of the run's :class:`~common.methods.base.Method`;
-the nodes are the :class:`~server.strategy_core.node_registry.NodeRegistry`'s. The two strategies
-differ in when they send and how they fold replies in: rounds (:mod:`server.strategy`) or every
-reply on arrival (:mod:`server.async_strategy`).
+Everything that differs between methods is asked of the run's
+:class:`~common.methods.contract.server_side.ServerMethod`; the nodes are the
+:class:`~server.strategy_core.node_registry.NodeRegistry`'s. The two strategies differ in when they
+send and how they fold replies in: rounds (:mod:`server.strategy`) or every reply on arrival
+(:mod:`server.async_strategy`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from numpy.typing import NDArray
 
 from common.config.run import RunConfig
 from common.methods import create_method
-from common.methods.base import Download, Method
+from common.methods.contract.payloads import Download
+from common.methods.contract.server_side import ServerMethod
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel, validate_evaluate_reply
@@ -72,7 +74,7 @@ class SubmodelStrategyBase:
         Validated run configuration.
     layout : ParamLayout
         Flat layout of the global model.
-    method : Method, optional
+    method : ServerMethod, optional
         The method (default: the one ``cfg.method`` names, from the registry).
     on_round : Callable, optional
         Called with each round's record (a JSON-ready dict,
@@ -83,7 +85,7 @@ class SubmodelStrategyBase:
         self,
         cfg: RunConfig,
         layout: ParamLayout,
-        method: Method | None = None,
+        method: ServerMethod | None = None,
         on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg

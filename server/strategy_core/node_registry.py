@@ -3,8 +3,8 @@ last record.
 
 Both strategies keep one :class:`NodeRegistry`. It asks the SuperLink which nodes are connected,
 QUERYs the new ones for their profile, forgets departed ones, and answers which nodes train (the
-method's :meth:`~common.methods.base.Method.participates` and the round's ``fraction-train``
-sample).
+method's :meth:`~common.methods.contract.server_side.ServerMethod.participates` and the round's
+``fraction-train`` sample).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from common.config.run import RunConfig
-from common.methods.base import Method
+from common.methods.contract.server_side import ServerMethod
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, validate_profile
 from server.grid_io import exchange, wait_for_nodes
@@ -49,11 +49,11 @@ class NodeRegistry:
     cfg : RunConfig
         Validated run configuration (``min-nodes``, ``min-train-nodes``, ``fraction-train``,
         ``seed``, ``poll-interval``).
-    method : Method
+    method : ServerMethod
         The run's method: told of each node that joins, and asked which capacities take part.
     """
 
-    def __init__(self, cfg: RunConfig, method: Method) -> None:
+    def __init__(self, cfg: RunConfig, method: ServerMethod) -> None:
         self.cfg = cfg
         self.method = method
         self.nodes: dict[int, NodeProfile] = {}
@@ -133,7 +133,7 @@ class NodeRegistry:
                 "no usable node answered discovery; check the SuperNodes' --node-config"
             )
         if not self.participants():
-            requirement = self.method.participation_requirement()
+            requirement = self.method.participation_requirement
             raise RuntimeError(
                 f"method {self.cfg.method!r} found no node that can take part"
                 + (f" ({requirement})" if requirement else "")

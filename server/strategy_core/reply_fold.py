@@ -15,8 +15,8 @@ from logging import WARNING
 
 from flwr.common.logger import log
 
-from common.methods.base import Accepted, Method
-from common.methods.round_fold import RoundFold
+from common.methods.contract.server_side import ServerMethod
+from common.methods.round_fold import Accepted, RoundFold
 from common.wire.validation import ReplyError
 from server.replies import ReplyParts, expected_sent
 from server.strategy_core.node_registry import NodeProfile
@@ -25,7 +25,7 @@ from server.strategy_core.round_records import note_accepted
 
 
 def fold_replies(
-    method: Method,
+    method: ServerMethod,
     nodes: Mapping[int, NodeProfile],
     plan: TrainPlan,
     parts: Iterable[ReplyParts],
@@ -36,7 +36,7 @@ def fold_replies(
 
     Parameters
     ----------
-    method : Method
+    method : ServerMethod
         The run's method (it validates and decodes its replies).
     nodes : Mapping[int, NodeProfile]
         The discovered nodes, by node id (a reply is folded under its client's stable key).

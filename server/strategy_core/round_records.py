@@ -168,7 +168,8 @@ def round_record(
     round_seconds : float
         Wall-clock seconds of the whole round, node refresh and client evaluation included.
     method_entries : Mapping[str, Any]
-        The method's own entries (:meth:`~common.methods.base.Method.round_entries`), last.
+        The method's own entries
+        (:meth:`~common.methods.contract.server_side.ServerMethod.round_entries`), last.
     trained_at : float, optional
         Unix time the round's model was aggregated (``time``; default: now). Its record may be made
         later: its central evaluation can run while the next round trains.

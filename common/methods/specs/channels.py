@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.methods.specs.base import MethodSpec
+from common.methods.contract.spec import MethodSpec
 from common.submodels.width import require_channel_graph
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from common.config.schema import Schema
-from common.methods.specs.base import MethodSpec
+from common.methods.contract.spec import MethodSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
 from common.methods.specs.robust import ROBUST_KEYS
 

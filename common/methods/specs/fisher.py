@@ -14,7 +14,7 @@ from pydantic import Field
 
 from common.config.schema import KeyGroup, Schema
 from common.fisher.codec import FISHER_ENCODINGS
-from common.methods.specs.base import MethodSpec
+from common.methods.contract.spec import MethodSpec
 from common.methods.specs.privacy import PRIVACY_KEYS
 from common.methods.specs.robust import ROBUST_KEYS
 

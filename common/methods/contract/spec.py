@@ -17,8 +17,8 @@ class MethodSpec:
     :attr:`implementation`.
 
     Everything here is a class attribute or a class method: a spec is never instantiated. The
-    method's implementation (a :class:`common.methods.base.Method`) subclasses its spec, so both
-    answer alike.
+    method's implementation (a :class:`common.methods.contract.method.Method`) subclasses its spec,
+    so both answer alike.
     """
 
     #: The ``method`` run-config key that selects this method.
@@ -40,7 +40,7 @@ class MethodSpec:
     #: method.
     implementation: ClassVar[str] = ""
     #: Whether this class is the implementation itself (true for every
-    #: :class:`common.methods.base.Method`).
+    #: :class:`common.methods.contract.method.Method`).
     is_implementation: ClassVar[bool] = False
     #: Whether the node's local steps can be first-order MAML steps (``meta-learning``): its
     #: training is one plain loop over the received weights, with no statistics gathered from the

@@ -1,8 +1,9 @@
-"""The two width methods, HeteroFL and FedRolex: their shared published elements (``width-*``) and
-rules.
+"""HeteroFL's spec, and the published elements it shares with FedRolex (``width-*``).
+
+Their rules are HeteroFL's :meth:`HeteroFLSpec.check_run`.
 
 What each element does in training and aggregation: :mod:`common.methods.heterofl` and
-:mod:`common.methods.fedrolex`.
+:mod:`common.methods.fedrolex` (whose spec, :mod:`common.methods.specs.fedrolex`, extends this one).
 """
 
 from __future__ import annotations
@@ -93,15 +94,3 @@ class HeteroFLSpec(ChannelSpec):
                 "width-label-split=true with dp-epsilon > 0: each node would upload which classes "
                 "it holds, outside the privacy budget; set width-label-split = false"
             )
-
-
-class FedRolexSpec(HeteroFLSpec):
-    """Rolling-window width submodels."""
-
-    name = "fedrolex"
-    summary = (
-        "a window of `ceil(r c)` channels rolled by one channel each round (FedRolex), with "
-        "HeteroFL's scaler, masked cross-entropy and label-split classifier aggregation"
-    )
-    default_weighting = "avg"
-    implementation = "common.methods.fedrolex:FedRolex"
