@@ -112,6 +112,9 @@ def _cache_key(run: RunConfig, node: NodeConfig) -> str:
         if node.data_path
         else None,
     }
+    if run.node_groups > 1:
+        # Only then: one group (the default) keeps the keys of entries derived before groups.
+        key_fields["groups"] = [run.node_groups, run.group_shift]
     return hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:24]
 
 

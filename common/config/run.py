@@ -128,6 +128,20 @@ class RunConfig(Schema):
     classes_per_client: int = Field(
         2, ge=1, le=100_000, description="labels per client (`pathological`)"
     )
+    node_groups: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="a fleet with true groups: partition p is in group p mod node-groups, and each "
+        "group sees its data shifted (`group-shift`); the server's test set mixes the groups. 1: "
+        "one group, no shift",
+    )
+    group_shift: Literal["rotate", "permute-labels"] = Field(
+        "rotate",
+        description="how group g of `node-groups` sees its data: `rotate` turns every image by g "
+        "quarter turns (at most 4 groups), `permute-labels` renames its labels by a permutation "
+        "drawn from the run's seed (group 0 keeps the dataset's labels)",
+    )
     test_fraction: float = Field(
         0.2, gt=0, le=0.9, description="share held out as the server's test set"
     )
@@ -342,12 +356,34 @@ class RunConfig(Schema):
                 f"and reads no files (data-path is for {', '.join(HUB_DATASET_NAMES)}); leave "
                 "data-path empty"
             )
+        self._check_groups()
         if self.partitioner == "natural" and self.dataset != "femnist":
             raise ValueError(
                 "partitioner='natural' needs a dataset with natural groups (femnist), not "
                 f"{self.dataset!r}"
             )
         return self
+
+    def _check_groups(self) -> None:
+        """``node-groups`` shifts the shared pool's partitions, images only for ``rotate``."""
+        if self.node_groups == 1:
+            return
+        if self.dataset == NODE_DATASET:
+            raise ValueError(
+                f'node-groups={self.node_groups} with dataset = "node": groups shift the '
+                "partitions of a shared pool, and each node here reads its own data; set "
+                "node-groups = 1"
+            )
+        if self.group_shift == "rotate" and self.dataset in TEXT_DATASETS:
+            raise ValueError(
+                f"group-shift='rotate' turns images, and dataset={self.dataset!r} is text; use "
+                'group-shift = "permute-labels"'
+            )
+        if self.group_shift == "rotate" and self.node_groups > 4:
+            raise ValueError(
+                f"node-groups={self.node_groups} with group-shift='rotate': an image has four "
+                'quarter turns, so at most 4 groups; use group-shift = "permute-labels" for more'
+            )
 
     @field_validator("classes", mode="before")
     @classmethod

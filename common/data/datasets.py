@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from common.data.arrays import ArrayDataset, SplitDataset
 from common.data.catalog import DATASETS, HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
+from common.data.group_shift import shift_test_set
 from common.data.node_data import InputSpec, read_node_data
 
 if TYPE_CHECKING:
@@ -144,7 +145,8 @@ def load_server_data(run: RunConfig) -> ServerData:
     node data."""
     if run.dataset != NODE_DATASET:
         split = load_run_dataset(run)
-        return ServerData(split.train.num_classes, split.train.in_channels, split.test)
+        test = shift_test_set(split.test, run.group_shift, run.node_groups, run.seed)
+        return ServerData(split.train.num_classes, split.train.in_channels, test)
     classes = run.class_names
     test = None
     if run.test_data_path:

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from common.data.arrays import ArrayDataset
 from common.data.catalog import HUB_DATASET_NAMES, NODE_DATASET, TEXT_DATASETS
 from common.data.datasets import load_run_dataset, node_input_spec, text_encoder
+from common.data.group_shift import shift_partition
 from common.data.hub import load_hub_partition
 from common.data.node_data import NodeDataError, NodeDataReport, read_node_data
 from common.data.partitioning import partition_indices
@@ -80,6 +81,7 @@ def derive_local_data(run: RunConfig, node: NodeConfig) -> LocalData:
     else:
         pool = load_run_dataset(run).train
         part = pool.subset(select(pool.y, pool.groups))
+    part = shift_partition(part, run.group_shift, partition_id, run.node_groups, run.seed)
     if len(part) < 2:
         raise ValueError(
             f"partition {partition_id} holds {len(part)} examples; at least 2 are needed"
