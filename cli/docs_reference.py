@@ -58,6 +58,7 @@ LAYOUT_GUIDE = (
 PACKAGES = (
     "server",
     "server/strategy_core",
+    "server/clustering",
     "client",
     "common",
     "common/methods",

@@ -45,7 +45,7 @@ def main(grid: Grid, context: Context) -> None:
         # anything is built; starting over instead would overwrite the earlier rounds' metrics.json.
         check_resume(results, cfg)
     federation = build_federation(cfg, pick_device("auto"))
-    strategy, method, x0 = federation.strategy, federation.method, federation.x0
+    strategy, x0 = federation.strategy, federation.x0
     checkpoint = results / CHECKPOINT
     done = None
     if cfg.resume:
@@ -59,7 +59,7 @@ def main(grid: Grid, context: Context) -> None:
             tensorboard.append(record)
         rnd = record["round"]
         if rnd > 0 and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.num_rounds):
-            save_checkpoint(checkpoint, rnd, strategy.x, method.state_bytes())
+            save_checkpoint(checkpoint, rnd, strategy.x, strategy.state_bytes())
 
     strategy.on_round = after_round
     log(INFO, "results -> %s", results)
@@ -93,13 +93,13 @@ def _resume(checkpoint: Path, federation: Federation) -> tuple[int, NDArray[np.f
     tuple[int, NDArray[float32]]
         The last round the checkpoint holds, and the global model (flat) after it.
     """
-    strategy, method, layout = federation.strategy, federation.method, federation.strategy.layout
+    strategy, layout = federation.strategy, federation.strategy.layout
     done, x0, state = load_checkpoint(checkpoint)
     if x0.shape != (layout.size,):
         raise ValueError(
             f"{checkpoint} holds a model of {x0.size} parameters, this run builds {layout.size}"
         )
-    method.load_state(state)
+    strategy.load_state(state)
     strategy.first_round = done + 1
     log(INFO, "resuming after round %d from %s", done, checkpoint)
     return done, x0

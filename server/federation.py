@@ -25,6 +25,7 @@ from common.models.architectures import build_run_model, model_layout, trainable
 from common.models.layout import ParamLayout
 from common.training.evaluation import CentralEvaluator
 from server.async_strategy import AsyncSubmodelStrategy
+from server.clustering.strategy import ClusteredStrategy
 from server.strategy import SubmodelStrategy
 from server.strategy_core.base import EvaluateFn
 
@@ -39,7 +40,7 @@ class Federation:
         The validated run configuration.
     method : ServerMethod
         The run's method (the strategy's own).
-    strategy : SubmodelStrategy or AsyncSubmodelStrategy
+    strategy : SubmodelStrategy, ClusteredStrategy or AsyncSubmodelStrategy
         Rounds, or every reply applied on arrival when the method runs asynchronously.
     x0 : NDArray[float32]
         The initial global model, flat (in ``strategy.layout``).
@@ -111,5 +112,9 @@ def build_federation(
     """
     method = create_method(cfg)
     x0, layout, evaluate_fn = global_model(cfg, method, device)
-    strategy_class = AsyncSubmodelStrategy if method.asynchronous else SubmodelStrategy
+    strategy_class: type[SubmodelStrategy] | type[AsyncSubmodelStrategy] = SubmodelStrategy
+    if method.asynchronous:
+        strategy_class = AsyncSubmodelStrategy
+    elif cfg.cluster_by != "off":
+        strategy_class = ClusteredStrategy
     return Federation(cfg, method, strategy_class(cfg, layout, method, on_round), x0, evaluate_fn)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 METRICS = "metrics.json"
 #: Run settings that decide what the checkpoint's vector and state mean: a resume must keep them.
-KEPT_ON_RESUME = ("method", "dataset", "model")
+KEPT_ON_RESUME = ("method", "dataset", "model", "cluster_by")
 
 
 class ResumeError(ConfigError):

@@ -22,7 +22,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from numpy.typing import NDArray
 
-from common.methods.round_fold import WarmUpFold
 from common.wire import protocol as P
 from server.grid_io import GridTime, ordered_replies
 from server.opening import Opening
@@ -276,9 +275,10 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         The accepted replies' metrics, in fold order (empty when none was accepted or the round was
         skipped).
         """
-        args = (plan.x, plan.server_round, self.cfg.min_replies)
-        fold = WarmUpFold(self.method, *args) if warm_up else self.method.round_fold(*args)
-        accepted = fold_replies(self.method, self.registry.nodes, plan, parts, fold, args[2])
+        fold = self.open_fold(plan, warm_up)
+        accepted = fold_replies(
+            self.method, self.registry.nodes, plan, parts, fold, self.cfg.min_replies
+        )
         if accepted:
             self.x = fold.finish()
         return accepted

@@ -191,6 +191,25 @@ class RunConfig(Schema):
     meta_inner_steps: int = Field(
         1, ge=1, le=100, description="inner SGD steps per meta step of `meta-learning = fomaml`"
     )
+    cluster_by: Literal["off", "updates", "fisher"] = Field(
+        "off",
+        description="clustered aggregation (ACFL): one model per cluster of nodes. Every node "
+        "starts in the first cluster; its first accepted update (`updates`) or first uploaded "
+        "Fisher (`fisher`) places it for the rest of the run: in the cluster whose members' "
+        "signatures it is most cosine-similar to, when that similarity reaches "
+        "`cluster-threshold`, else in a new cluster (a copy of the first) while there are fewer "
+        "than `cluster-max`; a node then trains its cluster's model, cut by the run's method",
+    )
+    cluster_threshold: float = Field(
+        0.2,
+        ge=-1,
+        le=1,
+        description="the cosine similarity a node's signature needs with a cluster's to join it "
+        "(`cluster-by`)",
+    )
+    cluster_max: int = Field(
+        4, ge=1, le=64, description="the most clusters a run keeps (`cluster-by`)"
+    )
     bench_attack: str = Field(
         "",
         pattern=r"^(|scale:-?[0-9]+(\.[0-9]+)?|labels:[0-9]+)$",

@@ -33,6 +33,7 @@ from common.config.run import RunConfig
 from common.methods import create_method
 from common.methods.contract.payloads import Download
 from common.methods.contract.server_side import ServerMethod
+from common.methods.round_fold import RoundFold, WarmUpFold
 from common.models.layout import ParamLayout
 from common.wire import protocol as P
 from common.wire.validation import ReplyError, SentSubmodel, validate_evaluate_reply
@@ -105,6 +106,21 @@ class SubmodelStrategyBase:
         log(INFO, "%s: %s d=%d", type(self).__name__, self.method.describe(), self.layout.size)
 
     # ------------------------------------------------------------ the model
+    def open_fold(self, plan: TrainPlan, warm_up: bool = False) -> RoundFold:
+        """The fold the replies to ``plan`` go into: the method's own
+        (:meth:`~common.methods.contract.server_side.ServerMethod.round_fold`), or round 0's
+        Fisher-only :class:`~common.methods.round_fold.WarmUpFold` with ``warm_up``."""
+        args = (plan.x, plan.server_round, self.cfg.min_replies)
+        return WarmUpFold(self.method, *args) if warm_up else self.method.round_fold(*args)
+
+    def state_bytes(self) -> bytes:
+        """What the run's checkpoint keeps besides the global model: the method's state."""
+        return self.method.state_bytes()
+
+    def load_state(self, data: bytes) -> None:
+        """Restore :meth:`state_bytes` from a resumed run's checkpoint."""
+        self.method.load_state(data)
+
     def _flat(self, arrays: ArrayRecord) -> NDArray[np.float32]:
         return self.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
 

@@ -46,6 +46,10 @@ class MethodSpec:
     #: training is one plain loop over the received weights, with no statistics gathered from the
     #: gradients it needs.
     meta_learning_wraps: ClassVar[bool] = True
+    #: Whether a run may keep one model per cluster of nodes (``cluster-by``): the strategy then
+    #: runs one instance of the method per cluster, each a copy of the first made from its
+    #: checkpoint state.
+    clusters: ClassVar[bool] = True
 
     @classmethod
     def key_groups(cls) -> tuple[KeyGroup, ...]:
@@ -84,6 +88,7 @@ class MethodSpec:
             ROBUST_KEYS in groups,
             sorted({s.name for s in specs if ROBUST_KEYS in s.key_groups()}),
         )
+        cls.check_clusters(run, specs)
         if run.meta_learning != "off":
             wraps = sorted(s.name for s in specs if s.meta_learning_wraps)
             if not cls.meta_learning_wraps:
@@ -98,6 +103,24 @@ class MethodSpec:
                     'would be read from meta-gradients; use fisher-estimator="global" or '
                     '"received"'
                 )
+
+    @classmethod
+    def check_clusters(cls, run: RunConfig, specs: list[type[MethodSpec]]) -> None:
+        """Refuse ``cluster-by`` for a method that cannot be kept per cluster, and ``fisher``
+        similarity for one that reads no Fisher."""
+        if run.cluster_by == "off":
+            return
+        if not cls.clusters:
+            able = sorted(s.name for s in specs if s.clusters)
+            raise ValueError(
+                f"cluster-by={run.cluster_by!r} cannot keep method={run.method!r} per cluster; it "
+                f"can: {', '.join(able)}"
+            )
+        if run.cluster_by == "fisher" and not cls.reads_fisher(run):
+            raise ValueError(
+                f"cluster-by='fisher' with method={run.method!r}, which reads no Fisher from its "
+                'nodes; use cluster-by = "updates"'
+            )
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:

@@ -48,3 +48,6 @@ class CAHFPSpec(ChannelSpec):
     options = CAHFPOptions
     options_prefix = "cahfp-"
     implementation = "common.methods.cahfp:CAHFP"
+    #: Not per cluster: its replies are small models, not updates at positions of the global
+    #: vector, so they give no signature.
+    clusters = False

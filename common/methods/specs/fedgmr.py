@@ -116,6 +116,9 @@ class FedGMRSpec(FisherRankedSpec):
     options = FedGMROptions
     options_prefix = "gmr-"
     implementation = "common.methods.fedgmr:FedGMR"
+    #: Not per cluster: each node's capacity kind, told at discovery, is not in the checkpoint
+    #: state a cluster's copy is made from (and its asynchronous loop has no rounds to cluster).
+    clusters = False
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:

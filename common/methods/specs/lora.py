@@ -67,6 +67,9 @@ class LoRASpec(FisherRankedSpec):
     # `dp-*`; its SVD redistribution is not a per-position mean, so no `robust-*`.
     shared_key_groups = (FISHER_KEYS, MASK_GUARD_KEYS)
     implementation = "common.methods.lora:LoRA"
+    #: Not per cluster: its nodes train adapters of different ranks, whose updates are not
+    #: comparable signatures.
+    clusters = False
 
     @classmethod
     def check_run(cls, run: RunConfig) -> None:
