@@ -157,6 +157,24 @@ def default_methods() -> list[str]:
 LAST_ROUNDS = 5
 
 
+def cluster_ari(clusters: dict[str, Any], node_groups: int) -> float:
+    """The adjusted Rand index of a run's last clusters (a round record's ``clusters``; an
+    unplaced client counts in the first) against its true groups (partition ``p`` in group
+    ``p mod node_groups``); NaN without partition keys."""
+    from sklearn.metrics import adjusted_rand_score
+
+    placed = {**{k: 0 for k in clusters["unplaced"]}, **clusters["of"]}
+    pairs = [
+        (int(k.removeprefix("partition-")) % node_groups, c)
+        for k, c in placed.items()
+        if k.removeprefix("partition-").isdigit()
+    ]
+    if not pairs:
+        return float("nan")
+    truth, found = zip(*pairs, strict=True)
+    return float(adjusted_rand_score(truth, found))
+
+
 def run_row(
     metrics: dict[str, Any], wall: float, target_acc: float = 0.8, label: str | None = None
 ) -> dict[str, Any]:
@@ -212,6 +230,10 @@ def run_row(
         "wall_s": wall,
         "s_to_target_acc": float("nan") if reach is None else reach,
     }
+    clusters = rounds[-1].get("clusters")
+    if clusters:  # cluster-by: how many clusters, and how well they match the fleet's groups
+        row["clusters"] = len(clusters["sizes"])
+        row["cluster_ari"] = cluster_ari(clusters, int(run.get("node_groups", 1)))
     for level, v in last.get("per_capacity", {}).items():
         row[f"acc_cap_{level}"] = v["accuracy"]
     trained = next(
@@ -415,6 +437,9 @@ def summarise(rows: list[dict[str, Any]]) -> str:
     with_peak = any(math.isfinite(row.get("client_peak_mib", float("nan"))) for row in rows)
     if with_peak:
         head.append("client peak MiB")
+    with_clusters = any("cluster_ari" in row for row in rows)
+    if with_clusters:
+        head += ["clusters", "cluster ARI"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (dataset, partition, method, enc), group in sorted(groups.items()):
         cells = [
@@ -449,6 +474,9 @@ def summarise(rows: list[dict[str, Any]]) -> str:
         ]
         if with_peak:
             cells.append(ms([g.get("client_peak_mib", float("nan")) for g in group], digits=0))
+        if with_clusters:
+            cells.append(ms([float(g.get("clusters", float("nan"))) for g in group], digits=1))
+            cells.append(ms([float(g.get("cluster_ari", float("nan"))) for g in group]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

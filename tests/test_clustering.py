@@ -184,3 +184,16 @@ def test_a_checkpoint_without_clusters_is_refused_by_a_clustered_run(tmp_path, m
     clustered = inprocess_federation({**RUN, "method": "fedfibos"}, NODES)
     with pytest.raises(ValueError, match="holds no clusters"):
         clustered.strategy.load_state(plain.strategy.state_bytes())
+
+
+def test_the_benchmark_scores_clusters_against_the_true_groups():
+    from benchmarks.benchmark import cluster_ari
+
+    exact = {
+        "of": {"partition-0": 1, "partition-1": 0, "partition-2": 1},
+        "unplaced": ["partition-3"],
+    }
+    assert cluster_ari({**exact, "sizes": [2, 2]}, 2) == pytest.approx(1.0)  # labels may differ
+    mixed = {"of": {"partition-0": 0, "partition-1": 0, "partition-2": 1, "partition-3": 1}}
+    assert cluster_ari({**mixed, "unplaced": [], "sizes": [2, 2]}, 2) < 0.5
+    assert np.isnan(cluster_ari({"of": {"node-a": 0}, "unplaced": [], "sizes": [1]}, 2))
