@@ -16,10 +16,12 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
 
@@ -149,7 +151,16 @@ class ClusteredStrategy(SubmodelStrategy):
                 return self.clusters.cluster_of(nodes[p.node_id].key) if p.node_id in nodes else -1
 
             for c, group in groupby(parts, key=cluster):
-                if c not in plan.parts or c in done:
+                if c not in plan.parts:
+                    for p in group:
+                        log(
+                            WARNING,
+                            "round %d: reply from node %d, which was sent nothing, rejected",
+                            plan.server_round,
+                            p.node_id,
+                        )
+                    continue
+                if c in done:  # the grid yields replies in the order of the plan's messages
                     raise RuntimeError(f"round {plan.server_round}: replies out of cluster order")
                 done.add(c)
                 with self.bound(c):
