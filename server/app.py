@@ -149,18 +149,21 @@ def _open_logs(
 
 
 def _save_final(results: Path, federation: Federation) -> None:
-    """Save the final global model and, when the method keeps any, its state.
+    """Save the final global model (every cluster's, in a clustered run) and, when the method keeps
+    any, its state.
 
     Parameters
     ----------
     results : Path
-        The run's results folder: ``model.pt`` and the method's ``state_file`` go there.
+        The run's results folder: ``model.pt`` (``model-cluster-<c>.pt`` for the other clusters)
+        and the method's ``state_file`` go there.
     federation : Federation
         The federation whose strategy has finished its rounds.
     """
     strategy, method, layout = federation.strategy, federation.method, federation.strategy.layout
-    final = {n: torch.from_numpy(v.copy()) for n, v in layout.unflatten(strategy.x).items()}
-    save_model(results / "model.pt", final)
+    for name, x in strategy.final_models().items():
+        final = {n: torch.from_numpy(v.copy()) for n, v in layout.unflatten(x).items()}
+        save_model(results / name, final)
     state = method.state_bytes()
     if state:
         atomic_write(results / method.state_file, state)

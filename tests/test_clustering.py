@@ -142,6 +142,9 @@ def test_a_clustered_federation_trains_one_model_per_cluster(tmp_path, monkeypat
     models = [strategy.x] + [c.x for c in strategy.clusters.clusters[1:]]
     assert not np.array_equal(models[0], models[1]) and not np.array_equal(models[1], models[2])
     assert all(c["status"] == "ok" for r in records for c in r["clients"])
+    saved = strategy.final_models()
+    assert list(saved) == ["model.pt", "model-cluster-1.pt", "model-cluster-2.pt"]
+    assert all(np.array_equal(a, b) for a, b in zip(saved.values(), models))
     last = records[-1]
     # The global figure is the clusters' models on the server's test set, weighted by their nodes.
     assert last["global"]["accuracy"] == pytest.approx(

@@ -246,6 +246,15 @@ class ClusteredStrategy(SubmodelStrategy):
         """Restore :meth:`state_bytes`."""
         self.clusters.load_state(data, self.method)
 
+    def final_models(self) -> dict[str, NDArray[np.float32]]:
+        """The first cluster's model as ``model.pt``, every other's as ``model-cluster-<c>.pt``."""
+        others = {
+            f"model-cluster-{c}.pt": cluster.x
+            for c, cluster in enumerate(self.clusters.clusters)
+            if cluster.x is not None
+        }
+        return {"model.pt": self.x, **others}
+
 
 def weighted_figures(results: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Central figures of several models as one: each model's accuracy and loss (overall and per

@@ -121,6 +121,10 @@ class SubmodelStrategyBase:
         """Restore :meth:`state_bytes` from a resumed run's checkpoint."""
         self.method.load_state(data)
 
+    def final_models(self) -> dict[str, NDArray[np.float32]]:
+        """The models a finished run saves, by file name in its results folder."""
+        return {"model.pt": self.x}
+
     def _flat(self, arrays: ArrayRecord) -> NDArray[np.float32]:
         return self.layout.flatten({name: arr.numpy() for name, arr in arrays.items()})
 
