@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.aggregation.clustering import cosine, held_cosine, place, unit
+from common.aggregation.clustering import centred, cosine, held_cosine, place, unit
 from common.config.parse import parse_run_config
 from common.config.schema import ConfigError
 from tests.inprocess_grid import inprocess_federation
@@ -41,6 +41,32 @@ def test_the_bound_sends_the_rest_to_the_most_similar_cluster():
     assert _placements([a, b, c, d], 0.5, max_clusters=2) == [0, 1, 1, 1]
     assert _placements([a, b, c, d], 0.5, max_clusters=3) == [0, 1, 2, 1]
     assert _placements([a, b], threshold=-1.0, max_clusters=4) == [0, 0]
+
+
+def test_centring_removes_what_every_node_learns_alike_and_lets_the_groups_show():
+    rng = np.random.default_rng(1)
+    common, axes = rng.normal(0, 1, 40) * 10, np.eye(2, 40) * 3
+    groups = [0, 1, 0, 1, 0, 1]
+    signatures = {f"n{i}": common + axes[g] + rng.normal(0, 0.2, 40) for i, g in enumerate(groups)}
+    levels = {k: 1.0 for k in signatures}
+    raw = _placements([signatures[k] for k in sorted(signatures)], 0.5, 4)
+    assert raw == [0] * 6  # the common part makes everyone alike
+    ready = centred(signatures, levels)
+    assert _placements([ready[k] for k in sorted(ready)], 0.5, 4) == [0, 1, 0, 1, 0, 1]
+
+
+def test_centring_is_per_capacity_level_and_on_held_positions():
+    signatures = {
+        "a": np.array([2.0, 4.0, 0.0]),
+        "b": np.array([4.0, 0.0, 6.0]),
+        "c": np.array([1.0, 1.0, 1.0]),  # alone at its level: the mean of all
+    }
+    got = centred(signatures, {"a": 1.0, "b": 1.0, "c": 0.25})
+    np.testing.assert_allclose(got["a"], [-1.0, 0.0, 0.0])  # held: 2 - 3, 4 - 4; not held: 0
+    np.testing.assert_allclose(got["b"], [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(got["c"], [1 - 7 / 3, 1 - 2.5, 1 - 3.5])
+    lone = centred({"a": np.array([1.0, 2.0])}, {"a": 1.0})
+    np.testing.assert_array_equal(lone["a"], [1.0, 2.0])
 
 
 def test_a_cluster_without_members_takes_the_first_node():

@@ -10,11 +10,16 @@ The similarity is the cosine on the positions the node's signature holds (where 
 node that trained a submodel is compared with a cluster on the positions it trained, not penalised
 for the positions it never held (a plain cosine against a full node's update falls with the
 submodel's size, whatever the data).
+
+Before placing, the signatures that came in the same round are centred (:func:`centred`): each loses
+the mean signature of the nodes of its capacity, per position over the nodes that hold it. What
+every node learns alike (the digits themselves, say) and what a submodel's size does to an update
+are then not what places a node; what is left is what sets its data apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,6 +45,43 @@ def held_cosine(signature: NDArray[np.floating], direction: NDArray[np.floating]
     zero."""
     held = np.flatnonzero(signature)
     return cosine(np.asarray(signature)[held], np.asarray(direction)[held])
+
+
+def centred(
+    signatures: Mapping[str, NDArray[np.floating]], levels: Mapping[str, float]
+) -> dict[str, NDArray[np.float64]]:
+    """Each signature minus the mean signature of its capacity level, on the positions it holds.
+
+    The mean at a position is over the signatures of that level that hold it (are not zero there).
+    A level with a single signature takes the mean over every signature instead; a lone signature
+    is left as it is.
+
+    Parameters
+    ----------
+    signatures : Mapping[str, NDArray]
+        The round's signatures by client key, all of one length.
+    levels : Mapping[str, float]
+        Each client's capacity level.
+    """
+    if len(signatures) < 2:
+        return {k: np.asarray(v, dtype=np.float64) for k, v in signatures.items()}
+
+    def mean_of(keys: list[str]) -> NDArray[np.float64]:
+        total = np.sum([np.asarray(signatures[k], dtype=np.float64) for k in keys], axis=0)
+        held = np.sum([np.asarray(signatures[k]) != 0 for k in keys], axis=0)
+        return np.divide(total, held, out=np.zeros_like(total), where=held > 0)
+
+    by_level: dict[float, list[str]] = {}
+    for k in sorted(signatures):
+        by_level.setdefault(levels[k], []).append(k)
+    overall = mean_of(sorted(signatures))
+    out = {}
+    for keys in by_level.values():
+        mean = mean_of(keys) if len(keys) > 1 else overall
+        for k in keys:
+            v = np.asarray(signatures[k], dtype=np.float64)
+            out[k] = np.where(v != 0, v - mean, 0.0)
+    return out
 
 
 def place(

@@ -10,7 +10,7 @@ the first, made from its checkpoint state (what a resumed run would continue fro
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -19,7 +19,7 @@ import numpy as np
 from flwr.common.logger import log
 from numpy.typing import NDArray
 
-from common.aggregation.clustering import held_cosine, place, unit
+from common.aggregation.clustering import centred, held_cosine, place, unit
 from common.config.run import RunConfig
 from common.methods.contract.server_side import ServerMethod
 from common.methods.round_fold import Accepted
@@ -94,11 +94,17 @@ class ClusterSet:
         """Forget the signatures of a fold that was discarded (its round did not count)."""
         self.pending.clear()
 
-    def place_pending(self, first: ServerMethod, first_x: NDArray[np.float32]) -> None:
-        """Place every client whose signature was captured, in key order; a new cluster copies the
-        first cluster's method (``first``) and model (``first_x``) as they are now."""
-        for key in sorted(self.pending):
-            signature = self.pending.pop(key)
+    def place_pending(
+        self, first: ServerMethod, first_x: NDArray[np.float32], levels: Mapping[str, float]
+    ) -> None:
+        """Place every client whose signature was captured, in key order, by its signature centred
+        on its capacity level's (:func:`~common.aggregation.clustering.centred`; ``levels``: each
+        client's capacity); a new cluster copies the first cluster's method (``first``) and model
+        (``first_x``) as they are now."""
+        signatures = centred(self.pending, levels)
+        self.pending.clear()
+        for key in sorted(signatures):
+            signature = signatures[key]
             directions = [c.direction for c in self.clusters]
             c = place(signature, directions, self.cfg.cluster_threshold, self.cfg.cluster_max)
             if c == len(self.clusters):

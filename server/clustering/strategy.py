@@ -168,7 +168,8 @@ class ClusteredStrategy(SubmodelStrategy):
         if not warm_up:
             # A warm-up's signatures (its Fisher) wait for round 1's fold: round 1 may have been
             # planned with the warm-up (discovery carries both), before any node could be placed.
-            self.clusters.place_pending(self.method, self.x)
+            levels = {n.key: n.capacity for n in self.registry.nodes.values()}
+            self.clusters.place_pending(self.method, self.x, levels)
         return accepted
 
     def run_round(self, grid: Grid, server_round: int, *args: Any, **kwargs: Any) -> TrainedRound:
