@@ -108,7 +108,9 @@ class ClusterSet:
             directions = [c.direction for c in self.clusters]
             c = place(signature, directions, self.cfg.cluster_threshold, self.cfg.cluster_max)
             if c == len(self.clusters):
-                self.clusters.append(Cluster(self._copy(first), first_x.copy()))
+                self.clusters.append(
+                    Cluster(self._method_from(first.state_bytes()), first_x.copy())
+                )
             cluster = self.clusters[c]
             similarity = (
                 1.0 if cluster.direction is None else held_cosine(signature, cluster.direction)
@@ -119,11 +121,12 @@ class ClusterSet:
             self.of[key] = c
             log(INFO, "client %s placed in cluster %d (similarity %.3f)", key, c, similarity)
 
-    def _copy(self, method: ServerMethod) -> ServerMethod:
-        copy = self.make_method()
-        copy.start_server(self.layout)
-        copy.load_state(method.state_bytes())
-        return copy
+    def _method_from(self, state: bytes) -> ServerMethod:
+        """A fresh instance of the run's method on the layout, holding checkpoint ``state``."""
+        method = self.make_method()
+        method.start_server(self.layout)
+        method.load_state(state)
+        return method
 
     def record(self, keys: Iterable[str]) -> dict[str, Any]:
         """A round record's ``clusters`` entry for the clients ``keys``: who is where, and sizes."""
@@ -169,9 +172,7 @@ class ClusterSet:
                 direction = z[f"direction_{i}"] if f"direction_{i}" in z.files else None
                 method, x = None, None
                 if i > 0:
-                    method = self.make_method()
-                    method.start_server(self.layout)
-                    method.load_state(z[f"state_{i}"].tobytes())
+                    method = self._method_from(z[f"state_{i}"].tobytes())
                     x = z[f"x_{i}"].astype(np.float32)
                 self.clusters.append(Cluster(method, x, direction, int(members)))
             self.of = dict(zip(z["keys"].tolist(), z["placed_in"].tolist(), strict=True))

@@ -20,7 +20,7 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from numpy.typing import NDArray
@@ -227,15 +227,9 @@ class ClusteredStrategy(SubmodelStrategy):
         if len(self.clusters.clusters) == 1:
             return super().configure_evaluate(server_round, arrays, config, grid)
         plan = EvaluatePlan(server_round)
-        nodes = self.registry.nodes
-        tested = [nid for nid in sorted(nodes) if nodes[nid].num_test > 0]
-        for c, ids in self.by_cluster(tested).items():
+        for c, ids in self.by_cluster(self.tested_nodes()).items():
             with self.bound(c):
-                for nid in ids:
-                    message, _ = self.submodel_message(
-                        nid, server_round, MessageType.EVALUATE, plan.sent, config=config, x=self.x
-                    )
-                    plan.messages.append(message)
+                self.add_evaluate_messages(plan, ids, self.x, config)
         return plan
 
     # -------------------------------------------------------------- checkpoint
@@ -260,7 +254,6 @@ class ClusteredStrategy(SubmodelStrategy):
 def weighted_figures(results: list[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
     """Central figures of several models as one: each model's accuracy and loss (overall and per
     capacity level) weighted by its nodes."""
-    total = sum(w for w, _ in results) or 1
 
     def mean(values: list[tuple[int, float]]) -> float:
         return float(sum(w * v for w, v in values) / (sum(w for w, _ in values) or 1))
@@ -275,7 +268,7 @@ def weighted_figures(results: list[tuple[int, dict[str, Any]]]) -> dict[str, Any
             "source": have[0][1]["source"],
         }
     return {
-        "accuracy": float(sum(w * r["accuracy"] for w, r in results) / total),
-        "loss": float(sum(w * r["loss"] for w, r in results) / total),
+        "accuracy": mean([(w, r["accuracy"]) for w, r in results]),
+        "loss": mean([(w, r["loss"]) for w, r in results]),
         "per_capacity": levels,
     }

@@ -327,17 +327,29 @@ class SubmodelStrategyBase:
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> EvaluatePlan:
         """Each node evaluates the submodel it would train next on its local test split."""
-        x = self._flat(arrays)
         plan = EvaluatePlan(server_round)
-        nodes = self.registry.nodes
-        plan.messages = [
-            self.submodel_message(
-                nid, server_round, MessageType.EVALUATE, plan.sent, config=config, x=x
-            )[0]
-            for nid in sorted(nodes)
-            if nodes[nid].num_test > 0
-        ]
+        self.add_evaluate_messages(plan, self.tested_nodes(), self._flat(arrays), config)
         return plan
+
+    def tested_nodes(self) -> list[int]:
+        """The discovered nodes with a local test split, by node id."""
+        nodes = self.registry.nodes
+        return [nid for nid in sorted(nodes) if nodes[nid].num_test > 0]
+
+    def add_evaluate_messages(
+        self,
+        plan: EvaluatePlan,
+        node_ids: Iterable[int],
+        x: NDArray[np.float32],
+        config: ConfigRecord,
+    ) -> None:
+        """Add to ``plan`` the EVALUATE message of each of ``node_ids``, its submodel cut from
+        ``x``."""
+        for nid in node_ids:
+            message, _ = self.submodel_message(
+                nid, plan.server_round, MessageType.EVALUATE, plan.sent, config=config, x=x
+            )
+            plan.messages.append(message)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message], plan: EvaluatePlan
