@@ -424,7 +424,7 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
             found at discovery replies, then stops.
         timeout : float
             ``round-timeout``: seconds after which a silent node is reported, and the
-            time allowed for discovery and the final local evaluation.
+            time allowed for the final local evaluation (discovery waits ``discovery-timeout``).
         train_config, evaluate_config : ConfigRecord, optional
             Sent to every node with its TRAIN / EVALUATE messages (record ``config``).
         evaluate_fn : Callable, optional
@@ -436,7 +436,7 @@ class AsyncSubmodelStrategy(SubmodelStrategyBase):
         self.evaluate_config = evaluate_config or ConfigRecord()
         x0 = self._flat(initial_arrays)
         self.summary()
-        self.registry.join(self.grid, timeout)
+        self.registry.join(self.grid, self.cfg.discovery_timeout)
         self.x = x0.copy()
         plan = self.plan(num_rounds)
         self.record(plan.total_evals)

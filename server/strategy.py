@@ -442,7 +442,12 @@ class SubmodelStrategy(SubmodelStrategyBase, Strategy):
         result = Result(arrays=initial_arrays)
         self.x = self._flat(initial_arrays)
         fold_warmup = self.first_round == 1 and self.method.opening().startswith("discovery")
-        self.registry.join(grid, timeout, self.opening.discovery if fold_warmup else None)
+        # a node's first reply starts its ClientApp: that wait is not a round's
+        self.registry.join(
+            grid,
+            max(timeout, self.cfg.discovery_timeout) if fold_warmup else self.cfg.discovery_timeout,
+            self.opening.discovery if fold_warmup else None,
+        )
         if self.first_round == 1:
             self.opening.round_zero(grid, num_rounds, timeout)
         reporter = RoundReporter(

@@ -275,6 +275,15 @@ class RunConfig(Schema):
         le=86_400,
         description="seconds to wait for a round's replies; later ones are not waited for",
     )
+    discovery_timeout: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="seconds a run (or a resumed run) waits at its start for `min-nodes` "
+        "SuperNodes and for their discovery replies, apart from `round-timeout`: a node's first "
+        "reply starts its ClientApp (imports, data), the slowest step on a loaded machine; a "
+        "discovery that carries the Fisher warm-up waits the longer of the two",
+    )
     min_replies: int = Field(
         1,
         ge=1,
@@ -286,8 +295,8 @@ class RunConfig(Schema):
         1,
         ge=1,
         le=1_000_000,
-        description="connected SuperNodes to wait for before discovery (at most `round-timeout` s; "
-        "then it starts with those connected)",
+        description="connected SuperNodes to wait for before discovery (at most "
+        "`discovery-timeout` s; then it starts with those connected)",
     )
     fraction_train: float = Field(
         1.0,
