@@ -16,6 +16,8 @@ from common.training.loop import TrainConfig, train_masked
 from common.training.meta_learning import first_order_maml_backward
 from tests.inprocess_grid import inprocess_federation
 
+CPU = torch.device("cpu")
+
 
 def _reference(model: nn.Module, x, y, lr: float, steps: int) -> list[torch.Tensor]:
     """FO-MAML by hand: adapt a copy of the weights on the first half, the second half's gradient
@@ -130,3 +132,36 @@ def test_a_two_round_federation_meta_trains_each_nodes_submodel(tmp_path, monkey
     assert not np.array_equal(
         finals["off"], finals["fomaml"]
     )  # the meta steps moved the model otherwise
+
+
+def test_a_meta_learned_model_adapts_by_the_plain_inner_step_it_was_trained_for():
+    """One adaptation step of a fomaml run is ``w - meta-inner-lr * grad`` on its minibatch: no
+    momentum, no weight decay, not the run's own ``lr``; a run without meta-learning adapts with its
+    own optimiser settings."""
+    from common.config.node import parse_node_config
+    from common.training.personalisation import adapt, adapt_config, adaptation_examples
+
+    node = parse_node_config({"partition-id": 0, "num-partitions": 1, "capacity": 1.0})
+    settings = {
+        "lr": 0.1,
+        "momentum": 0.9,
+        "weight-decay": 0.01,
+        "batch-size": 8,
+        "label-mask": False,
+    }
+    plain = adapt_config(parse_run_config(settings), node, 3)
+    assert (plain.lr, plain.momentum, plain.weight_decay) == (0.1, 0.9, 0.01)
+    meta = parse_run_config({**settings, "meta-learning": "fomaml", "meta-inner-lr": 0.02})
+    cfg = adapt_config(meta, node, 3)
+    rng = np.random.default_rng(1)
+    data = ArrayDataset(rng.random((20, 1, 8, 8), dtype=np.float32), rng.integers(0, 10, 20), 10)
+    model = build_model("cnn", 10, 1, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = adaptation_examples(len(data), 1, cfg.batch_size, cfg.seed)
+    loss = nn.CrossEntropyLoss()(
+        model(torch.from_numpy(data.x[batch])), torch.from_numpy(data.y[batch])
+    )
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    adapt(model, data, 1, cfg, CPU)
+    for w0, g, w1 in zip(before, grads, model.parameters(), strict=True):
+        torch.testing.assert_close(w1.detach(), w0 - 0.02 * g)

@@ -186,7 +186,8 @@ class RunConfig(Schema):
         0.05,
         gt=0,
         le=10,
-        description="the inner (adaptation) step size of `meta-learning = fomaml`",
+        description="the inner (adaptation) step size of `meta-learning = fomaml`: plain SGD "
+        "steps, in each meta step and in the `adapt-steps` adaptation",
     )
     meta_inner_steps: int = Field(
         1, ge=1, le=100, description="inner SGD steps per meta step of `meta-learning = fomaml`"

@@ -3,8 +3,8 @@
 A federation's model is judged on the server's test set; the owner of a device judges it on their
 own data, after it has had a moment to adapt. With ``adapt-steps = s`` every node, in every
 evaluation round, evaluates the submodel it would train next twice on its own test split: as
-received, and after ``s`` steps of the run's optimiser on its own training split. The adapted model
-never leaves the node; only its accuracy does.
+received, and after ``s`` steps of the run's optimiser on its own training split (a meta-learned
+model: of its inner step). The adapted model never leaves the node; only its accuracy does.
 """
 
 from __future__ import annotations
@@ -61,9 +61,17 @@ def adaptation_examples(
 def adapt_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainConfig:
     """The adaptation's optimiser settings: the round's training settings, one pass over the chosen
     examples, no FedProx pull toward the received model (adapting is meant to move away from it), no
-    statistics, plain steps (a meta-learned model is adapted by ordinary SGD)."""
+    statistics.
+
+    A model meta-learned with ``meta-learning = "fomaml"`` is adapted as its meta steps adapted it:
+    plain SGD steps of ``meta-inner-lr`` (no momentum, no weight decay), the step it was trained to
+    be a good start for; any other model by ordinary steps of the run's optimiser.
+    """
     cfg = round_train_config(run, node, max(server_round, 1))
     steps = {"epochs": 1, "proximal_mu": 0.0, "fisher_batches": 0, "meta_inner_lr": 0.0}
+    if run.meta_learning == "fomaml":
+        inner = {"optimizer": "sgd", "lr": run.meta_inner_lr, "momentum": 0.0}
+        steps |= inner | {"weight_decay": 0.0}
     return dataclasses.replace(cfg, seed=cfg.seed + ADAPT_SEED_OFFSET, **steps)
 
 
