@@ -183,7 +183,7 @@ class RunConfig(Schema):
         "starting point that a few local steps adapt (`adapt-steps` measures that)",
     )
     meta_inner_lr: float = Field(
-        0.01,
+        0.005,
         gt=0,
         le=10,
         description="the inner (adaptation) step size of `meta-learning = fomaml`: plain SGD "
