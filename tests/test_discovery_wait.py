@@ -16,6 +16,10 @@ COLD_START_S = 1.5  # each node's first reply comes this late
 class ColdStartGrid(InProcessGrid):
     """Holds every discovery (QUERY) reply back until ``COLD_START_S`` after it was pushed."""
 
+    def __init__(self, node_configs, run_config) -> None:
+        super().__init__(node_configs, run_config)
+        self.held: dict[str, float] = {}  # message id -> when its reply may be pulled
+
     def push_messages(self, messages):
         messages = list(messages)
         ids = list(super().push_messages(messages))
@@ -33,10 +37,8 @@ class ColdStartGrid(InProcessGrid):
 def _cold_federation(settings: dict) -> tuple:
     run = {"num-rounds": 1, "local-epochs": 1, "eval-every": 0, "poll-interval": 0.1, **settings}
     fed = inprocess_federation(run, {41: 1.0, 42: 0.25})
-    grid = ColdStartGrid.__new__(ColdStartGrid)
-    grid.__dict__.update(fed.grid.__dict__)
-    grid.held: dict[str, float] = {}
-    return fed, grid
+    nodes = {nid: context.node_config for nid, context in fed.grid.contexts.items()}
+    return fed, ColdStartGrid(nodes, run)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedfibos"])

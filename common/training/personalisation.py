@@ -70,8 +70,7 @@ def adapt_config(run: RunConfig, node: NodeConfig, server_round: int) -> TrainCo
     cfg = round_train_config(run, node, max(server_round, 1))
     steps = {"epochs": 1, "proximal_mu": 0.0, "fisher_batches": 0, "meta_inner_lr": 0.0}
     if run.meta_learning == "fomaml":
-        inner = {"optimizer": "sgd", "lr": run.meta_inner_lr, "momentum": 0.0}
-        steps |= inner | {"weight_decay": 0.0}
+        steps |= {"optimizer": "sgd", "lr": run.meta_inner_lr, "momentum": 0.0, "weight_decay": 0.0}
     return dataclasses.replace(cfg, seed=cfg.seed + ADAPT_SEED_OFFSET, **steps)
 
 
