@@ -140,7 +140,7 @@ def test_one_example_adds_at_most_clip_squared_to_the_fisher(clip, seed):
         assert np.allclose(f, raw * min(1.0, clip**2 / float(raw.sum())), rtol=1e-4, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["cnn", "cnn-bn"])
+@pytest.mark.parametrize("name", ["cnn", "cnn-bn", "cnn-gn"])
 def test_the_vectorised_fisher_clips_as_the_loop_does(name):
     model = build_model(name, 10, 1, seed=1)
     layout = model_layout(model)
@@ -254,6 +254,13 @@ def test_privacy_settings_parse():
 def test_bad_privacy_settings_are_refused_naming_the_key(raw, key):
     with pytest.raises(ConfigError, match=key):
         parse_run_config(raw)
+
+
+@pytest.mark.parametrize("method", ["fedfibos", "fedavg", "fiarse"])
+def test_the_groupnorm_cnn_takes_differential_privacy(method):
+    """Its statistics are each example's own, so clipping an example's gradient bounds it."""
+    run = parse_run_config({"dp-epsilon": 4.0, "model": "cnn-gn", "method": method})
+    assert run.model == "cnn-gn"
 
 
 # ----------------------------------------------------------------- the node

@@ -136,7 +136,7 @@ def test_scaler_leaves_an_unscaled_model_bit_identical():
     assert torch.equal(model(x), ref)
 
 
-@pytest.mark.parametrize("model_name", ["cnn-bn", "cnn", "resnet18"])
+@pytest.mark.parametrize("model_name", ["cnn-bn", "cnn-gn", "cnn", "resnet18"])
 @pytest.mark.parametrize("gamma", [1, 1 / 4, 1 / 16, 1 / 64])
 def test_client_rate_is_the_width_ratio(model_name, gamma):
     """The rate a client reads off its mask is ``sqrt(gamma)`` for the benchmark's capacities."""

@@ -91,7 +91,8 @@ class RunConfig(Schema):
     model: Literal[MODELS] = Field(  # type: ignore[valid-type]
         "cnn",
         description="small CNN for grey images, with static BatchNorm after each convolution "
-        "(`cnn-bn`, what `fibos bench` uses) or without normalisation (`cnn`); ResNet-18 for 32x32 "
+        "(`cnn-bn`, what `fibos bench` uses), with GroupNorm, whose statistics are each example's "
+        "own (`cnn-gn`, for `dp-epsilon`), or without normalisation (`cnn`); ResNet-18 for 32x32 "
         "(static BatchNorm); fastText-style bag of hashed-token embeddings (64-wide, 2^15 rows) "
         "for text; `hf`: the pretrained Hugging Face sequence classifier at `model-path`, with its "
         "own tokenizer",

@@ -2,6 +2,9 @@
 
 * ``cnn-bn``: a small CNN for single-channel images (8x8 digits, 28x28 MNIST-like)
   with static BatchNorm after each convolution (the benchmark's default).
+* ``cnn-gn``: the same CNN with GroupNorm over all of a layer's channels in place of BatchNorm:
+  its statistics are each example's own, so one example's output and gradient do not depend on
+  the rest of its minibatch, which clipping an example's gradient (``dp-epsilon``) needs.
 * ``cnn``: the same CNN without normalisation (the model of earlier results).
 * ``resnet18``: torchvision's ResNet-18 adapted to 32x32 inputs (3x3 stem, no
   max-pool) with static BatchNorm.
@@ -177,6 +180,30 @@ class SmallBNCNN(nn.Module):
         return self.fc2(torch.relu(self.scale3(self.fc1(x))))
 
 
+class SmallGNCNN(SmallBNCNN):
+    """:class:`SmallBNCNN` with ``GroupNorm(1, channels)`` in place of each BatchNorm.
+
+    One group per layer normalises each example over all of its channels and positions, so an
+    example's output depends on that example alone (per-example gradients mean something to clip),
+    and any number of kept channels forms whole groups: a width submodel of any rate is valid. The
+    norms keep the attribute names ``bn1`` and ``bn2`` so that both CNNs share one parameter layout
+    and one channel graph (a norm's scale and shift belong to the channels it normalises). Scale
+    starts at 1 and shift at 0, as BatchNorm's.
+
+    Parameters
+    ----------
+    num_classes : int
+        Output classes.
+    in_channels : int
+        Input image channels (1 for grey images).
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__(num_classes, in_channels)
+        self.bn1 = nn.GroupNorm(1, 32)  # type: ignore[assignment]
+        self.bn2 = nn.GroupNorm(1, 64)  # type: ignore[assignment]
+
+
 def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     """torchvision ResNet-18 for 32x32 inputs with static BatchNorm, each norm preceded by a
     scaler."""
@@ -225,7 +252,7 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
 
     Parameters
     ----------
-    name : {"cnn-bn", "cnn", "resnet18", "fasttext"}
+    name : {"cnn-bn", "cnn-gn", "cnn", "resnet18", "fasttext"}
         Architecture.
     num_classes : int
         Output classes.
@@ -238,6 +265,8 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int) -> nn.
         torch.manual_seed(seed)
         if name == "cnn-bn":
             return SmallBNCNN(num_classes, in_channels)
+        if name == "cnn-gn":
+            return SmallGNCNN(num_classes, in_channels)
         if name == "cnn":
             return SmallCNN(num_classes, in_channels)
         if name == "resnet18":

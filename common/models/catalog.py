@@ -3,7 +3,7 @@ never loads it."""
 
 from __future__ import annotations
 
-MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18", "fasttext", "hf")
+MODELS: tuple[str, ...] = ("cnn-bn", "cnn-gn", "cnn", "resnet18", "fasttext", "hf")
 TEXT_MODELS: tuple[str, ...] = ("fasttext", "hf")  # models whose input is token ids, not images
 PRETRAINED_MODELS: tuple[str, ...] = ("hf",)  # models loaded from the run's model-path
 #: Models whose norms use the statistics of the whole minibatch (one example's output depends on the

@@ -58,9 +58,9 @@ SMALL_CNN_GRAPH: dict[str, TensorChannels] = {
     "fc2.bias": TensorChannels(None),
 }
 
-# The small CNN with BatchNorm (common.models.architectures.SmallBNCNN): a norm's scale and shift
-# belong to the channels of the convolution it normalises, so a width submodel keeps exactly its
-# channels' norms.
+# The small CNN with BatchNorm or GroupNorm (common.models.architectures.SmallBNCNN, SmallGNCNN):
+# a norm's scale and shift belong to the channels of the convolution it normalises, so a width
+# submodel keeps exactly its channels' norms.
 SMALL_BN_CNN_GRAPH: dict[str, TensorChannels] = {
     **SMALL_CNN_GRAPH,
     "bn1.weight": TensorChannels("conv1"),
@@ -92,7 +92,7 @@ def resnet_graph(layout: ParamLayout) -> dict[str, TensorChannels]:
     return graph
 
 
-WIDTH_MODELS: tuple[str, ...] = ("cnn-bn", "cnn", "resnet18")
+WIDTH_MODELS: tuple[str, ...] = ("cnn-bn", "cnn-gn", "cnn", "resnet18")
 
 
 def require_channel_graph(method: str, model: str) -> None:
@@ -109,7 +109,7 @@ def channel_graph(model: str, layout: ParamLayout) -> dict[str, TensorChannels]:
     """The channel graph of a model architecture (see ``common.models.architectures``)."""
     if model == "cnn":
         return SMALL_CNN_GRAPH
-    if model == "cnn-bn":
+    if model in ("cnn-bn", "cnn-gn"):
         return SMALL_BN_CNN_GRAPH
     if model == "resnet18":
         return resnet_graph(layout)
