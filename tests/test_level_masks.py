@@ -92,3 +92,35 @@ def test_prior_ranked_masks_equal_a_fresh_selection_and_are_shared_by_level():
     )  # a restored state is a new object: nothing stale is reused
     again, _ = method.mask_for(None, 3, 0.25, x)
     assert again is not after and np.array_equal(again, after)
+
+
+def test_power_zero_ranks_by_magnitude_and_asks_no_node_for_a_fisher():
+    """``F^0 x^2`` is magnitude alone: no warm-up, no refresh, no Fisher bytes, no DP budget."""
+    from common.methods import method_spec
+    from common.methods.specs.privacy import node_noise_multiplier
+
+    raw = {"method": "fedfibos", "min-per-row": 1, "fedfibos-byte-budget": 0}
+    run = parse_run_config({**raw, "fedfibos-fisher-power": 0})
+    spec = method_spec("fedfibos")
+    assert not spec.reads_fisher(run) and spec.upload_encoding(run) == "none"
+    assert spec.reads_fisher(parse_run_config(raw))
+    method = create_method(run)
+    method.start_server(LAYOUT)
+    assert method.opening() == "none"
+    x = _x(3)
+    for server_round in (0, 1, 5):
+        mask, source = method.mask_for("a", server_round, 0.25, x)
+        assert source == "magnitude"
+        assert method.fisher_request("a", server_round, x, mask) is None
+    guards = (method.guards.min_per_row, method.guards.keep_vectors)
+    assert np.array_equal(mask, select_mask(LAYOUT, x, 0.25, "magnitude", None, *guards))
+    dp = {"dp-epsilon": 8.0, "model": "cnn-gn", "num-rounds": 10}
+    z = {}
+    for name, r in (
+        ("power 0", {**raw, "fedfibos-fisher-power": 0}),
+        ("power 1", raw),
+        ("fedavg", {"method": "fedavg"}),
+    ):
+        dp_run = parse_run_config({**r, **dp})
+        z[name] = node_noise_multiplier(dp_run, method_spec(r["method"]).reads_fisher(dp_run), 300)
+    assert z["power 0"] == z["fedavg"] < z["power 1"]  # the budget goes to training alone

@@ -46,7 +46,8 @@ class FedFIbOSOptions(Schema):
         description="rank by `F^a x^2` with this `a`: 2 = the definition's `F^2 x^2` (the gradient "
         "mismatch), 1 = `F x^2` (the second-order loss change; under the byte budget it gave the "
         "small clients better submodels on seeds no reported table uses, docs/design/fisher.md), 0 "
-        "= magnitude alone",
+        "= magnitude alone: no node is asked for a Fisher (what `dp-epsilon` can afford, "
+        "docs/design/privacy.md)",
     )
     hold_prior_masks: bool = Field(
         False,
@@ -74,5 +75,8 @@ class FedFIbOSSpec(FisherRankedSpec):
 
     @classmethod
     def reads_fisher(cls, run: RunConfig) -> bool:
-        """Always: the mask is ranked by the client's Fisher."""
-        return True
+        """Unless ``fedfibos-fisher-power = 0``: ``F^0 x^2`` is magnitude alone, so nothing a node
+        measures enters its mask, and it is asked for no Fisher (no warm-up, no refreshes: no
+        bytes, no seconds and, under ``dp-epsilon``, no share of the privacy budget spent on it)."""
+        opts = run.options(cls.name)
+        return opts is None or opts.fisher_power > 0
