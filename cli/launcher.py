@@ -502,6 +502,14 @@ class LocalFederation:
             f'"127.0.0.1:{link_port}"\n{trust}\n'
         )
 
+    @property
+    def closing(self) -> bool:
+        """Whether the federation is being stopped (:meth:`__exit__` has begun): a run that fails
+        then failed because its processes were stopped, and nothing is started again. A healing run
+        in another thread (a test injecting faults, a program embedding the launcher) would
+        otherwise restart a SuperLink and nodes that nobody stops."""
+        return self._watch_stop.is_set()
+
     def restart_superlink(self) -> None:
         """A fresh SuperLink after the old one died, and every SuperNode started again to dial it.
 
@@ -913,6 +921,10 @@ class LocalFederation:
                     failed_at = time.time()
                     if policy.attempts == 0:
                         raise
+                    if self.closing:
+                        raise RuntimeError(
+                            f"{err}\nnot restarted: the federation is stopping"
+                        ) from err
                     if made >= policy.attempts:
                         gave_up = f"not restarted again: {made} restarts made, the most allowed"
                         raise RuntimeError(f"{err}\n{gave_up}") from err
@@ -945,6 +957,10 @@ class LocalFederation:
                         "done again)"
                     )
                     time.sleep(wait)
+                    if self.closing:  # stopped during the wait: start nothing it would not stop
+                        raise RuntimeError(
+                            f"{err}\nnot restarted: the federation is stopping"
+                        ) from err
                     if fault == "superlink":
                         self.restart_superlink()
                     else:

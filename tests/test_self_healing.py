@@ -141,6 +141,34 @@ def test_a_failure_is_resumed_as_often_as_allowed_and_one_without_checkpoint_is_
     assert "restarted" not in str(err.value) and len(calls) == 1
 
 
+def test_a_federation_being_stopped_is_not_healed(tmp_path: Path, monkeypatch) -> None:
+    """A run that fails because its federation is being stopped (by another thread: a test's
+    timeout, an embedding program) is not restarted, neither at the failure nor after the wait."""
+    fed = LocalFederation((1.0,), tmp_path / "federation", echo=lambda line: None)
+    out = tmp_path / "run"
+    out.mkdir()
+    MetricsLog(out / "metrics.json", {}).append({"round": 2})
+    monkeypatch.setattr(fed, "run_overrides", lambda config, results_dir, app_dir: dict(config))
+    monkeypatch.setattr("cli.launcher.check_checkpoint", lambda path: (2, 10))
+    started: list[str] = []
+    monkeypatch.setattr(fed, "restart_superlink", lambda: started.append("superlink"))
+    monkeypatch.setattr(fed, "superlink_dead", lambda: True)
+
+    def stopped_run(config, results_dir, app_dir, timeout, lock=True):
+        raise RuntimeError("the run failed: flwr run exited with status -15")
+
+    monkeypatch.setattr(fed, "run", stopped_run)
+    policy = RestartPolicy(attempts=3, backoff_s=0.5)
+    # stopped while the restart waits its back-off
+    monkeypatch.setattr("cli.launcher.time.sleep", lambda s: s == 0.5 and fed._watch_stop.set())
+    with pytest.raises(RuntimeError, match="not restarted: the federation is stopping"):
+        fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=policy)
+    # already stopping when the run fails
+    with pytest.raises(RuntimeError, match="not restarted: the federation is stopping"):
+        fed.run_healing({"num-rounds": 3}, out, timeout=60, restarts=policy)
+    assert started == [] and "restarts" not in json.loads((out / "metrics.json").read_text())
+
+
 def _restarts(out: Path) -> list[dict]:
     try:
         return json.loads((out / "metrics.json").read_text()).get("restarts", [])
