@@ -60,10 +60,19 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _sleeper(marker: str) -> subprocess.Popen:
+    """A process carrying ``marker``, returned once ``/proc`` shows it.
+
+    ``Popen`` returns when the exec has begun, but the kernel sets up the new program's environment
+    a moment later; until then ``/proc/<pid>/environ`` reads empty. On a loaded machine a scan in
+    that moment missed the marker (the guard's later passes find such a process; the first one is
+    what these tests check).
+    """
     key, value = marker.split("=", 1)
-    return subprocess.Popen(
+    child = subprocess.Popen(
         [sys.executable, "-c", SLEEPER], env={**os.environ, key: value}, start_new_session=True
     )
+    assert wait_until(lambda: child.pid in _carrying(marker), 30), "the sleeper never showed"
+    return child
 
 
 def test_a_sigkilled_launchers_processes_are_stopped_by_its_guard(
