@@ -34,6 +34,7 @@ The rate is 1 (a no-op) unless a width method sets it (:func:`set_scaler_rate`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -160,14 +161,21 @@ class SmallBNCNN(nn.Module):
         Output classes.
     in_channels : int
         Input image channels (1 for grey images).
+    norm : Callable[[int], nn.Module]
+        Builds the norm of a layer of that many channels (default: static BatchNorm).
     """
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 1,
+        norm: Callable[[int], nn.Module] = static_bn,
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 32, 3, padding=1)
-        self.bn1 = static_bn(32)
+        self.bn1 = norm(32)
         self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.bn2 = static_bn(64)
+        self.bn2 = norm(64)
         self.pool = nn.AdaptiveMaxPool2d(4)
         self.fc1 = nn.Linear(64 * 4 * 4, 128)
         self.fc2 = nn.Linear(128, num_classes)
@@ -178,6 +186,11 @@ class SmallBNCNN(nn.Module):
         x = torch.relu(self.bn2(self.scale2(self.conv2(x))))
         x = torch.flatten(self.pool(x), 1)
         return self.fc2(torch.relu(self.scale3(self.fc1(x))))
+
+
+def one_group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with one group: each example normalised over all of its channels and positions."""
+    return nn.GroupNorm(1, channels)
 
 
 class SmallGNCNN(SmallBNCNN):
@@ -199,9 +212,7 @@ class SmallGNCNN(SmallBNCNN):
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
-        super().__init__(num_classes, in_channels)
-        self.bn1 = nn.GroupNorm(1, 32)  # type: ignore[assignment]
-        self.bn2 = nn.GroupNorm(1, 64)  # type: ignore[assignment]
+        super().__init__(num_classes, in_channels, norm=one_group_norm)
 
 
 def resnet18_32x32(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
