@@ -56,9 +56,10 @@ system-deps:
 			iproute2 nginx-light wget >/dev/null; \
 	else echo "note: the compose topology test needs root, iproute2, nginx and wget"; fi
 
-# Two workers (pytest-xdist), one test module per unit: the federation tests mostly wait on Flower's
-# heartbeats and process start-up, so two of them share two cores without slowing each other much.
-TEST_WORKERS ?= 2
+# Four workers (pytest-xdist), one test module per unit: the federation tests mostly wait on Flower's
+# heartbeats, polls and process start-up (a quiet two-worker run kept the 2 cores busy about 30 % of its
+# wall time), so four of them share two cores. Set TEST_WORKERS=2 on a machine with less than 8 GiB.
+TEST_WORKERS ?= 4
 test: lint system-deps
 	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 

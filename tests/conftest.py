@@ -2,7 +2,7 @@
 model.
 
 Also the order of the suite: modules marked ``federation`` (multi-process federations, minutes each)
-are collected first, so that ``make test``'s two workers (pytest-xdist, one module per unit) start
+are collected first, so that ``make test``'s workers (pytest-xdist, one module per unit) start
 the longest units first and finish together instead of one worker running a five-minute federation
 alone at the end.
 """
