@@ -29,7 +29,9 @@ bandwidth-kind FedGMR do not: compare them with each other, not with the capacit
 
 Writes ``results.csv`` (one row per run), ``mask_layers.csv`` (positions per tensor of the
 submodels at each capacity, last round), ``summary.md`` (mean +- std over seeds),
-``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out``, and prints the summary table.
+``accuracy_vs_round.png`` and ``accuracy_vs_bytes.png`` to ``--out`` (and
+``accuracy_vs_epsilon.png`` when a method carries ``dp-epsilon``, from
+:mod:`benchmarks.privacy.dp_price`), and prints the summary table.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.privacy.dp_price import plot_price, price_grid
 from benchmarks.time_to_accuracy import accuracy_curve, time_to_target
 from cli.launcher import parse_capacities, run_local_federation
 from common.config.parse import RENAMED_KEYS, config_from_flat, parse_run_config
@@ -497,11 +500,7 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
             series: dict[str, list[tuple[list, list, list]]] = {}
             for row, metrics in runs:
                 if (row["dataset"], row["partition"]) == (dataset, partition):
-                    label = row["method"] + (
-                        ""
-                        if row["fisher_encoding"] in ("none", "masked")
-                        else f" ({row['fisher_encoding']})"
-                    )
+                    label = row["method"] + encoding_tag(row)
                     series.setdefault(label, []).append(curves(metrics))
             for label, cs in sorted(series.items()):
                 n = min(len(c[0]) for c in cs)
@@ -525,7 +524,17 @@ def plot(runs: list[tuple[dict[str, Any], dict[str, Any]]], out: Path) -> list[P
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
+    grid = price_grid([row for row, _ in runs], tag=encoding_tag)
+    if grid:
+        paths.append(plot_price(grid, out / "accuracy_vs_epsilon.png"))
     return paths
+
+
+def encoding_tag(row: dict[str, Any]) -> str:
+    """A run's Fisher upload encoding as its plots name it: `` (ranked)``, or ``""`` for a run
+    that uploads none or the plain masked one."""
+    encoding = row["fisher_encoding"]
+    return "" if encoding in ("none", "masked") else f" ({encoding})"
 
 
 def settings_differ(cfg: dict[str, Any], stored: dict[str, Any]) -> str:

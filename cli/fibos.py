@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "benchmarks.privacy.leak_bench",
         "Which classes a node holds, read by a curious server from its Fisher upload or its update",
     ),
+    "bench-dp-price": (
+        "benchmarks.privacy.dp_price",
+        "What dp-epsilon costs in accuracy: per-seed table and plot from finished bench results",
+    ),
     "bench-secagg": (
         "benchmarks.privacy.secagg_bytes",
         "What a node would upload if its masked update went through Flower's SecAgg+",

@@ -24,7 +24,7 @@ With ``--epsilons`` each upload is also made as a node under ``dp-epsilon`` make
 steps run DP-SGD and its Fisher's per-example gradients are clipped and the sum noised, with the
 noise multiplier the node's accountant would choose for a run of ``--dp-rounds`` rounds
 (:mod:`common.privacy`); ``0`` is the run without. Differential privacy needs a model without batch
-statistics (``--model cnn``).
+statistics (``--model cnn-gn``, per-example GroupNorm, or ``--model cnn``).
 
 Usage::
 
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(e > 0 for e in epsilons) and args.model in BATCH_STATISTICS_MODELS:
         ap.error(
             f"--model {args.model}: normalises by batch statistics; differential privacy needs "
-            "--model cnn"
+            "--model cnn-gn (or cnn)"
         )
     if args.dp_rounds < 1:
         ap.error(f"--dp-rounds {args.dp_rounds}: give 1 or more")
