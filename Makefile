@@ -58,7 +58,8 @@ system-deps:
 
 # Four workers (pytest-xdist), one test module per unit: the federation tests mostly wait on Flower's
 # heartbeats, polls and process start-up (a quiet two-worker run kept the 2 cores busy about 30 % of its
-# wall time), so four of them share two cores. Set TEST_WORKERS=2 on a machine with less than 8 GiB.
+# wall time), so four of them share two cores. Four workers' federations can hold 12 GiB at once
+# (measured: 16 GiB in use with two benchmarks beside them): set TEST_WORKERS=2 below 16 GiB.
 TEST_WORKERS ?= 4
 test: lint system-deps
 	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
