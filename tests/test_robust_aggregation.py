@@ -89,6 +89,36 @@ def test_the_median_ignores_one_scaled_update_the_mean_does_not():
     )
 
 
+@settings(max_examples=80)
+@given(
+    n=st.integers(2, 8),
+    d=st.integers(1, 30),
+    scale=st.floats(1e-3, 1e6),
+    factor=st.floats(0.1, 4.0),
+    seed=st.integers(0, 2**16),
+)
+def test_norm_clip_bounds_one_nodes_contribution_whatever_its_scale(n, d, scale, factor, seed):
+    """One node scales its update by anything: after the clip no update is longer than ``factor``
+    times the round's median norm, and no position of the global model moves further than that."""
+    rng = np.random.default_rng(seed)
+    masks = rng.random((n, d)) < 0.7
+    masks[:, 0] = True  # every node holds something
+    deltas = rng.normal(size=(n, d)).astype(np.float32)
+    deltas[-1] *= np.float32(scale)
+    updates = _updates(masks, deltas)
+    norms = [float(np.linalg.norm(u.delta.astype(np.float64))) for u in updates]
+    bound = factor * float(np.median(norms))
+    clipped = clip_to_median_norm(updates, factor)
+    for before, after, norm in zip(updates, clipped, norms, strict=True):
+        assert float(np.linalg.norm(after.delta.astype(np.float64))) <= bound * (1 + 1e-5)
+        assert np.array_equal(after.indices, before.indices)
+        if norm <= bound:
+            assert after is before
+    x = rng.normal(size=d).astype(np.float32)
+    step = robust_mean_step(x, updates, "norm-clip", 0.2, factor).astype(np.float64) - x
+    assert np.all(np.abs(step) <= bound * (1 + 1e-5) + 1e-6)
+
+
 def test_bad_rules_are_refused():
     x = np.zeros(3, dtype=np.float32)
     with pytest.raises(ValueError, match="trim"):
