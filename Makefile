@@ -57,8 +57,8 @@ system-deps:
 	else echo "note: the compose topology test needs root, iproute2, nginx and wget"; fi
 
 # Four workers (pytest-xdist), one test module per unit: the federation tests mostly wait on Flower's
-# heartbeats, polls and process start-up (a quiet two-worker run kept the 2 cores busy about 30 % of its
-# wall time), so four of them share two cores. Four workers' federations can hold 12 GiB at once
+# heartbeats, polls and process start-up, so four share two cores (a quiet fresh clone: 29.8 minutes
+# with four, about 35 with two). Four workers' federations can hold 12 GiB at once
 # (measured: 16 GiB in use with two benchmarks beside them): set TEST_WORKERS=2 below 16 GiB.
 TEST_WORKERS ?= 4
 test: lint system-deps
