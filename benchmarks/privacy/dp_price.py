@@ -68,9 +68,7 @@ PriceGrid = dict[tuple[str, str], dict[str, dict[float, dict[int, float]]]]
 
 
 def price_grid(
-    rows: Sequence[Mapping[str, Any]],
-    figure: str = FIGURE,
-    tag: Callable[[Mapping[str, Any]], str] | None = None,
+    rows: Sequence[Mapping[str, Any]], tag: Callable[[Mapping[str, Any]], str] | None = None
 ) -> PriceGrid:
     """Group bench rows by dataset and partition, family, budget and seed.
 
@@ -82,9 +80,7 @@ def price_grid(
     ----------
     rows : Sequence[Mapping]
         ``results.csv`` rows (columns ``dataset``, ``partition``, ``method``, ``seed`` and
-        ``figure``).
-    figure : str
-        The column to read, an accuracy in [0, 1].
+        :data:`FIGURE`).
     tag : Callable, optional
         Text appended to a row's family, for rows that differ in more than the method label
         (``fibos bench`` tags its Fisher upload encoding when several ran).
@@ -103,7 +99,7 @@ def price_grid(
             raise ValueError(
                 f"{row['dataset']} {row['partition']} {row['method']} seed {seed}: given twice"
             )
-        seeds[seed] = float(row[figure])
+        seeds[seed] = float(row[FIGURE])
     for families in grid.values():
         for family in [f for f, by in families.items() if set(by) == {math.inf}]:
             del families[family]
