@@ -130,6 +130,22 @@ def test_the_command_refuses_results_without_a_budget(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_command_names_a_missing_file_a_foreign_file_and_a_repeated_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        main(["--results", str(tmp_path / "nope.csv"), "--out", str(out)])
+    assert "nope.csv: no such file" in capsys.readouterr().err
+    foreign = _write_csv(tmp_path / "f.csv", [{"method": "fedavg+dp-epsilon=8", "seed": "0"}])
+    with pytest.raises(SystemExit):
+        main(["--results", str(foreign), "--out", str(out)])
+    assert "no column 'dataset'" in capsys.readouterr().err
+    a = _write_csv(tmp_path / "a.csv", ROWS[:3])
+    with pytest.raises(SystemExit):
+        main(["--results", str(a), str(a), "--out", str(out)])
+    assert "seed 0: given twice" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_the_documented_digits_table_reads_from_its_results_file():
     with open(DOCS / "dp-digits-dirichlet0.1-gn" / "results.csv", newline="") as f:
         grid = price_grid(list(csv.DictReader(f)))

@@ -182,9 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows: list[dict[str, str]] = []
     for path in args.results:
+        if not path.is_file():
+            parser.error(f"--results {path}: no such file")
         with open(path, newline="") as f:
             rows.extend(csv.DictReader(f))
-    grid = price_grid(rows)
+    try:
+        grid = price_grid(rows)
+    except KeyError as missing:
+        parser.error(
+            f"--results: a row has no column {missing}; give fibos bench results.csv files"
+        )
+    except ValueError as bad:
+        parser.error(f"--results: {bad}")
     if not grid:
         parser.error("no row ran with dp-epsilon: nothing to price")
     table = price_table(grid)
